@@ -1,0 +1,72 @@
+# Every verb a user types. `make train` and `make test` set up .venv themselves the first time.
+#   make train                          # penguins: fit 100 epochs, test the best checkpoint
+#   make train TASK=mnist ARGS="--trainer.max_epochs 2"
+#   make predict INPUT=my_penguins.csv  # newest best checkpoint unless CKPT=...
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TASK ?= penguins
+CONFIG ?= configs/$(TASK).yaml
+ARGS ?=
+# The newest best checkpoint of any run; name one with CKPT=outputs/<exp>/<run>/checkpoints/best.ckpt.
+CKPT ?= $(shell ls -t outputs/*/*/checkpoints/best.ckpt 2>/dev/null | head -n 1)
+INPUT ?= configs/examples/penguins.csv
+RUN ?=
+MLFLOW_PORT ?= 5000
+
+.DEFAULT_GOAL := help
+.PHONY: help install train validate evaluate predict export plot bench mlflow-ui lint format test clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(VENV)/installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+		print("\n".join(p["dependencies"] + [d for ds in p["optional-dependencies"].values() for d in ds]))' \
+		> $(VENV)/requirements.txt
+	$(PY) -m pip install --quiet -r $(VENV)/requirements.txt
+	touch $@
+
+install: $(VENV)/installed ## create .venv with the pinned packages (pyproject.toml)
+
+train: $(VENV)/installed ## fit TASK (penguins, mnist, birds), then test its best checkpoint
+	$(PY) -m scripts.train fit --config $(CONFIG) $(ARGS)
+
+validate: $(VENV)/installed ## validate CKPT on TASK's validation split
+	$(PY) -m scripts.train validate --config $(CONFIG) --ckpt_path $(CKPT) $(ARGS)
+
+evaluate: $(VENV)/installed ## test CKPT on TASK's test split (the `test` subcommand)
+	$(PY) -m scripts.train test --config $(CONFIG) --ckpt_path $(CKPT) $(ARGS)
+
+predict: $(VENV)/installed ## classify INPUT (a CSV or an image folder) with CKPT
+	$(PY) -m scripts.train predict --config $(CONFIG) --ckpt_path $(CKPT) --data.predict_path $(INPUT) $(ARGS)
+
+export: $(VENV)/installed ## write CKPT as ONNX and check it against PyTorch
+	$(PY) -m scripts.export $(CKPT) $(ARGS)
+
+plot: $(VENV)/installed ## PNG of training and validation loss of RUN (default: the newest run)
+	$(PY) -m scripts.plot $(RUN) $(ARGS)
+
+bench: $(VENV)/installed ## time the template against plain PyTorch loops, print the ratios
+	$(PY) -m scripts.bench $(ARGS)
+
+mlflow-ui: $(VENV)/installed ## the MLflow UI over outputs/mlflow.db on http://127.0.0.1:5000 (MLFLOW_PORT=...)
+	mkdir -p outputs
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db --host 127.0.0.1 --port $(MLFLOW_PORT)
+
+lint: $(VENV)/installed ## ruff
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(VENV)/installed ## ruff format and fix in place
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+test: $(VENV)/installed ## lint, then every test (the slow ones too)
+	$(MAKE) lint
+	$(PY) -m pytest -q $(ARGS)
+
+clean: ## remove outputs/ (runs, checkpoints, the MLflow store)
+	rm -rf outputs mlruns

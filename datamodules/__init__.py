@@ -1,0 +1,1 @@
+"""One LightningDataModule per dataset, and the helpers they share."""

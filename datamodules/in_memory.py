@@ -1,0 +1,84 @@
+"""Batches sliced from tensors that already live in memory: no Dataset, no per-sample Python.
+
+`InMemoryBatches` stands in for a DataLoader. Every epoch it draws a seeded permutation, keeps
+this rank's share of it (what DistributedSampler would do) and yields slices of the permuted
+tensors, so a batch costs one gather instead of `batch_size` calls to `__getitem__`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+
+
+class InMemoryBatches:
+    def __init__(
+        self,
+        *tensors: torch.Tensor,
+        batch_size: int,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        if not tensors or any(len(t) != len(tensors[0]) for t in tensors):
+            raise ValueError("InMemoryBatches needs one or more tensors of the same length")
+        self.tensors = tensors
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = 0
+
+    batch_sampler = None  # what Lightning inspects on DataLoaders: there is none here
+
+    @property
+    def sampler(self) -> InMemoryBatches:
+        # Lightning calls `loader.sampler.set_epoch(epoch)` on whatever it iterates, so resumed
+        # runs draw the same permutations as uninterrupted ones.
+        return self
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    @property
+    def samples_per_rank(self) -> int:
+        # Like DistributedSampler(drop_last=False): every rank gets the same count, padding
+        # by repeating the first indices, so collective ops never wait on a missing batch.
+        return math.ceil(len(self.tensors[0]) / self.world_size)
+
+    def __len__(self) -> int:
+        if self.drop_last:
+            return self.samples_per_rank // self.batch_size
+        return math.ceil(self.samples_per_rank / self.batch_size)
+
+    def _indices(self) -> torch.Tensor | None:
+        n = len(self.tensors[0])
+        if not self.shuffle and self.world_size == 1:
+            return None  # plain slices of the originals: zero copies
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(n, generator=generator)
+        else:
+            order = torch.arange(n)
+        padded = self.samples_per_rank * self.world_size
+        if padded > n:
+            order = torch.cat([order, order[: padded - n]])
+        return order[self.rank :: self.world_size]
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        indices = self._indices()
+        self.epoch += 1  # the next epoch reshuffles even where nobody calls set_epoch
+        if indices is None:
+            data = self.tensors
+        else:
+            indices = indices.to(self.tensors[0].device)
+            data = tuple(t[indices] for t in self.tensors)
+        for i in range(len(self)):
+            start = i * self.batch_size
+            yield tuple(t[start : start + self.batch_size] for t in data)

@@ -1,0 +1,197 @@
+"""Palmer penguins: five measurements -> one of three species, as the Microsoft Learn course.
+
+    python -m scripts.train fit --config configs/penguins.yaml
+
+Data comes from PyPI's `palmerpenguins` (the default) or from a CSV in either schema:
+- palmerpenguins: species, island, bill_length_mm, bill_depth_mm, flipper_length_mm, body_mass_g
+- the course:     Island, CulmenLength, CulmenDepth, FlipperLength, BodyMass, Species (0/1/2)
+Preparation follows the course (drop incomplete rows, island as an index, flipper length / 10,
+body mass / 100) or standardises every feature with statistics of the training split. The split
+is stratified, seeded and made before anything else, so no test row is ever seen in training.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import lightning as L
+import torch
+
+from datamodules.errors import DataError
+from datamodules.in_memory import InMemoryBatches
+
+SPECIES = ("Adelie", "Gentoo", "Chinstrap")  # the course's label order: Species 0, 1, 2
+ISLANDS = ("Torgersen", "Biscoe", "Dream")  # order of first appearance in the data
+FEATURES = ("island", "culmen_length", "culmen_depth", "flipper_length", "body_mass")
+
+# Each schema's column name for each of our names; species is optional (absent at predict time).
+SCHEMAS = {
+    "palmerpenguins": {
+        "island": "island",
+        "culmen_length": "bill_length_mm",
+        "culmen_depth": "bill_depth_mm",
+        "flipper_length": "flipper_length_mm",
+        "body_mass": "body_mass_g",
+        "species": "species",
+    },
+    "course": {
+        "island": "Island",
+        "culmen_length": "CulmenLength",
+        "culmen_depth": "CulmenDepth",
+        "flipper_length": "FlipperLength",
+        "body_mass": "BodyMass",
+        "species": "Species",
+    },
+}
+# The course's scaling: brings flipper length (mm) and body mass (g) near the other features.
+COURSE_SCALE = torch.tensor([1.0, 1.0, 1.0, 10.0, 100.0])
+
+
+def read_penguins(path: str | Path | None, need_species: bool = True):
+    """The table in our column names, complete rows only; `path=None` reads `palmerpenguins`."""
+    import pandas as pd
+
+    if path is None:
+        from palmerpenguins import load_penguins
+
+        frame, where = load_penguins(), "palmerpenguins"
+    else:
+        where = str(path)
+        if not Path(path).is_file():
+            raise DataError(f"{where}: no such file; give data.init_args.csv_path an existing CSV")
+        try:
+            frame = pd.read_csv(path)
+        except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as error:
+            raise DataError(f"{where}: not a readable CSV ({error})") from None
+
+    wanted = [name for name in SCHEMAS["course"] if need_species or name != "species"]
+    schema = next((s for s in SCHEMAS.values() if all(s[name] in frame.columns for name in wanted)), None)
+    if schema is None:
+        options = " or ".join(", ".join(s[n] for n in wanted) for s in SCHEMAS.values())
+        raise DataError(f"{where}: missing columns; a penguin CSV needs {options}")
+    table = frame[[schema[name] for name in wanted]].set_axis(wanted, axis=1)
+
+    for column in FEATURES[1:]:
+        numbers = pd.to_numeric(table[column], errors="coerce")
+        bad = table[column].notna() & numbers.isna()
+        if bad.any():
+            row = int(bad.idxmax()) + 2  # +1 for the header, +1 for counting lines from 1
+            raise DataError(
+                f"{where}: column {schema[column]} has a non-numeric value "
+                f"{table[column][bad.idxmax()]!r} on line {row}; fix or remove that row"
+            )
+        table[column] = numbers
+    table = table.dropna()  # keeps the index: row i is line i + 2 of the file
+    if table.empty:
+        raise DataError(f"{where}: no row has all of {', '.join(schema[n] for n in wanted)}")
+
+    unknown = sorted(set(table["island"]) - set(ISLANDS))
+    if unknown:
+        raise DataError(
+            f"{where}: unknown island {unknown[0]!r} in column {schema['island']}; the model knows {', '.join(ISLANDS)}"
+        )
+    table["island"] = table["island"].map(ISLANDS.index)
+    if need_species:
+        # palmerpenguins names the species, the course numbers them 0/1/2.
+        table["species"] = table["species"].map(
+            lambda s: SPECIES.index(s) if s in SPECIES else int(s) if str(s) in "012" else -1
+        )
+        if (table["species"] < 0).any():
+            raise DataError(f"{where}: column {schema['species']} must hold {', '.join(SPECIES)} or 0/1/2")
+    return table
+
+
+def stratified_split(
+    labels: torch.Tensor, fractions: tuple[float, float], seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Row indices of train, validation and test: disjoint, each class in proportion, seeded."""
+    generator = torch.Generator().manual_seed(seed)
+    parts: list[list[torch.Tensor]] = [[], [], []]
+    for label in labels.unique():
+        rows = (labels == label).nonzero().flatten()
+        rows = rows[torch.randperm(len(rows), generator=generator)]
+        n_val, n_test = (round(f * len(rows)) for f in fractions)
+        parts[0].append(rows[n_val + n_test :])
+        parts[1].append(rows[:n_val])
+        parts[2].append(rows[n_val : n_val + n_test])
+    train, val, test = (torch.cat(p).sort().values for p in parts)
+    return train, val, test
+
+
+class PenguinDataModule(L.LightningDataModule):
+    """
+    Args:
+        csv_path: a CSV in either schema; None uses the 344 penguins of PyPI's palmerpenguins.
+        predict_path: CSV of penguins to classify (no species column needed).
+        batch_size: rows per step (the course: 20).
+        val_fraction, test_fraction: shares of each species held out, before any training.
+        preprocessing: "course" scales as the course did; "standardize" uses training-split
+            mean and standard deviation for every feature.
+        seed: the split's seed; every rank computes the same split.
+    """
+
+    class_names = list(SPECIES)
+
+    def __init__(
+        self,
+        csv_path: str | None = None,
+        predict_path: str | None = None,
+        batch_size: int = 20,
+        val_fraction: float = 0.15,
+        test_fraction: float = 0.15,
+        preprocessing: Literal["course", "standardize"] = "course",
+        seed: int = 42,
+    ) -> None:
+        super().__init__()
+        if not (val_fraction >= 0 and test_fraction >= 0 and val_fraction + test_fraction < 1):
+            raise DataError("data: val_fraction + test_fraction must leave rows to train on")
+        self.save_hyperparameters()
+        self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def features(self, table) -> torch.Tensor:
+        values = torch.tensor(table[list(FEATURES)].to_numpy(dtype="float32"))
+        if self.hparams.preprocessing == "course":
+            return values / COURSE_SCALE
+        return (values - self.mean) / self.std
+
+    def setup(self, stage: str) -> None:
+        table = read_penguins(self.hparams.csv_path)
+        labels = torch.tensor(table["species"].to_numpy(), dtype=torch.long)
+        fractions = (self.hparams.val_fraction, self.hparams.test_fraction)
+        self.split_rows = stratified_split(labels, fractions, self.hparams.seed)
+        raw = torch.tensor(table[list(FEATURES)].to_numpy(dtype="float32"))
+        train_rows = raw[self.split_rows[0]]
+        self.mean, self.std = train_rows.mean(0), train_rows.std(0).clamp_min(1e-6)
+        inputs = self.features(table)
+        for name, rows in zip(("train", "val", "test"), self.split_rows):
+            self.splits[name] = (inputs[rows], labels[rows])
+        if stage == "predict":
+            if self.hparams.predict_path is None:
+                raise DataError("predict needs data.init_args.predict_path: a CSV of penguins")
+            table = read_penguins(self.hparams.predict_path, need_species=False)
+            self.splits["predict"] = (self.features(table),)
+            # read_penguins drops incomplete rows: name each kept row by its line in the file.
+            self.predict_names = [f"line {i + 2}" for i in table.index]
+
+    def _batches(self, split: str, shuffle: bool = False) -> InMemoryBatches:
+        return InMemoryBatches(
+            *self.splits[split],
+            batch_size=self.hparams.batch_size,
+            shuffle=shuffle,
+            seed=self.hparams.seed,
+            rank=self.trainer.global_rank if self.trainer else 0,
+            world_size=self.trainer.world_size if self.trainer else 1,
+        )
+
+    def train_dataloader(self) -> InMemoryBatches:
+        return self._batches("train", shuffle=True)
+
+    def val_dataloader(self) -> InMemoryBatches:
+        return self._batches("val")
+
+    def test_dataloader(self) -> InMemoryBatches:
+        return self._batches("test")
+
+    def predict_dataloader(self) -> InMemoryBatches:
+        return self._batches("predict")

@@ -1,0 +1,1 @@
+"""Networks (plain `nn.Module`s) and the one LightningModule that trains them."""

@@ -1,0 +1,123 @@
+"""The LightningModule every task shares: a network, cross-entropy, accuracy, an injected optimizer.
+
+Tasks differ only in the network (a plain `nn.Module` built as `network(num_classes)`) and the
+data; loss, metrics, the optimizer, the lr schedule and prediction live here once.
+
+    python -m scripts.train fit --config configs/penguins.yaml --model.optimizer.lr 0.01
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import nn
+from torchmetrics.classification import MulticlassAccuracy
+
+from lightning_modules.schedules import warmup_poly_factor
+
+
+class ClassificationModule(L.LightningModule):
+    """
+    Args:
+        network: builds the net given the number of classes (configs name its class and
+            every other argument; the class count comes from the data).
+        class_names: label names in index order; linked from the datamodule by the CLI.
+        optimizer: any torch optimizer, e.g. `{class_path: torch.optim.SGD, init_args: {lr: 0.03}}`.
+        lr_scheduler: an epoch-wise torch scheduler; leave None to use the warm-up/decay below.
+        warmup_steps: optimizer steps of linear warm-up from 0 to the full lr.
+        poly_decay_power: after warm-up, lr *= (1 - progress)^power; 0 keeps it constant.
+        scale_lr_by_world_size: multiply the lr by the number of processes (data-parallel runs
+            see world_size times more samples per step; Horovod's and the seeds' rule).
+    """
+
+    def __init__(
+        self,
+        network: Callable[[int], nn.Module],
+        class_names: list[str],
+        optimizer: OptimizerCallable = torch.optim.Adam,
+        lr_scheduler: LRSchedulerCallable | None = None,
+        warmup_steps: int = 0,
+        poly_decay_power: float = 0.0,
+        scale_lr_by_world_size: bool = False,
+    ) -> None:
+        super().__init__()
+        # Under LightningCLI this stores the config (class paths and arguments), so
+        # `load_from_checkpoint` rebuilds network and optimizer without the YAML.
+        self.save_hyperparameters()
+        self.class_names = list(class_names)
+        self.network = network(len(self.class_names))
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = lr_scheduler
+        num_classes = len(self.class_names)
+        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+
+    @property
+    def backbone(self) -> nn.Module:
+        """The pretrained part of a transfer-learning network (for `BackboneFinetuning`)."""
+        return self.network.backbone
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.network(inputs)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        inputs, labels = batch
+        logits = self(inputs)
+        loss = F.cross_entropy(logits, labels)
+        self.train_acc(logits, labels)
+        self.log("train_loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        self.log("train_acc", self.train_acc, on_step=False, on_epoch=True)
+        return loss
+
+    def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> None:
+        inputs, labels = batch
+        logits = self(inputs)
+        accuracy = self.val_acc if split == "val" else self.test_acc
+        accuracy(logits, labels)
+        self.log(f"{split}_loss", F.cross_entropy(logits, labels), sync_dist=True, prog_bar=True)
+        self.log(f"{split}_acc", accuracy, prog_bar=True)
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def predict_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> list[tuple[str, float]]:
+        """(class name, probability) of the most likely class, one pair per input."""
+        probabilities, indices = F.softmax(self(batch[0]), dim=1).max(dim=1)
+        return [(self.class_names[i], p) for i, p in zip(indices.tolist(), probabilities.tolist())]
+
+    # Metrics logged at epoch end use the epoch as their MLflow step ("step" is Lightning's
+    # reserved key for that), so curves of runs with different batch sizes line up.
+    def on_train_epoch_end(self) -> None:
+        self.log("step", float(self.current_epoch))
+
+    def on_validation_epoch_end(self) -> None:
+        if not self.trainer.sanity_checking:
+            self.log("step", float(self.current_epoch))
+
+    def configure_optimizers(self):
+        trainable = [p for p in self.parameters() if p.requires_grad]  # frozen backbones stay out
+        optimizer = self.optimizer_factory(trainable)
+        if self.hparams.scale_lr_by_world_size:
+            for group in optimizer.param_groups:
+                group["lr"] *= self.trainer.world_size
+        if self.scheduler_factory is not None:
+            return {"optimizer": optimizer, "lr_scheduler": self.scheduler_factory(optimizer)}
+        if self.hparams.warmup_steps == 0 and self.hparams.poly_decay_power == 0:
+            return optimizer
+        factor = partial(
+            warmup_poly_factor,
+            warmup_steps=self.hparams.warmup_steps,
+            total_steps=int(self.trainer.estimated_stepping_batches),
+            power=self.hparams.poly_decay_power,
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,150 @@
+"""Train, validate, test or predict any task from its YAML: the one entry point, locally or in Azure ML.
+
+    python -m scripts.train fit --config configs/penguins.yaml
+    python -m scripts.train fit --config configs/penguins.yaml --trainer.max_epochs 5 --print_config
+    python -m scripts.train test --config configs/penguins.yaml --ckpt_path outputs/<exp>/<run>/checkpoints/best.ckpt
+    python -m scripts.train predict --config configs/penguins.yaml --ckpt_path ... --data.predict_path new.csv
+
+`fit` ends by testing the best checkpoint and printing `test_acc`. Runs are tracked in MLflow:
+`MLFLOW_TRACKING_URI` / `MLFLOW_RUN_ID` when set (Azure ML sets both), else the sqlite store
+`outputs/mlflow.db`; files of a run go to `outputs/<experiment id>/<run id>/`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import lightning as L
+from jsonargparse import ArgumentError
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import MLFlowLogger
+
+from datamodules.errors import DataError
+from lightning_modules.classifier import ClassificationModule
+from lightning_modules.throughput import EpochThroughput
+
+OUTPUTS = Path("outputs")  # Azure ML uploads ./outputs of every job
+MLFLOW_LOGGER = "lightning.pytorch.loggers.MLFlowLogger"
+
+
+def run_dir(trainer: L.Trainer) -> Path:
+    """outputs/<experiment id>/<run id>: where checkpoints go, so a run's files sit together."""
+    logger = trainer.logger
+    if logger is None:
+        return Path(trainer.default_root_dir)
+    return Path(trainer.default_root_dir) / str(logger.name) / str(logger.version)
+
+
+def flatten(config: dict, prefix: str = "") -> dict[str, object]:
+    flat: dict[str, object] = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+class TrackConfig(SaveConfigCallback):
+    """Writes the resolved config beside the checkpoints and logs it (file and parameters) to MLflow."""
+
+    def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        text = self.parser.dump(self.config, skip_none=False)
+        path = run_dir(trainer) / "config.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if isinstance(trainer.logger, MLFlowLogger):
+            import yaml
+
+            params = flatten(yaml.safe_load(text))
+            params.pop("config", None)  # the paths of the YAML files: the artifact says it all
+            trainer.logger.log_hyperparams(params)
+            trainer.logger.experiment.log_artifact(trainer.logger.run_id, str(path))
+
+
+class TemplateCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults(
+            {
+                "checkpoint.monitor": "val_loss",
+                "checkpoint.filename": "best",
+                "checkpoint.save_last": True,
+            }
+        )
+        parser.add_lightning_class_args(EpochThroughput, "throughput")
+        parser.add_argument(
+            "--test_after_fit", type=bool, default=True, help="fit: test the best checkpoint at the end"
+        )
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand]
+        logger = config.trainer.logger
+        if getattr(logger, "class_path", None) != MLFLOW_LOGGER:
+            return
+        # Azure ML hands its tracking server and the job's run over in these two variables.
+        args = logger.init_args
+        if args.tracking_uri is None:
+            args.tracking_uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if args.tracking_uri is None:
+            outputs = Path(config.trainer.default_root_dir or OUTPUTS)
+            outputs.mkdir(parents=True, exist_ok=True)
+            args.tracking_uri = f"sqlite:///{outputs / 'mlflow.db'}"
+            if args.artifact_location is None:  # else MLflow puts artifacts in ./mlruns
+                args.artifact_location = (outputs / "mlartifacts").resolve().as_uri()
+        if args.run_id is None:
+            args.run_id = os.environ.get("MLFLOW_RUN_ID")
+
+    def after_fit(self) -> None:
+        checkpoint = self.trainer.checkpoint_callback
+        if checkpoint is not None and checkpoint.best_model_path:
+            print(f"best checkpoint: {checkpoint.best_model_path}")
+        if self.config.fit.test_after_fit:
+            ckpt_path = "best" if checkpoint is not None and checkpoint.best_model_path else None
+            (results,) = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt_path)
+            print(f"test_acc: {results['test_acc']:.4f}")
+
+    def after_predict(self) -> None:
+        rows = [row for batch in self.trainer.predict_loop.predictions for row in batch]
+        names = getattr(self.datamodule, "predict_names", range(len(rows)))
+        print("input,class,probability")
+        for name, (label, probability) in zip(names, rows):
+            print(f"{name},{label},{probability:.4f}")
+
+
+def cli_main(args: list[str] | None = None) -> TemplateCLI:
+    return TemplateCLI(
+        ClassificationModule,
+        L.LightningDataModule,
+        subclass_mode_data=True,
+        save_config_callback=TrackConfig,
+        save_config_kwargs={"save_to_log_dir": False},
+        trainer_defaults={
+            "default_root_dir": str(OUTPUTS),
+            "logger": {
+                "class_path": MLFLOW_LOGGER,
+                "init_args": {"experiment_name": "lightning-template", "log_model": True},
+            },
+        },
+        parser_kwargs={"exit_on_error": False},
+        args=args,
+    )
+
+
+def main(args: list[str] | None = None) -> None:
+    """Mistakes in the user's config or data end in one line on stderr and exit status 2."""
+    try:
+        cli_main(args)
+    except DataError as error:
+        sys.exit(f"error: {error}")
+    except ArgumentError as error:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        sys.exit(f"error: {' / '.join(lines)} (see --print_config or --help)")
+
+
+if __name__ == "__main__":
+    main()
