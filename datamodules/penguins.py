@@ -59,7 +59,7 @@ def read_penguins(path: str | Path | None, need_species: bool = True):
     else:
         where = str(path)
         if not Path(path).is_file():
-            raise DataError(f"{where}: no such file; give data.init_args.csv_path an existing CSV")
+            raise DataError(f"{where}: no such file; give an existing CSV")
         try:
             frame = pd.read_csv(path)
         except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as error:
@@ -146,6 +146,9 @@ class PenguinDataModule(L.LightningDataModule):
         super().__init__()
         if not (val_fraction >= 0 and test_fraction >= 0 and val_fraction + test_fraction < 1):
             raise DataError("data: val_fraction + test_fraction must leave rows to train on")
+        for option, path in (("csv_path", csv_path), ("predict_path", predict_path)):
+            if path is not None and not Path(path).is_file():  # fail before any run is created
+                raise DataError(f"{path}: no such file; give data.init_args.{option} an existing CSV")
         self.save_hyperparameters()
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 

@@ -135,15 +135,29 @@ def cli_main(args: list[str] | None = None) -> TemplateCLI:
     )
 
 
+def config_error_line(error: ArgumentError) -> str:
+    """jsonargparse explains a bad nested option over many lines: keep the key, the class and the complaint."""
+    lines = [line.strip(" -") for line in str(error).splitlines() if line.strip(" -")]
+    for i, line in enumerate(lines[:-1]):
+        if line.startswith("Problem with given class_path"):
+            return f"{lines[0]} {line.removeprefix('Problem with given ')} {lines[i + 1]}"
+    return lines[0]
+
+
 def main(args: list[str] | None = None) -> None:
     """Mistakes in the user's config or data end in one line on stderr and exit status 2."""
     try:
         cli_main(args)
-    except DataError as error:
-        sys.exit(f"error: {error}")
     except ArgumentError as error:
-        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-        sys.exit(f"error: {' / '.join(lines)} (see --print_config or --help)")
+        sys.exit(f"error: {config_error_line(error)} (check the name against --print_config)")
+    except Exception as error:
+        # jsonargparse wraps what a class raises while it is built: look for ours in the chain.
+        cause: BaseException | None = error
+        while cause is not None and not isinstance(cause, DataError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        sys.exit(f"error: {cause}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,124 @@
+"""The penguin recipe (100 epochs, batch 20, Adam 1e-3) timed side by side, per epoch:
+
+    python -m scripts.bench_penguins [--epochs 100]
+
+- plain:    a bare PyTorch loop over the tensors (the floor);
+- course:   the Microsoft Learn course's loop, DataLoader(num_workers=1), training and testing each epoch;
+- template: Lightning with PenguinDataModule + ClassificationModule, without and with tracking
+            (MLflow sqlite store and checkpoints, as `make train` runs it).
+Every variant trains on the same split and evaluates the validation rows once per epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import warnings
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from datamodules.penguins import PenguinDataModule
+from lightning_modules.classifier import ClassificationModule
+from lightning_modules.penguin_net import PenguinNet
+
+BATCH = 20
+
+
+def plain(train, val, epochs: int) -> float:
+    torch.manual_seed(0)
+    net = PenguinNet(3)
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    (x, y), (vx, vy) = train, val
+    started = time.perf_counter()
+    for _ in range(epochs):
+        net.train()
+        order = torch.randperm(len(x))
+        for i in range(0, len(x), BATCH):
+            rows = order[i : i + BATCH]
+            loss = F.cross_entropy(net(x[rows]), y[rows])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        net.eval()
+        with torch.no_grad():
+            (net(vx).argmax(1) == vy).float().mean().item()
+    return (time.perf_counter() - started) / epochs
+
+
+def course(train, val, epochs: int) -> float:
+    """The course's train() and test() functions, as published."""
+    torch.manual_seed(0)
+    net = PenguinNet(3)
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    loss_criteria = torch.nn.CrossEntropyLoss()
+    train_loader = DataLoader(TensorDataset(*train), batch_size=BATCH, shuffle=False, num_workers=1)
+    test_loader = DataLoader(TensorDataset(*val), batch_size=BATCH, shuffle=False, num_workers=1)
+    started = time.perf_counter()
+    for _ in range(epochs):
+        net.train()
+        train_loss = 0.0
+        for data, target in train_loader:
+            optimizer.zero_grad()
+            loss = loss_criteria(net(data), target)
+            train_loss += loss.item()
+            loss.backward()
+            optimizer.step()
+        net.eval()
+        test_loss, correct = 0.0, 0
+        with torch.no_grad():
+            for data, target in test_loader:
+                out = net(data)
+                test_loss += loss_criteria(out, target).item()
+                correct += torch.sum(target == torch.max(out.data, 1)[1]).item()
+    return (time.perf_counter() - started) / epochs
+
+
+def template(epochs: int, tracked: bool) -> float:
+    torch.manual_seed(0)
+    model = ClassificationModule(PenguinNet, PenguinDataModule.class_names)
+    with tempfile.TemporaryDirectory() as folder:
+        logger = False
+        if tracked:
+            from lightning.pytorch.loggers import MLFlowLogger
+
+            logger = MLFlowLogger("bench", tracking_uri=f"sqlite:///{folder}/mlflow.db", log_model=True)
+        trainer = L.Trainer(
+            max_epochs=epochs,
+            logger=logger,
+            enable_checkpointing=tracked,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            default_root_dir=folder,
+        )
+        started = time.perf_counter()
+        trainer.fit(model, datamodule=PenguinDataModule())
+        return (time.perf_counter() - started) / epochs
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="penguin recipe: seconds per epoch, side by side")
+    parser.add_argument("--epochs", type=int, default=100)
+    epochs = parser.parse_args(argv).epochs
+    warnings.filterwarnings("ignore")
+    data = PenguinDataModule()
+    data.setup("fit")
+    train, val = data.splits["train"], data.splits["val"]
+    results = {
+        "plain tensor loop": plain(train, val, epochs),
+        "course loop (DataLoader, 1 worker)": course(train, val, epochs),
+        "template, no tracking": template(epochs, tracked=False),
+        "template, MLflow + checkpoints": template(epochs, tracked=True),
+    }
+    floor = results["plain tensor loop"]
+    print(f"penguins: {epochs} epochs, batch {BATCH}, {len(train[0])} training rows")
+    for name, seconds in results.items():
+        print(f"  {name:36s} {seconds * 1000:7.1f} ms/epoch  {seconds / floor:5.2f}x plain")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""ClassificationModule: optimizer injection, warm-up and decay, lr scaling, predictions as class names."""
+
+from __future__ import annotations
+
+from functools import partial
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lightning_modules.classifier import ClassificationModule
+from lightning_modules.penguin_net import PenguinNet
+from lightning_modules.schedules import warmup_poly_factor
+
+
+def module(**kwargs) -> ClassificationModule:
+    model = ClassificationModule(PenguinNet, ["Adelie", "Gentoo", "Chinstrap"], **kwargs)
+    model._trainer = SimpleNamespace(world_size=4, estimated_stepping_batches=100)
+    return model
+
+
+def test_penguin_net_is_the_course_shape():
+    sizes = [(m.in_features, m.out_features) for m in PenguinNet(3) if isinstance(m, torch.nn.Linear)]
+    assert sizes == [(5, 10), (10, 10), (10, 3)]
+
+
+def test_default_optimizer_is_adam_at_1e_3_over_trainable_parameters():
+    model = module()
+    model.network[0].weight.requires_grad_(False)
+    optimizer = model.configure_optimizers()
+    assert isinstance(optimizer, torch.optim.Adam) and optimizer.param_groups[0]["lr"] == 1e-3
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == 5  # 6 tensors, one frozen
+
+
+def test_injected_optimizer_and_world_size_scaling():
+    model = module(optimizer=partial(torch.optim.SGD, lr=0.01, momentum=0.5), scale_lr_by_world_size=True)
+    optimizer = model.configure_optimizers()
+    assert isinstance(optimizer, torch.optim.SGD)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.04)
+
+
+def test_warmup_then_polynomial_decay_per_step():
+    model = module(warmup_steps=10, poly_decay_power=1.0)
+    config = model.configure_optimizers()
+    optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    assert config["lr_scheduler"]["interval"] == "step"
+    lrs = []
+    for _ in range(100):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
+    assert lrs[10] == pytest.approx(1e-3) and lrs[55] == pytest.approx(0.5e-3)
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
+
+
+def test_schedule_factor_shapes():
+    assert warmup_poly_factor(0, 4, 10, 2.0) == 0.25
+    assert warmup_poly_factor(7, 4, 10, 0.0) == 1.0
+    assert warmup_poly_factor(7, 4, 10, 2.0) == pytest.approx((1 - 3 / 6) ** 2)
+    assert warmup_poly_factor(10, 4, 10, 1.0) == 0.0
+
+
+def test_predict_step_returns_class_names_and_probabilities():
+    model = module()
+    predictions = model.predict_step((torch.randn(7, 5),), 0)
+    assert len(predictions) == 7
+    assert all(name in model.class_names and 1 / 3 <= p <= 1 for name, p in predictions)

@@ -1,0 +1,167 @@
+"""The penguin task through the real CLI: fit, validate, test, predict, resume, MLflow content, bad input."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from tests.conftest import REPO, run_module
+
+EPOCHS = 8
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """One short real fit, shared by the tests below: (outputs folder, stdout, best checkpoint)."""
+    outputs = tmp_path_factory.mktemp("penguins") / "outputs"
+    result = run_module(
+        "scripts.train", "fit", "--config", "configs/penguins.yaml",
+        "--trainer.max_epochs", EPOCHS, "--trainer.default_root_dir", outputs,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    best = Path(re.search(r"best checkpoint: (\S+)", result.stdout).group(1))
+    return outputs, result.stdout, best
+
+
+def only_run(outputs: Path):
+    client = MlflowClient(f"sqlite:///{outputs / 'mlflow.db'}")
+    (experiment,) = [e for e in client.search_experiments() if e.name == "penguins"]
+    (run,) = client.search_runs([experiment.experiment_id])
+    return client, run
+
+
+def test_fit_tests_the_best_checkpoint_and_prints_test_acc(fitted):
+    outputs, stdout, best = fitted
+    assert best.name == "best.ckpt" and best.is_file() and (best.parent / "last.ckpt").is_file()
+    assert best.parent.parent == outputs / best.parts[-4] / best.parts[-3]  # outputs/<exp>/<run>/checkpoints
+    accuracy = float(re.search(r"test_acc: ([\d.]+)", stdout).group(1))
+    assert 0.4 < accuracy <= 1.0  # 8 epochs of the course recipe: well past chance (1/3), not yet converged
+
+
+def test_mlflow_run_holds_params_epoch_metrics_config_and_checkpoint(fitted):
+    outputs, _, best = fitted
+    client, run = only_run(outputs)
+    assert run.info.status == "FINISHED" and run.info.run_id == best.parts[-3]
+    params = run.data.params
+    assert params["trainer.max_epochs"] == str(EPOCHS)
+    assert params["model.optimizer.class_path"] == "torch.optim.Adam"
+    assert params["model.optimizer.init_args.lr"] == "0.001"
+    assert params["data.init_args.batch_size"] == "20"
+    for key in ("train_loss_epoch", "val_loss", "val_acc", "train_acc", "train_samples_per_sec"):
+        history = client.get_metric_history(run.info.run_id, key)
+        assert sorted(m.step for m in history) == list(range(EPOCHS)), key  # the epoch is the step
+    assert all(m.value > 0 for m in client.get_metric_history(run.info.run_id, "train_samples_per_sec"))
+    assert "test_acc" in run.data.metrics
+    artifacts = client.download_artifacts(run.info.run_id, "", str(outputs.parent / "artifacts"))
+    config = yaml.safe_load((Path(artifacts) / "config.yaml").read_text())
+    assert config["trainer"]["max_epochs"] == EPOCHS
+    assert (Path(artifacts) / "best" / "best.ckpt").stat().st_size == best.stat().st_size
+
+
+def test_validate_and_test_subcommands_on_the_checkpoint(fitted, train_cli):
+    _, _, best = fitted
+    for subcommand, metric in (("validate", "val_acc"), ("test", "test_acc")):
+        result = train_cli(subcommand, "--config", "configs/penguins.yaml", "--ckpt_path", best)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert metric in result.stdout
+
+
+def test_predict_prints_one_species_per_row(fitted, train_cli, tmp_path):
+    _, _, best = fitted
+    new = tmp_path / "new.csv"
+    new.write_text(
+        "species,island,bill_length_mm,bill_depth_mm,flipper_length_mm,body_mass_g\n"
+        ",Biscoe,50.4,15.3,200,5000\n,Torgersen,,,,\n,Dream,46.5,17.9,192,3500\n"
+    )
+    result = train_cli("predict", "--config", "configs/penguins.yaml", "--ckpt_path", best, "--data.predict_path", new)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = result.stdout.strip().splitlines()[-3:]
+    assert rows[0] == "input,class,probability"
+    assert [r.split(",")[0] for r in rows[1:]] == ["line 2", "line 4"]  # line 3 has no measurements
+    assert all(r.split(",")[1] in ("Adelie", "Gentoo", "Chinstrap") for r in rows[1:])
+
+
+def test_the_course_example_penguin_is_a_gentoo(fitted, train_cli):
+    """The course's example (Biscoe, 50.4 x 15.3 mm culmen, 200 mm flipper, 5 kg) after a full recipe run."""
+    result = train_cli(
+        "fit",
+        "--config",
+        "configs/penguins.yaml",
+        "--test_after_fit",
+        "false",
+        "--trainer.enable_checkpointing",
+        "true",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    best = re.search(r"best checkpoint: (\S+)", result.stdout).group(1)
+    result = train_cli(
+        "predict", "--config", "configs/penguins.yaml", "--ckpt_path", best,
+        "--data.predict_path", REPO / "configs/examples/penguins.csv",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-3].split(",")[1] == "Gentoo"
+
+
+def test_resume_from_last_checkpoint_continues_the_epochs(fitted, train_cli):
+    _, _, best = fitted
+    result = train_cli(
+        "fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", EPOCHS + 2,
+        "--ckpt_path", best.parent / "last.ckpt", "--test_after_fit", "false",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"Restoring states from the checkpoint path at {best.parent / 'last.ckpt'}" in result.stderr
+    assert f"`max_epochs={EPOCHS + 2}` reached" in result.stderr
+
+
+def test_mlflow_environment_variables_choose_store_and_run(tmp_path, train_cli):
+    """Azure ML hands over MLFLOW_TRACKING_URI and MLFLOW_RUN_ID: metrics must land in that run."""
+    uri = f"sqlite:///{tmp_path / 'azure.db'}"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("job")).info.run_id
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id}
+    result = train_cli("fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", 2, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    run = client.get_run(run_id)
+    assert {"val_loss", "test_acc"} <= set(run.data.metrics)
+    assert not (tmp_path / "outputs" / "mlflow.db").exists()
+
+
+def test_print_config_shows_the_resolved_recipe(train_cli):
+    result = train_cli("fit", "--config", "configs/penguins.yaml", "--print_config")
+    assert result.returncode == 0
+    config = yaml.safe_load(result.stdout)
+    assert config["trainer"]["max_epochs"] == 100
+    assert config["data"]["init_args"]["batch_size"] == 20
+    assert config["model"]["optimizer"]["init_args"]["lr"] == 0.001
+    assert config["checkpoint"]["save_last"] is True
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["--data.init_args.csv_path", "missing.csv"], "missing.csv"),
+        (["--model.optimiser", "3"], "model.optimiser"),
+        (["--data.init_args.batchsize", "3"], "batchsize"),
+    ],
+)
+def test_user_mistakes_give_one_line_and_a_nonzero_exit(train_cli, args, names):
+    result = train_cli("fit", "--config", "configs/penguins.yaml", *args)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and names in last
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_island_at_predict_time(fitted, train_cli, tmp_path):
+    _, _, best = fitted
+    new = tmp_path / "new.csv"
+    new.write_text("Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass\nAtlantis,50.4,15.3,200,5000\n")
+    result = train_cli("predict", "--config", "configs/penguins.yaml", "--ckpt_path", best, "--data.predict_path", new)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert str(new) in last and "unknown island 'Atlantis'" in last

@@ -1,0 +1,126 @@
+"""PenguinDataModule: both CSV schemas, the course's preparation, an honest split, clear errors."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from datamodules.errors import DataError
+from datamodules.penguins import COURSE_SCALE, ISLANDS, SPECIES, PenguinDataModule, read_penguins
+from tests.conftest import SHARED_DATA
+
+COURSE_CSV = SHARED_DATA / "penguins" / "penguins.csv"
+needs_course_csv = pytest.mark.skipif(not COURSE_CSV.exists(), reason=f"needs the course's CSV at {COURSE_CSV}")
+
+
+def setup(stage="fit", **kwargs) -> PenguinDataModule:
+    data = PenguinDataModule(**kwargs)
+    data.setup(stage)
+    return data
+
+
+def test_palmerpenguins_default_drops_incomplete_rows():
+    table = read_penguins(None)
+    assert len(table) == 342  # 344 penguins, 2 without measurements
+    assert set(table["island"]) == {0, 1, 2}
+    assert set(table["species"]) == {0, 1, 2}
+    assert table.notna().all().all()
+
+
+@needs_course_csv
+def test_course_csv_gives_the_same_penguins_as_palmerpenguins():
+    course, package = read_penguins(COURSE_CSV), read_penguins(None)
+    assert len(course) == len(package) == 342
+    pd.testing.assert_frame_equal(course.reset_index(drop=True), package.reset_index(drop=True), check_dtype=False)
+
+
+def test_palmerpenguins_schema_csv(tmp_path):
+    from palmerpenguins import load_penguins
+
+    path = tmp_path / "penguins.csv"
+    load_penguins().to_csv(path, index=False)
+    data = setup(csv_path=str(path))
+    assert sum(len(data.splits[s][0]) for s in ("train", "val", "test")) == 342
+
+
+def test_course_scaling_matches_the_course_example():
+    data = PenguinDataModule()
+    table = pd.DataFrame(
+        {"island": [ISLANDS.index("Biscoe")], "culmen_length": [50.4], "culmen_depth": [15.3]}
+        | {"flipper_length": [200.0], "body_mass": [5000.0]}
+    )
+    assert torch.allclose(data.features(table), torch.tensor([[1.0, 50.4, 15.3, 20.0, 50.0]]))
+    assert COURSE_SCALE.tolist() == [1, 1, 1, 10, 100]
+
+
+def test_standardize_uses_training_statistics_only():
+    data = setup(preprocessing="standardize")
+    train_inputs = data.splits["train"][0]
+    assert torch.allclose(train_inputs.mean(0), torch.zeros(5), atol=1e-5)
+    assert torch.allclose(train_inputs.std(0), torch.ones(5), atol=1e-4)
+    assert not torch.allclose(data.splits["test"][0].mean(0), torch.zeros(5), atol=1e-3)
+
+
+def test_split_is_disjoint_complete_stratified_and_seeded():
+    data = setup()
+    train, val, test = (set(rows.tolist()) for rows in data.split_rows)
+    assert not train & val and not train & test and not val & test
+    assert len(train | val | test) == 342
+    assert len(val) == len(test) == pytest.approx(0.15 * 342, abs=3)
+    for split in ("train", "val", "test"):
+        assert set(data.splits[split][1].tolist()) == {0, 1, 2}  # every species in every split
+    again, other_seed = setup(), setup(seed=7)
+    assert all(torch.equal(a, b) for a, b in zip(data.split_rows, again.split_rows))
+    assert not torch.equal(data.split_rows[2], other_seed.split_rows[2])
+
+
+def test_training_batches_are_slices_reshuffled_each_epoch():
+    data = setup()
+    loader = data.train_dataloader()
+    first, second = [torch.cat([x for x, _ in loader]) for _ in range(2)]
+    assert len(loader) == 12 and first.shape == (240, 5)
+    assert not torch.equal(first, second)
+    assert torch.equal(first.sort(0).values, second.sort(0).values)
+
+
+def test_ranks_get_disjoint_equal_shards():
+    data = setup()
+    shards = []
+    for rank in (0, 1):
+        loader = data.train_dataloader()
+        loader.rank, loader.world_size = rank, 2
+        shards.append(torch.cat([y for _, y in loader]))
+    assert len(shards[0]) == len(shards[1]) == 120
+
+
+def test_predict_reads_a_csv_without_species(tmp_path):
+    path = tmp_path / "new.csv"
+    path.write_text("Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass\nBiscoe,50.4,15.3,200,5000\nDream,,1,2,3\n")
+    data = setup("predict", predict_path=str(path))
+    assert torch.allclose(data.splits["predict"][0], torch.tensor([[1.0, 50.4, 15.3, 20.0, 50.0]]))
+    assert data.predict_names == ["line 2"]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "no such file"),
+        ("a,b\n1,2\n", "missing columns"),
+        ("Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass,Species\nDream,x,1,2,3,0\n", "non-numeric"),
+        ("Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass,Species\nDream,,1,2,3,0\n", "no row has all"),
+        ("Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass,Species\nAtlantis,1,1,2,3,0\n", "unknown island"),
+        ("Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass,Species\nDream,1,1,2,3,Emperor\n", "must hold"),
+    ],
+)
+def test_bad_csv_names_the_file_and_the_fix(tmp_path, content, message):
+    path = tmp_path / "bad.csv"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(DataError, match=message) as error:
+        setup(csv_path=str(path))
+    assert str(path) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_species_names_are_the_course_order():
+    assert PenguinDataModule.class_names == list(SPECIES) == ["Adelie", "Gentoo", "Chinstrap"]
