@@ -1,0 +1,90 @@
+"""Tracking against a real `mlflow server` on loopback (what `make mlflow-ui` starts), and the loss plot."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from tests.conftest import REPO, run_module
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """One real server per test session (it takes 25-55 s to start here), stopped by PID."""
+    folder = tmp_path_factory.mktemp("mlflow-server")
+    port = free_port()
+    command = [
+        str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
+        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+    ]  # fmt: skip
+    log = open(folder / "server.log", "w")  # noqa: SIM115 (open for the whole session, closed below)
+    server = subprocess.Popen(command, cwd=folder, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            pytest.fail(f"mlflow server did not start: {(folder / 'server.log').read_text()[-2000:]}")
+        time.sleep(1)
+    yield url
+    server.terminate()
+    server.wait(timeout=30)
+    log.close()
+
+
+@pytest.mark.slow
+def test_fit_tracks_to_a_real_mlflow_server(mlflow_server, train_cli, tmp_path):
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_server}
+    env.pop("MLFLOW_RUN_ID", None)
+    result = train_cli("fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", 3, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = MlflowClient(mlflow_server)
+    (run,) = client.search_runs([client.get_experiment_by_name("penguins").experiment_id])
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == [0, 1, 2]
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "best", "last"} <= names  # uploaded through the server's artifact proxy
+    with urllib.request.urlopen(mlflow_server) as response:  # the UI itself is served
+        assert b"MLflow" in response.read()
+
+    plot = run_module("scripts.plot", run.info.run_id, "--tracking-uri", mlflow_server, "--output", tmp_path / "a.png")
+    assert plot.returncode == 0, plot.stderr[-2000:]
+    assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_of_the_newest_local_run(train_cli, tmp_path):
+    result = train_cli("fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", 3)
+    assert result.returncode == 0, result.stderr[-2000:]
+    uri = f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}"
+    plot = run_module("scripts.plot", "--tracking-uri", uri, "--output", tmp_path / "loss.png")
+    assert plot.returncode == 0, plot.stderr[-2000:]
+    png = tmp_path / "loss.png"
+    assert plot.stdout.strip() == str(png) and png.stat().st_size > 5000
+
+    missing = run_module("scripts.plot", "0123abc", "--tracking-uri", uri)
+    assert missing.returncode != 0 and re.search(r"error: .*0123abc", missing.stderr)
+
+
+def test_make_mlflow_ui_serves_on_loopback_only():
+    dry = subprocess.run(["make", "-n", "mlflow-ui"], cwd=REPO, capture_output=True, text=True)
+    assert "mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db --host 127.0.0.1" in dry.stdout
