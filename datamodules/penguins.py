@@ -178,9 +178,11 @@ class PenguinDataModule(L.LightningDataModule):
             self.predict_names = [f"line {i + 2}" for i in table.index]
 
     def _batches(self, split: str, shuffle: bool = False) -> InMemoryBatches:
+        # Evaluation does not learn from batches: one slice of the whole split is cheapest.
+        batch_size = self.hparams.batch_size if split == "train" else len(self.splits[split][0])
         return InMemoryBatches(
             *self.splits[split],
-            batch_size=self.hparams.batch_size,
+            batch_size=batch_size,
             shuffle=shuffle,
             seed=self.hparams.seed,
             rank=self.trainer.global_rank if self.trainer else 0,
