@@ -50,8 +50,8 @@ plot: $(VENV)/installed ## PNG of training and validation loss of RUN (default: 
 	$(PY) -m scripts.plot $(RUN) $(ARGS)
 
 bench: $(VENV)/installed ## time the template against plain PyTorch loops, print the ratios
-	$(PY) -m scripts.bench_penguins $(ARGS)
-	$(PY) -m scripts.bench_mnist $(ARGS)
+	$(PY) -m scripts.bench_penguins
+	$(PY) -m scripts.bench_mnist
 
 mlflow-ui: $(VENV)/installed ## the MLflow UI over outputs/mlflow.db on http://127.0.0.1:5000 (MLFLOW_PORT=...)
 	mkdir -p outputs
