@@ -1,0 +1,267 @@
+"""MNIST: 28x28 grey handwritten digits -> 0-9, read from the four original idx files.
+
+    python -m scripts.train fit --config configs/mnist.yaml
+    python -m scripts.train predict --config configs/mnist.yaml --ckpt_path ... --data.predict_path my_digits/
+
+The files (`train-images-idx3-ubyte` etc., gzipped or not) live in `data_dir`; `prepare_data`
+downloads missing ones from torchvision's mirrors and checks their MD5. The whole set stays a
+uint8 tensor (N, 1, 28, 28), on the training GPU when there is one; batches are slices of it
+(`InMemoryBatches`), scaled, normalised and, when training with `augment`, randomly warped a
+whole batch at a time in `on_after_batch_transfer`. Predict reads a folder of PNG/JPEG images
+(white digit on black, as MNIST; any size, made grey 28x28) or an idx file of images.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import math
+import struct
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from datamodules.errors import DataError
+from datamodules.in_memory import InMemoryBatches
+
+# Each file's idx magic number and the MD5 of its uncompressed bytes. torchvision's `resources`
+# hash the .gz files, but equally good copies differ in their gzip headers (CI's copy does), so
+# the data itself is what gets checked.
+FILES = {
+    "train-images-idx3-ubyte": (2051, "6bbc9ace898e44ae57da46a324031adb"),
+    "train-labels-idx1-ubyte": (2049, "a25bea736e30d166cdddb491f175f624"),
+    "t10k-images-idx3-ubyte": (2051, "2646ac647ad5339dbf082846283269ea"),
+    "t10k-labels-idx1-ubyte": (2049, "27ae3e4e09519cfbb04c329615203637"),
+}
+MEAN, STD = 0.1307, 0.3081  # of the training images scaled to [0, 1]
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg"}
+
+
+def unzip(raw: bytes, where: Path | str) -> bytes:
+    """The bytes of an idx file, gzipped (whatever its name) or not."""
+    if raw[:2] != b"\x1f\x8b":
+        return raw
+    try:
+        return gzip.decompress(raw)
+    except (OSError, EOFError) as error:
+        raise DataError(f"{where}: broken gzip data ({error}); delete it and download it again") from None
+
+
+def parse_idx(data: bytes, magic: int, where: Path | str) -> torch.Tensor:
+    """An idx array of unsigned bytes (`magic` 2049: labels, 2051: images) as a uint8 tensor."""
+    found = struct.unpack(">I", data[:4])[0] if len(data) >= 4 else None
+    if found != magic:
+        raise DataError(
+            f"{where}: not an MNIST idx file (magic number {found}, expected {magic}); "
+            "use the original files from http://yann.lecun.com/exdb/mnist/ or a mirror"
+        )
+    ndim = magic & 0xFF
+    shape = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
+    if len(data) != 4 + 4 * ndim + math.prod(shape):
+        raise DataError(f"{where}: {len(data)} bytes do not hold the {shape} array its header announces (truncated?)")
+    return torch.frombuffer(bytearray(data[4 + 4 * ndim :]), dtype=torch.uint8).reshape(shape)
+
+
+def read_idx(path: Path, magic: int) -> torch.Tensor:
+    return parse_idx(unzip(path.read_bytes(), path), magic, path)
+
+
+def read_image(path: Path) -> torch.Tensor:
+    """One image file as a grey uint8 (1, 28, 28) tensor."""
+    from torchvision.io import ImageReadMode, decode_image
+    from torchvision.transforms.v2.functional import resize
+
+    try:
+        image = decode_image(str(path), mode=ImageReadMode.GRAY)
+    except RuntimeError as error:
+        raise DataError(f"{path}: not a readable PNG or JPEG image ({error})") from None
+    return resize(image, [28, 28], antialias=True)
+
+
+class MNISTDataModule(L.LightningDataModule):
+    """
+    Args:
+        data_dir: folder holding the four idx files (gzipped or not); missing ones are downloaded there.
+        predict_path: a folder of PNG/JPEG images, one image, or an idx file of images to classify.
+        batch_size: images per step and process.
+        val_size: training images held out for validation (seeded, the same on every rank).
+        augment: warp training batches by a random small rotation, scale and shift per image.
+        rotation: the largest rotation in degrees.
+        translation: the largest shift as a fraction of the image side.
+        scale: the largest zoom in or out, as a fraction (0.1: 90% to 110%).
+        mirrors: base URLs to download from, tried in order; None: torchvision's MNIST mirrors.
+        seed: of the validation split and the augmentation.
+    """
+
+    class_names = [str(digit) for digit in range(10)]
+
+    def __init__(
+        self,
+        data_dir: str = "data/mnist",
+        predict_path: str | None = None,
+        batch_size: int = 128,
+        val_size: int = 5000,
+        augment: bool = False,
+        rotation: float = 10.0,
+        translation: float = 0.1,
+        scale: float = 0.1,
+        mirrors: list[str] | None = None,
+        seed: int = 42,
+    ) -> None:
+        super().__init__()
+        if not 0 < val_size < 60000:
+            raise DataError("data: val_size must be between 1 and 59999 (MNIST has 60000 training images)")
+        self.save_hyperparameters()
+        self.splits: dict[str, tuple[torch.Tensor, ...]] = {}
+        self.generator: torch.Generator | None = None
+
+    def path(self, name: str) -> Path | None:
+        """The file holding `name`, gzipped or not; None when neither is there."""
+        folder = Path(self.hparams.data_dir)
+        return next((p for p in (folder / name, folder / f"{name}.gz") if p.is_file()), None)
+
+    def missing_error(self, reason: str) -> DataError:
+        names = ", ".join(f"{name}.gz" for name in FILES)
+        return DataError(
+            f"MNIST files missing in {self.hparams.data_dir} and {reason}; "
+            f"put {names} (gzipped or not) there or set data.init_args.data_dir to their folder"
+        )
+
+    def prepare_data(self) -> None:
+        """Downloads the files `data_dir` lacks (Lightning calls this on one process per node)."""
+        if self.trainer is not None and self.trainer.state.fn == "predict":
+            return  # predict reads predict_path only: no need for the training files
+        missing = [name for name in FILES if self.path(name) is None]
+        if not missing:
+            return
+        mirrors = self.hparams.mirrors
+        if mirrors is None:
+            from torchvision.datasets import MNIST
+
+            mirrors = MNIST.mirrors
+        folder = Path(self.hparams.data_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in missing:
+            self.download(name, mirrors, folder)
+
+    def download(self, name: str, mirrors: list[str], folder: Path) -> None:
+        failures = []
+        for mirror in mirrors:
+            url = f"{mirror.rstrip('/')}/{name}.gz"
+            try:
+                with urllib.request.urlopen(url, timeout=30) as response:
+                    raw = response.read()
+            except (urllib.error.URLError, OSError) as error:
+                failures.append(f"{url}: {getattr(error, 'reason', error)}")
+                continue
+            target = folder / f"{name}.gz"
+            part = target.with_name(target.name + ".part")
+            part.write_bytes(raw)  # a half-written file never carries the final name
+            try:
+                digest = hashlib.md5(unzip(raw, url)).hexdigest()
+            except DataError:
+                digest = "none (broken gzip)"
+            if digest != FILES[name][1]:
+                part.unlink()
+                raise DataError(
+                    f"{url}: not MNIST's {name} (MD5 of its data {digest}, expected {FILES[name][1]}); "
+                    f"deleted the download. Try again later or put the files in {folder} yourself"
+                )
+            part.rename(target)
+            return
+        raise self.missing_error(f"the download failed ({'; '.join(failures)})")
+
+    def load(self, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
+        paths = {kind: self.path(f"{prefix}-{kind}-idx{dims}-ubyte") for kind, dims in (("images", 3), ("labels", 1))}
+        if None in paths.values():
+            raise self.missing_error("this run does not download (prepare_data did not run)")
+        images = read_idx(paths["images"], 2051)
+        labels = read_idx(paths["labels"], 2049)
+        if images.shape[1:] != (28, 28) or len(images) != len(labels) or labels.max() > 9:
+            raise DataError(
+                f"{paths['images']}, {paths['labels']}: expected N 28x28 images and N labels 0-9, "
+                f"got images {tuple(images.shape)} and labels {tuple(labels.shape)} up to {int(labels.max())}"
+            )
+        return images.unsqueeze(1), labels.long()
+
+    def read_predict(self) -> tuple[torch.Tensor, list[str]]:
+        if self.hparams.predict_path is None:
+            raise DataError("predict needs data.init_args.predict_path: a folder of digit images or an idx file")
+        path = Path(self.hparams.predict_path)
+        if path.is_dir():
+            files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+            if not files:
+                raise DataError(f"{path}: no .png, .jpg or .jpeg image in this folder")
+            return torch.stack([read_image(p) for p in files]), [str(p) for p in files]
+        if not path.is_file():
+            raise DataError(f"{path}: no such file or folder; give predict_path a folder of images or an idx file")
+        if path.suffix.lower() in IMAGE_SUFFIXES:
+            return read_image(path).unsqueeze(0), [str(path)]
+        images = read_idx(path, 2051).unsqueeze(1)
+        if images.shape[2:] != (28, 28):
+            images = F.interpolate(images.float(), size=(28, 28), mode="area").round().to(torch.uint8)
+        return images, [f"{path}[{i}]" for i in range(len(images))]
+
+    def setup(self, stage: str) -> None:
+        if stage in ("fit", "validate"):
+            images, labels = self.load("train")
+            order = torch.randperm(len(images), generator=torch.Generator().manual_seed(self.hparams.seed))
+            val, train = order[: self.hparams.val_size], order[self.hparams.val_size :]
+            self.split_indices = {"train": train, "val": val}  # rows of the training files
+            self.splits["train"] = (images[train], labels[train])
+            self.splits["val"] = (images[val], labels[val])
+        elif stage == "test":
+            self.splits["test"] = self.load("t10k")
+        elif stage == "predict":
+            images, self.predict_names = self.read_predict()
+            self.splits["predict"] = (images,)
+        device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        if device.type != "cpu":  # batches become slices on the GPU: nothing is copied per step
+            self.splits = {name: tuple(t.to(device) for t in split) for name, split in self.splits.items()}
+
+    def _batches(self, split: str, shuffle: bool = False) -> InMemoryBatches:
+        return InMemoryBatches(
+            *self.splits[split],
+            batch_size=self.hparams.batch_size,
+            shuffle=shuffle,
+            seed=self.hparams.seed,
+            rank=self.trainer.global_rank if self.trainer else 0,
+            world_size=self.trainer.world_size if self.trainer else 1,
+        )
+
+    def train_dataloader(self) -> InMemoryBatches:
+        return self._batches("train", shuffle=True)
+
+    def val_dataloader(self) -> InMemoryBatches:
+        return self._batches("val")
+
+    def test_dataloader(self) -> InMemoryBatches:
+        return self._batches("test")
+
+    def predict_dataloader(self) -> InMemoryBatches:
+        return self._batches("predict")
+
+    def warp(self, images: torch.Tensor) -> torch.Tensor:
+        """Every image of the batch rotated, scaled and shifted by its own random amount, in one call."""
+        if self.generator is None or self.generator.device != images.device:
+            rank = self.trainer.global_rank if self.trainer else 0
+            self.generator = torch.Generator(images.device).manual_seed(self.hparams.seed + rank)
+        n = len(images)
+        uniform = torch.rand(n, 4, generator=self.generator, device=images.device) * 2 - 1  # in [-1, 1)
+        angle = uniform[:, 0] * math.radians(self.hparams.rotation)
+        zoom = 1 + uniform[:, 1] * self.hparams.scale
+        shift = uniform[:, 2:] * self.hparams.translation * 2  # grid coordinates span 2 per image side
+        cos, sin = torch.cos(angle) / zoom, torch.sin(angle) / zoom
+        theta = torch.stack([torch.stack([cos, -sin, shift[:, 0]], 1), torch.stack([sin, cos, shift[:, 1]], 1)], 1)
+        grid = F.affine_grid(theta, list(images.shape), align_corners=False)
+        return F.grid_sample(images, grid, align_corners=False)  # outside the image: 0, the background
+
+    def on_after_batch_transfer(self, batch: tuple[torch.Tensor, ...], dataloader_idx: int) -> tuple[torch.Tensor, ...]:
+        images = batch[0].float() / 255
+        if self.hparams.augment and self.trainer is not None and self.trainer.training:
+            images = self.warp(images)
+        return ((images - MEAN) / STD, *batch[1:])

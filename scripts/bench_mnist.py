@@ -1,0 +1,142 @@
+"""MNIST training throughput (samples/s over one epoch, batch 128, SGD 0.03 momentum 0.5), side by side:
+
+    python -m scripts.bench_mnist [--data-dir ../shared/data/mnist] [--batches 150] [--repeats 3]
+
+- plain:    a bare PyTorch loop slicing the in-memory uint8 tensors (the floor);
+- classic:  the torchvision.datasets.MNIST way: a Dataset that turns each sample into a PIL image
+            and applies ToTensor() + Normalize, batched by a DataLoader (built from the same tensors:
+            nothing is downloaded);
+- template: a Lightning Trainer fitting MNISTDataModule + ClassificationModule + MNISTNet (no
+            logger, checkpoints, progress bar or validation), timed by its own EpochThroughput.
+`--batches N` trains on the first N batches of the epoch only, for a quicker answer. The three
+take turns `--repeats` times and each keeps its best rate: a busy machine only ever slows a run down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+from functools import partial
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from datamodules.mnist import MEAN, STD, MNISTDataModule
+from lightning_modules.classifier import ClassificationModule
+from lightning_modules.mnist_net import MNISTNet
+from lightning_modules.throughput import EpochThroughput
+
+BATCH = 128
+OPTIMIZER = partial(torch.optim.SGD, lr=0.03, momentum=0.5)
+
+
+def train_steps(net: torch.nn.Module, batches, limit: int) -> int:
+    """Trains on up to `limit` (normalised images, labels) batches; returns the number of samples."""
+    optimizer = OPTIMIZER(net.parameters())
+    net.train()
+    samples = 0
+    for i, (images, labels) in enumerate(batches):
+        if i == limit:
+            break
+        loss = F.cross_entropy(net(images), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        samples += len(labels)
+    return samples
+
+
+def plain(images: torch.Tensor, labels: torch.Tensor, limit: int) -> float:
+    def batches():
+        order = torch.randperm(len(images))
+        for start in range(0, len(images), BATCH):
+            rows = order[start : start + BATCH]
+            yield (images[rows].float() / 255 - MEAN) / STD, labels[rows]
+
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    samples = train_steps(MNISTNet(10), batches(), limit)
+    return samples / (time.perf_counter() - started)
+
+
+class ClassicMNIST(Dataset):
+    """What torchvision.datasets.MNIST.__getitem__ does per sample: PIL image, then the transforms."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        from torchvision import transforms
+
+        self.images, self.labels = images[:, 0], labels
+        self.transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((MEAN,), (STD,))])
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        from PIL import Image
+
+        image = Image.fromarray(self.images[index].numpy(), mode="L")
+        return self.transform(image), int(self.labels[index])
+
+
+def classic(images: torch.Tensor, labels: torch.Tensor, limit: int) -> float:
+    torch.manual_seed(0)
+    loader = DataLoader(ClassicMNIST(images, labels), batch_size=BATCH, shuffle=True)
+    started = time.perf_counter()
+    samples = train_steps(MNISTNet(10), loader, limit)
+    return samples / (time.perf_counter() - started)
+
+
+def template(data_dir: str, limit: int) -> float:
+    torch.manual_seed(0)
+    data = MNISTDataModule(data_dir=data_dir, batch_size=BATCH)
+    model = ClassificationModule(MNISTNet, data.class_names, optimizer=OPTIMIZER)
+    trainer = L.Trainer(
+        max_epochs=1,
+        limit_train_batches=limit if limit > 0 else 1.0,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[EpochThroughput()],
+    )
+    trainer.fit(model, datamodule=data)
+    return float(trainer.callback_metrics["train_samples_per_sec"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="MNIST training samples/s: plain loop, classic pipeline, template")
+    parser.add_argument("--data-dir", default="data/mnist", help="folder of the four MNIST idx files")
+    parser.add_argument("--batches", type=int, default=0, help="train on this many batches (0: the whole epoch)")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of all three; the best rate of each counts")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    data = MNISTDataModule(data_dir=args.data_dir, batch_size=BATCH)
+    data.prepare_data()
+    data.setup("fit")
+    images, labels = data.splits["train"]
+    limit = args.batches if args.batches > 0 else -1
+    train_steps(MNISTNet(10), [((images[:BATCH].float() / 255 - MEAN) / STD, labels[:BATCH])] * 5, 5)  # one-off warm-up
+    runs = {
+        "plain tensor loop": lambda: plain(images, labels, limit),
+        "classic per-sample pipeline": lambda: classic(images, labels, limit),
+        "template (Lightning)": lambda: template(args.data_dir, limit),
+    }
+    results = dict.fromkeys(runs, 0.0)
+    for _ in range(args.repeats):
+        for name, run in runs.items():
+            results[name] = max(results[name], run())
+    count = len(images) if limit < 0 else min(limit * BATCH, len(images))
+    print(f"mnist: {count} training samples, batch {BATCH}, {torch.get_num_threads()} threads")
+    for name, rate in results.items():
+        print(f"  {name:28s} {rate:8.0f} samples/s")
+    rate = results["template (Lightning)"]
+    print(f"  template / plain   {rate / results['plain tensor loop']:.2f}x")
+    print(f"  template / classic {rate / results['classic per-sample pipeline']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,277 @@
+"""MNIST: idx parsing, download with checksums over loopback HTTP, split, batches, both recipes, CLI fit and predict.
+
+    .venv/bin/python -m pytest -q tests/test_mnist.py
+
+Tests that need the real files read them from ../shared/data/mnist (CI has them) and skip elsewhere.
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from datamodules.errors import DataError
+from datamodules.mnist import FILES, MNISTDataModule, parse_idx, read_idx
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = (ROOT / ".." / "shared" / "data" / "mnist").resolve()
+needs_mnist = pytest.mark.skipif(
+    not all((SHARED / f"{name}.gz").is_file() for name in FILES),
+    reason=f"needs the four MNIST idx .gz files in {SHARED} (CI has them)",
+)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "scripts.train", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_parse_idx_rejects_bad_magic_and_truncation(tmp_path: Path) -> None:
+    bad = tmp_path / "train-images-idx3-ubyte"
+    bad.write_bytes(b"\x00\x00\x08\x01" + bytes(20))  # a labels header where images belong
+    with pytest.raises(DataError, match=f"{bad}: not an MNIST idx file.*2049.*2051"):
+        read_idx(bad, 2051)
+    short = b"\x00\x00\x08\x01" + (10).to_bytes(4, "big") + bytes(9)  # announces 10 labels, holds 9
+    with pytest.raises(DataError, match="truncated"):
+        parse_idx(short, 2049, "labels")
+    assert parse_idx(short + b"\x07", 2049, "labels").tolist() == [0] * 9 + [7]
+    broken = tmp_path / "t10k-labels-idx1-ubyte.gz"
+    broken.write_bytes(gzip.compress(short)[:-6])
+    with pytest.raises(DataError, match=f"{broken}: broken gzip"):
+        read_idx(broken, 2049)
+
+
+def test_bad_file_in_data_dir_is_named(tmp_path: Path) -> None:
+    for name in FILES:
+        (tmp_path / name).write_bytes(b"not an idx file")
+    with pytest.raises(DataError, match="train-images-idx3-ubyte: not an MNIST idx file"):
+        MNISTDataModule(data_dir=str(tmp_path)).setup("fit")
+
+
+@needs_mnist
+def test_reads_gzipped_and_plain_files(tmp_path: Path) -> None:
+    gzipped = MNISTDataModule(data_dir=str(SHARED))
+    gzipped.setup("fit")
+    gzipped.setup("test")
+    train, val, test = gzipped.splits["train"], gzipped.splits["val"], gzipped.splits["test"]
+    assert train[0].shape == (55000, 1, 28, 28) and val[0].shape == (5000, 1, 28, 28)
+    assert test[0].shape == (10000, 1, 28, 28) and train[0].dtype == torch.uint8
+    labels = torch.cat([train[1], val[1]])
+    assert len(labels) == 60000 and labels.min() == 0 and labels.max() == 9
+    assert torch.bincount(labels).min() > 5000  # every digit is there in numbers
+    for name in ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
+        (tmp_path / name).write_bytes(gzip.decompress((SHARED / f"{name}.gz").read_bytes()))
+    plain = MNISTDataModule(data_dir=str(tmp_path))
+    plain.setup("test")
+    assert all(torch.equal(a, b) for a, b in zip(plain.splits["test"], test))
+
+
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def serve(tmp_path: Path):
+    """Serves a folder over loopback HTTP; yields a function folder -> base URL."""
+    servers = []
+
+    def start(folder: Path) -> str:
+        server = ThreadingHTTPServer(("127.0.0.1", 0), partial(QuietHandler, directory=str(folder)))
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_port}/"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/"  # nothing listens there any more: connection refused
+
+
+def copy_files(folder: Path) -> Path:
+    folder.mkdir()
+    for name in FILES:
+        shutil.copyfile(SHARED / f"{name}.gz", folder / f"{name}.gz")  # writable copies
+    return folder
+
+
+@needs_mnist
+def test_download_from_mirror_checks_md5(tmp_path: Path, serve) -> None:
+    served = copy_files(tmp_path / "served")
+    data_dir = tmp_path / "data" / "mnist"
+    data = MNISTDataModule(data_dir=str(data_dir), mirrors=[closed_port_url(), serve(served)])  # first one is down
+    data.prepare_data()
+    assert sorted(p.name for p in data_dir.iterdir()) == sorted(f"{name}.gz" for name in FILES)
+    data.setup("test")
+    assert data.splits["test"][0].shape == (10000, 1, 28, 28)
+
+
+@needs_mnist
+def test_corrupt_download_is_deleted(tmp_path: Path, serve) -> None:
+    served = copy_files(tmp_path / "served")
+    labels = served / "train-labels-idx1-ubyte.gz"
+    data = gzip.decompress(labels.read_bytes())
+    labels.write_bytes(gzip.compress(data[:-1] + bytes([(data[-1] + 1) % 10])))  # one label changed
+    data_dir = tmp_path / "mnist"
+    with pytest.raises(DataError, match="train-labels-idx1-ubyte.gz: not MNIST's train-labels-idx1-ubyte .*MD5"):
+        MNISTDataModule(data_dir=str(data_dir), mirrors=[serve(served)]).prepare_data()
+    assert not any(p.name.startswith("train-labels") for p in data_dir.iterdir())
+
+
+def test_offline_without_files_says_where_to_put_them(tmp_path: Path) -> None:
+    data_dir = tmp_path / "mnist"
+    data = MNISTDataModule(data_dir=str(data_dir), mirrors=[closed_port_url()])
+    with pytest.raises(DataError) as error:
+        data.prepare_data()
+    message = str(error.value)
+    assert "\n" not in message and f"MNIST files missing in {data_dir}" in message
+    assert all(f"{name}.gz" in message for name in FILES) and "download failed" in message
+    with pytest.raises(DataError, match="MNIST files missing"):
+        data.setup("fit")
+
+
+@needs_mnist
+def test_split_is_disjoint_and_seeded() -> None:
+    def split(seed: int) -> dict[str, torch.Tensor]:
+        data = MNISTDataModule(data_dir=str(SHARED), seed=seed)
+        data.setup("fit")
+        return data.split_indices
+
+    first, again, other = split(1), split(1), split(2)
+    assert len(first["val"]) == 5000 and len(first["train"]) == 55000
+    assert torch.cat([first["train"], first["val"]]).unique().numel() == 60000
+    assert torch.equal(first["val"], again["val"]) and not torch.equal(first["val"], other["val"])
+
+
+@needs_mnist
+def test_batches_normalised_and_augmentation_only_when_training() -> None:
+    data = MNISTDataModule(data_dir=str(SHARED), batch_size=1000, augment=True)
+    data.setup("fit")
+    data.trainer = SimpleNamespace(training=False, global_rank=0, world_size=1)
+    raw = next(iter(data.val_dataloader()))
+    images, labels = data.on_after_batch_transfer(raw, 0)
+    assert images.dtype == torch.float32 and images.shape == (1000, 1, 28, 28) and torch.equal(labels, raw[1])
+    assert abs(images.mean()) < 0.05 and abs(images.std() - 1) < 0.05  # MNIST's mean and std
+    data.trainer.training = True
+    warped, _ = data.on_after_batch_transfer(raw, 0)
+    assert warped.shape == images.shape and warped.dtype == images.dtype
+    changed = (warped - images).abs().flatten(1).amax(1) > 0.5
+    assert changed.float().mean() > 0.95  # nearly every image moved
+    assert abs(warped.mean() - images.mean()) < 0.1  # still digits on the background, not noise
+    still = MNISTDataModule(data_dir=str(SHARED), augment=True, rotation=0, translation=0, scale=0)
+    still.trainer = data.trainer
+    assert torch.allclose(still.on_after_batch_transfer(raw, 0)[0], images, atol=1e-4)  # identity warp
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """configs/mnist.yaml as a user runs it: 10 full epochs (about 2 minutes on 2 cores)."""
+    root = tmp_path_factory.mktemp("mnist_fit")
+    result = run_cli(
+        "fit",
+        "--config=configs/mnist.yaml",
+        f"--data.init_args.data_dir={SHARED}",
+        f"--trainer.default_root_dir={root}",
+        "--trainer.enable_progress_bar=false",
+    )
+    return result, root
+
+
+def printed_test_acc(result: subprocess.CompletedProcess) -> float:
+    assert result.returncode == 0, result.stderr[-3000:]
+    return float(result.stdout.split("test_acc:")[1].split()[0])
+
+
+@pytest.mark.slow
+@needs_mnist
+def test_recipe_reaches_99_percent(trained) -> None:
+    # Measured 0.9924 (seed 42, 2-core CPU); a plain loop with Adam 2e-3 reaches 0.988 in as many epochs.
+    assert printed_test_acc(trained[0]) >= 0.990
+
+
+@pytest.mark.slow
+@needs_mnist
+def test_tutorial_recipe(tmp_path: Path) -> None:
+    result = run_cli(
+        "fit",
+        "--config=configs/mnist_tutorial.yaml",
+        f"--data.init_args.data_dir={SHARED}",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.enable_progress_bar=false",
+    )
+    # Its 3 epochs as it ran: measured 0.9722 here (a plain loop: about 0.975; at lr 0.01: 0.958).
+    assert printed_test_acc(result) >= 0.965
+
+
+@pytest.mark.slow
+@needs_mnist
+def test_predict_folder_of_pngs(trained, tmp_path: Path) -> None:
+    from torchvision.io import write_jpeg, write_png
+    from torchvision.transforms.v2.functional import resize
+
+    images, labels = MNISTDataModule(data_dir=str(SHARED)).load("t10k")
+    folder = tmp_path / "digits"
+    folder.mkdir()
+    expected = {}
+    for i in range(20):
+        image = images[i]
+        if i % 4 == 1:
+            image = resize(image, [64, 64], antialias=True)  # any size is scaled to 28x28
+        if i % 4 == 2:
+            path = folder / f"{i:02d}.jpg"
+            write_jpeg(image.expand(3, -1, -1).contiguous(), str(path), quality=95)  # colour JPEG -> grey
+        else:
+            path = folder / f"{i:02d}.png"
+            write_png(image, str(path))
+        expected[str(path)] = str(int(labels[i]))
+    (folder / "notes.txt").write_text("not an image: ignored")
+    checkpoint = next(trained[1].glob("*/*/checkpoints/best.ckpt"))
+    result = run_cli(
+        "predict",
+        "--config=configs/mnist.yaml",
+        f"--ckpt_path={checkpoint}",
+        f"--data.init_args.predict_path={folder}",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.logger=false",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.split(",") for line in result.stdout.splitlines() if line.startswith(str(folder))]
+    assert [row[0] for row in rows] == sorted(expected)
+    right = sum(expected[name] == label for name, label, _ in rows)
+    assert right >= 18, rows  # the model is 99% right on test digits
+
+
+@pytest.mark.slow
+@needs_mnist
+def test_cli_fit_tiny(tmp_path: Path) -> None:
+    result = run_cli(
+        "fit",
+        "--config=configs/mnist.yaml",
+        f"--data.init_args.data_dir={SHARED}",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.max_epochs=1",
+        "--trainer.limit_train_batches=5",
+        "--trainer.limit_val_batches=2",
+        "--trainer.limit_test_batches=2",
+    )
+    assert "test_acc:" in result.stdout and result.returncode == 0, result.stderr[-3000:]
+    assert "best checkpoint:" in result.stdout
