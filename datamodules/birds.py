@@ -1,0 +1,218 @@
+"""Birds: photos of chickens and turkeys (or any labelled image folder) for transfer learning.
+
+    python -m scripts.train fit --config configs/birds.yaml
+    python -m scripts.train predict --config configs/birds.yaml --ckpt_path ... --data.predict_path my_photos/
+
+`data_dir` holds either `train/` and `val/` (and optionally `test/`) with one subfolder per
+class, or just the class subfolders, split into training and validation by a seeded
+`val_fraction` of every class. When it is missing and `archive` names a .zip/.tar.gz (path or
+URL, e.g. the Azure ML tutorial's `fowl_data.zip`), the archive is extracted there once.
+Images are decoded by torchvision.io in DataLoader workers and cropped there (training: random
+resized crop and horizontal flip; evaluation: resize and centre crop); batches travel as uint8
+and become ImageNet-normalised floats on the training device (`on_after_batch_transfer`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from datamodules.errors import DataError
+from datamodules.image_folder import (
+    check_readable,
+    check_same_classes,
+    class_folders,
+    fetch_archive,
+    hidden,
+    list_images,
+    seeded_split,
+)
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)  # what every ImageNet-pretrained backbone expects
+IMAGENET_STD = (0.229, 0.224, 0.225)
+SPLITS = ("train", "val", "test")
+
+
+class ImageFiles(Dataset):
+    """Image files decoded as uint8 RGB and transformed; items are (image, label), or (image,) without labels."""
+
+    def __init__(self, files: list[Path], labels: list[int] | None, transform) -> None:
+        self.files, self.labels, self.transform = files, labels, transform
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple:
+        from torchvision.io import ImageReadMode, decode_image
+
+        image = self.transform(decode_image(str(self.files[index]), mode=ImageReadMode.RGB))
+        return (image,) if self.labels is None else (image, self.labels[index])
+
+
+class BirdsDataModule(L.LightningDataModule):
+    """
+    Args:
+        data_dir: folder of labelled images: `train/`, `val/` (, `test/`) of class subfolders, or class subfolders.
+        archive: .zip or .tar.gz (path or http(s) URL) extracted into data_dir when data_dir is missing.
+        predict_path: a folder of images (any depth, no labels needed) or one image to classify.
+        classes: label names in index order; None: the sorted class folders of the training data.
+            Give them to predict where the training data is not at hand (becomes `class_names`).
+        val_fraction: share of each class held out for validation when data_dir has no `val/`.
+        batch_size: images per step and process.
+        image_size: side of the square crops the network sees (224: the ImageNet size).
+        num_workers: DataLoader processes decoding images (0: in the training process).
+        seed: of the validation split; every rank computes the same one.
+    """
+
+    def __init__(
+        self,
+        data_dir: str = "data/birds",
+        archive: str | None = None,
+        predict_path: str | None = None,
+        classes: list[str] | None = None,
+        val_fraction: float = 0.2,
+        batch_size: int = 16,
+        image_size: int = 224,
+        num_workers: int = 2,
+        seed: int = 42,
+    ) -> None:
+        super().__init__()
+        if not 0 < val_fraction < 1:
+            raise DataError("data: val_fraction must be between 0 and 1 (exclusive)")
+        self.save_hyperparameters()
+        self.root = Path(data_dir)
+        self.splits: dict[str, tuple[list[Path], list[int] | None]] = {}
+        self.checked: set[Path] = set()
+        self._class_names: list[str] | None = None
+
+    def fetch(self) -> None:
+        """Makes sure data_dir exists, extracting the archive when it does not (idempotent, atomic)."""
+        if self.hparams.archive is not None:
+            fetch_archive(self.hparams.archive, self.root)
+        elif not self.root.is_dir():
+            raise DataError(
+                f"{self.root}: no such folder; give data.init_args.data_dir a folder of labelled images "
+                "or data.init_args.archive a .zip/.tar.gz to extract there"
+            )
+
+    def prepare_data(self) -> None:
+        self.fetch()
+
+    def split_dir(self, split: str) -> Path | None:
+        """data_dir/<split> when data_dir is split into folders; `train` falls back to data_dir itself."""
+        present = [name for name in SPLITS if (self.root / name).is_dir()]
+        if present and "train" not in present:
+            raise DataError(f"{self.root}: has {'/, '.join(present)}/ but no train/; add it or rename the folder")
+        if split == "train":
+            return self.root / "train" if present else self.root
+        return self.root / split if split in present else None
+
+    @property
+    def class_names(self) -> list[str]:
+        if self._class_names is None:
+            if self.hparams.classes is not None:
+                self._class_names = list(self.hparams.classes)
+            else:
+                self.fetch()  # the CLI asks right after __init__, before prepare_data
+                self._class_names = [folder.name for folder in class_folders(self.split_dir("train"))]
+        return self._class_names
+
+    def labelled(self, split_dir: Path) -> dict[str, list[Path]]:
+        """The split's images by class; its classes must be the model's."""
+        images = list_images(split_dir)
+        reference = "data.init_args.classes" if self.hparams.classes is not None else self.split_dir("train")
+        check_same_classes(reference, self.class_names, split_dir, sorted(images))
+        return images
+
+    def flatten(self, images: dict[str, list[Path]]) -> tuple[list[Path], list[int]]:
+        index = {name: i for i, name in enumerate(self.class_names)}
+        pairs = [(path, index[name]) for name, paths in images.items() for path in paths]
+        return [path for path, _ in pairs], [label for _, label in pairs]
+
+    def setup(self, stage: str) -> None:
+        if stage != "predict":  # predicting needs no training data when `classes` names the labels
+            self.fetch()
+        if stage in ("fit", "validate") and "train" not in self.splits:
+            train_dir, val_dir = self.split_dir("train"), self.split_dir("val")
+            train = self.labelled(train_dir)
+            if val_dir is not None:
+                val = self.labelled(val_dir)
+            else:
+                seed = self.hparams.seed
+                parts = {
+                    name: seeded_split(paths, self.hparams.val_fraction, seed, train_dir / name)
+                    for name, paths in train.items()
+                }
+                train = {name: kept for name, (kept, _) in parts.items()}
+                val = {name: held for name, (_, held) in parts.items()}
+            self.splits["train"], self.splits["val"] = self.flatten(train), self.flatten(val)
+        if stage == "test" and "test" not in self.splits:
+            test_dir = self.split_dir("test")
+            if test_dir is not None:
+                self.splits["test"] = self.flatten(self.labelled(test_dir))
+            else:  # no test/: the validation images stand in
+                self.setup("validate")
+                self.splits["test"] = self.splits["val"]
+        if stage == "predict":
+            files = self.predict_files()
+            self.splits["predict"] = (files, None)
+            self.predict_names = [str(path) for path in files]
+        wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}[stage]
+        unchecked = [path for split in wanted for path in self.splits[split][0] if path not in self.checked]
+        check_readable(unchecked)
+        self.checked.update(unchecked)
+
+    def predict_files(self) -> list[Path]:
+        if self.hparams.predict_path is None:
+            raise DataError("predict needs data.init_args.predict_path: a folder of images or one image")
+        path = Path(self.hparams.predict_path)
+        if path.is_file():
+            return [path]
+        if not path.is_dir():
+            raise DataError(f"{path}: no such file or folder; give predict_path a folder of images or one image")
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not hidden(p, path))
+        if not files:
+            raise DataError(f"{path}: no images in this folder")
+        return files
+
+    def transform(self, train: bool):
+        from torchvision.transforms import v2
+
+        size = self.hparams.image_size
+        if train:
+            return v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()])
+        # ImageNet's evaluation recipe: shorter side to 256, centre 224x224 (scaled with image_size).
+        return v2.Compose([v2.Resize(round(size * 256 / 224), antialias=True), v2.CenterCrop(size)])
+
+    def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
+        files, labels = self.splits[split]
+        workers = self.hparams.num_workers
+        return DataLoader(
+            ImageFiles(files, labels, self.transform(train=split == "train")),
+            batch_size=self.hparams.batch_size,
+            shuffle=shuffle,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            pin_memory=self.trainer is not None and self.trainer.strategy.root_device.type == "cuda",
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("predict")
+
+    def on_after_batch_transfer(self, batch: tuple[torch.Tensor, ...], dataloader_idx: int) -> tuple[torch.Tensor, ...]:
+        from torchvision.transforms.v2.functional import normalize
+
+        images = batch[0].float().div_(255)
+        return (normalize(images, IMAGENET_MEAN, IMAGENET_STD), *batch[1:])
