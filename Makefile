@@ -13,6 +13,7 @@ CKPT ?= $(shell ls -t outputs/*/*/checkpoints/best.ckpt 2>/dev/null | head -n 1)
 INPUT ?= configs/examples/penguins.csv
 RUN ?=
 MLFLOW_PORT ?= 5000
+MNIST_DIR ?= data/mnist
 
 .DEFAULT_GOAL := help
 .PHONY: help install train validate evaluate predict export plot bench mlflow-ui lint format test clean
@@ -49,9 +50,9 @@ export: $(VENV)/installed ## write CKPT as ONNX and check it against PyTorch
 plot: $(VENV)/installed ## PNG of training and validation loss of RUN (default: the newest run)
 	$(PY) -m scripts.plot $(RUN) $(ARGS)
 
-bench: $(VENV)/installed ## time the template against plain PyTorch loops, print the ratios
+bench: $(VENV)/installed ## time the template against plain PyTorch loops, print the ratios (MNIST_DIR=...)
 	$(PY) -m scripts.bench_penguins
-	$(PY) -m scripts.bench_mnist
+	$(PY) -m scripts.bench_mnist --data-dir $(MNIST_DIR) --repeats 2
 
 mlflow-ui: $(VENV)/installed ## the MLflow UI over outputs/mlflow.db on http://127.0.0.1:5000 (MLFLOW_PORT=...)
 	mkdir -p outputs

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
+from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_modules.schedules import warmup_poly_factor
@@ -53,10 +54,14 @@ class ClassificationModule(L.LightningModule):
         self.network = network(len(self.class_names))
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
+        # Metrics accumulate per step (update) and are computed, synced across processes and
+        # logged once per epoch: Lightning's `self.log` costs about 1 ms per call on a CPU, more
+        # than a whole penguin training step, so nothing calls it per step.
         num_classes = len(self.class_names)
-        self.train_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
-        self.val_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
-        self.test_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
+        self.metrics = nn.ModuleDict()  # keyed by the names they are logged under
+        for split in ("train", "val", "test"):
+            self.metrics[f"{split}_loss"] = MeanMetric()
+            self.metrics[f"{split}_acc"] = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
 
     @property
     def backbone(self) -> nn.Module:
@@ -66,42 +71,53 @@ class ClassificationModule(L.LightningModule):
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.network(inputs)
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def _step(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> torch.Tensor:
         inputs, labels = batch
         logits = self(inputs)
         loss = F.cross_entropy(logits, labels)
-        self.train_acc(logits, labels)
-        self.log("train_loss", loss, on_step=True, on_epoch=True, prog_bar=True)
-        self.log("train_acc", self.train_acc, on_step=False, on_epoch=True)
+        self.metrics[f"{split}_loss"].update(loss.detach(), len(labels))
+        self.metrics[f"{split}_acc"].update(logits.detach(), labels)
         return loss
 
-    def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> None:
-        inputs, labels = batch
-        logits = self(inputs)
-        accuracy = self.val_acc if split == "val" else self.test_acc
-        accuracy(logits, labels)
-        self.log(f"{split}_loss", F.cross_entropy(logits, labels), sync_dist=True, prog_bar=True)
-        self.log(f"{split}_acc", accuracy, prog_bar=True)
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = self._step(batch, "train")
+        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
+            # The step-level curve, every log_every_n_steps optimizer steps, to every logger directly.
+            for logger in self.loggers:
+                logger.log_metrics({"train_loss_step": loss.item()}, step=self.global_step)
+        return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, "val")
+        self._step(batch, "val")
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, "test")
+        self._step(batch, "test")
 
     def predict_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> list[tuple[str, float]]:
         """(class name, probability) of the most likely class, one pair per input."""
         probabilities, indices = F.softmax(self(batch[0]), dim=1).max(dim=1)
         return [(self.class_names[i], p) for i, p in zip(indices.tolist(), probabilities.tolist())]
 
-    # Metrics logged at epoch end use the epoch as their MLflow step ("step" is Lightning's
-    # reserved key for that), so curves of runs with different batch sizes line up.
+    def _log_epoch(self, split: str) -> None:
+        """`<split>_loss` (mean over samples) and `<split>_acc` of the epoch, over all processes (compute syncs)."""
+        names = (f"{split}_loss", f"{split}_acc")
+        self.log_dict({name: self.metrics[name].compute() for name in names}, prog_bar=True)
+        for name in names:
+            self.metrics[name].reset()
+
+    # Epoch metrics also log "step" (Lightning's reserved key for the logger's step) as the epoch,
+    # so MLflow curves of runs with different batch sizes line up.
     def on_train_epoch_end(self) -> None:
+        self._log_epoch("train")
         self.log("step", float(self.current_epoch))
 
     def on_validation_epoch_end(self) -> None:
+        self._log_epoch("val")
         if not self.trainer.sanity_checking:
             self.log("step", float(self.current_epoch))
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch("test")
 
     def configure_optimizers(self):
         trainable = [p for p in self.parameters() if p.requires_grad]  # frozen backbones stay out

@@ -31,11 +31,11 @@ def plot_losses(run_id: str | None, tracking_uri: str, output: Path | None) -> P
         run_id = runs[0].info.run_id
     run = client.get_run(run_id)
     figure, axes = plt.subplots(figsize=(7, 4))
-    for key, label in (("train_loss_epoch", "training"), ("val_loss", "validation")):
+    for key, label in (("train_loss", "training"), ("val_loss", "validation")):
         history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
         axes.plot([m.step + 1 for m in history], [m.value for m in history], label=label)
     if not axes.lines or not axes.lines[0].get_xdata().size:
-        raise SystemExit(f"error: run {run_id} has no train_loss_epoch metric to plot")
+        raise SystemExit(f"error: run {run_id} has no train_loss metric to plot")
     axes.set(xlabel="epoch", ylabel="loss", title=f"{run.info.run_name} ({run_id[:8]})")
     axes.legend()
     if output is None:
