@@ -3,6 +3,7 @@
 `InMemoryBatches` stands in for a DataLoader. Every epoch it draws a seeded permutation, keeps
 this rank's share of it (what DistributedSampler would do) and yields slices of the permuted
 tensors, so a batch costs one gather instead of `batch_size` calls to `__getitem__`.
+`InMemoryDataModule` is the base of datamodules whose splits are such tensors (penguins, MNIST).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+import lightning as L
 import torch
 
 
@@ -82,3 +84,38 @@ class InMemoryBatches:
         for i in range(len(self)):
             start = i * self.batch_size
             yield tuple(t[start : start + self.batch_size] for t in data)
+
+
+class InMemoryDataModule(L.LightningDataModule):
+    """A datamodule whose `setup` puts each split's tensors in `self.splits[name]` ("train", "val", "test",
+    "predict"); its dataloaders are `InMemoryBatches` of them, sharded by rank. Needs `batch_size` and
+    `seed` among its hyperparameters."""
+
+    evaluate_in_one_batch = False  # True: validation, test and predict each take one slice of the whole split
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.splits: dict[str, tuple[torch.Tensor, ...]] = {}
+
+    def batches(self, split: str, shuffle: bool = False) -> InMemoryBatches:
+        one_batch = self.evaluate_in_one_batch and split != "train"
+        return InMemoryBatches(
+            *self.splits[split],
+            batch_size=len(self.splits[split][0]) if one_batch else self.hparams.batch_size,
+            shuffle=shuffle,
+            seed=self.hparams.seed,
+            rank=self.trainer.global_rank if self.trainer else 0,
+            world_size=self.trainer.world_size if self.trainer else 1,
+        )
+
+    def train_dataloader(self) -> InMemoryBatches:
+        return self.batches("train", shuffle=True)
+
+    def val_dataloader(self) -> InMemoryBatches:
+        return self.batches("val")
+
+    def test_dataloader(self) -> InMemoryBatches:
+        return self.batches("test")
+
+    def predict_dataloader(self) -> InMemoryBatches:
+        return self.batches("predict")

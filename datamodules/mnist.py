@@ -21,12 +21,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 
 from datamodules.errors import DataError
-from datamodules.in_memory import InMemoryBatches
+from datamodules.in_memory import InMemoryDataModule
 
 # Each file's idx magic number and the MD5 of its uncompressed bytes. torchvision's `resources`
 # hash the .gz files, but equally good copies differ in their gzip headers (CI's copy does), so
@@ -82,7 +81,7 @@ def read_image(path: Path) -> torch.Tensor:
     return resize(image, [28, 28], antialias=True)
 
 
-class MNISTDataModule(L.LightningDataModule):
+class MNISTDataModule(InMemoryDataModule):
     """
     Args:
         data_dir: folder holding the four idx files (gzipped or not); missing ones are downloaded there.
@@ -116,7 +115,6 @@ class MNISTDataModule(L.LightningDataModule):
         if not 0 < val_size < 60000:
             raise DataError("data: val_size must be between 1 and 59999 (MNIST has 60000 training images)")
         self.save_hyperparameters()
-        self.splits: dict[str, tuple[torch.Tensor, ...]] = {}
         self.generator: torch.Generator | None = None
 
     def path(self, name: str) -> Path | None:
@@ -222,28 +220,6 @@ class MNISTDataModule(L.LightningDataModule):
         device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
         if device.type != "cpu":  # batches become slices on the GPU: nothing is copied per step
             self.splits = {name: tuple(t.to(device) for t in split) for name, split in self.splits.items()}
-
-    def _batches(self, split: str, shuffle: bool = False) -> InMemoryBatches:
-        return InMemoryBatches(
-            *self.splits[split],
-            batch_size=self.hparams.batch_size,
-            shuffle=shuffle,
-            seed=self.hparams.seed,
-            rank=self.trainer.global_rank if self.trainer else 0,
-            world_size=self.trainer.world_size if self.trainer else 1,
-        )
-
-    def train_dataloader(self) -> InMemoryBatches:
-        return self._batches("train", shuffle=True)
-
-    def val_dataloader(self) -> InMemoryBatches:
-        return self._batches("val")
-
-    def test_dataloader(self) -> InMemoryBatches:
-        return self._batches("test")
-
-    def predict_dataloader(self) -> InMemoryBatches:
-        return self._batches("predict")
 
     def warp(self, images: torch.Tensor) -> torch.Tensor:
         """Every image of the batch rotated, scaled and shifted by its own random amount, in one call."""

@@ -15,11 +15,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import lightning as L
 import torch
 
 from datamodules.errors import DataError
-from datamodules.in_memory import InMemoryBatches
+from datamodules.in_memory import InMemoryDataModule
 
 SPECIES = ("Adelie", "Gentoo", "Chinstrap")  # the course's label order: Species 0, 1, 2
 ISLANDS = ("Torgersen", "Biscoe", "Dream")  # order of first appearance in the data
@@ -119,7 +118,7 @@ def stratified_split(
     return train, val, test
 
 
-class PenguinDataModule(L.LightningDataModule):
+class PenguinDataModule(InMemoryDataModule):
     """
     Args:
         csv_path: a CSV in either schema; None uses the 344 penguins of PyPI's palmerpenguins.
@@ -132,6 +131,7 @@ class PenguinDataModule(L.LightningDataModule):
     """
 
     class_names = list(SPECIES)
+    evaluate_in_one_batch = True  # evaluation does not learn from batches: one slice of a split is cheapest
 
     def __init__(
         self,
@@ -150,7 +150,6 @@ class PenguinDataModule(L.LightningDataModule):
             if path is not None and not Path(path).is_file():  # fail before any run is created
                 raise DataError(f"{path}: no such file; give data.init_args.{option} an existing CSV")
         self.save_hyperparameters()
-        self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def features(self, table) -> torch.Tensor:
         values = torch.tensor(table[list(FEATURES)].to_numpy(dtype="float32"))
@@ -176,27 +175,3 @@ class PenguinDataModule(L.LightningDataModule):
             self.splits["predict"] = (self.features(table),)
             # read_penguins drops incomplete rows: name each kept row by its line in the file.
             self.predict_names = [f"line {i + 2}" for i in table.index]
-
-    def _batches(self, split: str, shuffle: bool = False) -> InMemoryBatches:
-        # Evaluation does not learn from batches: one slice of the whole split is cheapest.
-        batch_size = self.hparams.batch_size if split == "train" else len(self.splits[split][0])
-        return InMemoryBatches(
-            *self.splits[split],
-            batch_size=batch_size,
-            shuffle=shuffle,
-            seed=self.hparams.seed,
-            rank=self.trainer.global_rank if self.trainer else 0,
-            world_size=self.trainer.world_size if self.trainer else 1,
-        )
-
-    def train_dataloader(self) -> InMemoryBatches:
-        return self._batches("train", shuffle=True)
-
-    def val_dataloader(self) -> InMemoryBatches:
-        return self._batches("val")
-
-    def test_dataloader(self) -> InMemoryBatches:
-        return self._batches("test")
-
-    def predict_dataloader(self) -> InMemoryBatches:
-        return self._batches("predict")

@@ -1,9 +1,12 @@
-"""Shared test fixtures: the repository root and a runner for the real CLI in a subprocess."""
+"""Shared test fixtures: the repository root, a runner for the real CLI in a subprocess, a loopback HTTP server."""
 
 from __future__ import annotations
 
+import http.server
 import subprocess
 import sys
+import threading
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -34,3 +37,25 @@ def train_cli(tmp_path):
         )
 
     return run
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def serve():
+    """Serves folders over loopback HTTP, as a download mirror would; yields a function folder -> base URL."""
+    servers = []
+
+    def start(folder: Path) -> str:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(QuietHandler, directory=str(folder)))
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_port}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()

@@ -6,10 +6,8 @@
 from __future__ import annotations
 
 import hashlib
-import http.server
 import shutil
 import tarfile
-import threading
 import zipfile
 from functools import partial
 from pathlib import Path
@@ -50,28 +48,6 @@ def bird_folders(root: Path, splits=("train", "val"), count: int = 6) -> Path:
 
 def datamodule(data_dir: Path, **kwargs) -> BirdsDataModule:
     return BirdsDataModule(str(data_dir), **{"image_size": 32, "num_workers": 0, "batch_size": 4, **kwargs})
-
-
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args) -> None:
-        pass
-
-
-@pytest.fixture
-def serve(tmp_path):
-    """Serves a folder over loopback HTTP; yields a function folder -> base URL."""
-    servers = []
-
-    def start(folder: Path) -> str:
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(QuietHandler, directory=str(folder)))
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}"
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
 
 
 # ---- layouts ---------------------------------------------------------------------------------------------------

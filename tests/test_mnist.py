@@ -11,10 +11,6 @@ import gzip
 import shutil
 import socket
 import subprocess
-import sys
-import threading
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,19 +19,13 @@ import torch
 
 from datamodules.errors import DataError
 from datamodules.mnist import FILES, MNISTDataModule, parse_idx, read_idx
+from tests.conftest import SHARED_DATA, run_module
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = (ROOT / ".." / "shared" / "data" / "mnist").resolve()
+SHARED = SHARED_DATA / "mnist"
 needs_mnist = pytest.mark.skipif(
     not all((SHARED / f"{name}.gz").is_file() for name in FILES),
     reason=f"needs the four MNIST idx .gz files in {SHARED} (CI has them)",
 )
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "scripts.train", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
 
 
 def test_parse_idx_rejects_bad_magic_and_truncation(tmp_path: Path) -> None:
@@ -76,28 +66,6 @@ def test_reads_gzipped_and_plain_files(tmp_path: Path) -> None:
     plain = MNISTDataModule(data_dir=str(tmp_path))
     plain.setup("test")
     assert all(torch.equal(a, b) for a, b in zip(plain.splits["test"], test))
-
-
-class QuietHandler(SimpleHTTPRequestHandler):
-    def log_message(self, *args) -> None:
-        pass
-
-
-@pytest.fixture
-def serve(tmp_path: Path):
-    """Serves a folder over loopback HTTP; yields a function folder -> base URL."""
-    servers = []
-
-    def start(folder: Path) -> str:
-        server = ThreadingHTTPServer(("127.0.0.1", 0), partial(QuietHandler, directory=str(folder)))
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_port}/"
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
 
 
 def closed_port_url() -> str:
@@ -186,7 +154,8 @@ def test_batches_normalised_and_augmentation_only_when_training() -> None:
 def trained(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     """configs/mnist.yaml as a user runs it: 10 full epochs (about 2 minutes on 2 cores)."""
     root = tmp_path_factory.mktemp("mnist_fit")
-    result = run_cli(
+    result = run_module(
+        "scripts.train",
         "fit",
         "--config=configs/mnist.yaml",
         f"--data.init_args.data_dir={SHARED}",
@@ -211,7 +180,8 @@ def test_recipe_reaches_99_percent(trained) -> None:
 @pytest.mark.slow
 @needs_mnist
 def test_tutorial_recipe(tmp_path: Path) -> None:
-    result = run_cli(
+    result = run_module(
+        "scripts.train",
         "fit",
         "--config=configs/mnist_tutorial.yaml",
         f"--data.init_args.data_dir={SHARED}",
@@ -245,7 +215,8 @@ def test_predict_folder_of_pngs(trained, tmp_path: Path) -> None:
         expected[str(path)] = str(int(labels[i]))
     (folder / "notes.txt").write_text("not an image: ignored")
     checkpoint = next(trained[1].glob("*/*/checkpoints/best.ckpt"))
-    result = run_cli(
+    result = run_module(
+        "scripts.train",
         "predict",
         "--config=configs/mnist.yaml",
         f"--ckpt_path={checkpoint}",
@@ -263,7 +234,8 @@ def test_predict_folder_of_pngs(trained, tmp_path: Path) -> None:
 @pytest.mark.slow
 @needs_mnist
 def test_cli_fit_tiny(tmp_path: Path) -> None:
-    result = run_cli(
+    result = run_module(
+        "scripts.train",
         "fit",
         "--config=configs/mnist.yaml",
         f"--data.init_args.data_dir={SHARED}",
