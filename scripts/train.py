@@ -25,6 +25,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from datamodules.errors import DataError
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.throughput import EpochThroughput
+from lightning_modules.transfer_net import WeightsError
 
 OUTPUTS = Path("outputs")  # Azure ML uploads ./outputs of every job
 MLFLOW_LOGGER = "lightning.pytorch.loggers.MLFlowLogger"
@@ -145,7 +146,7 @@ def config_error_line(error: ArgumentError) -> str:
 
 
 def main(args: list[str] | None = None) -> None:
-    """Mistakes in the user's config or data end in one line on stderr and exit status 2."""
+    """Mistakes in the user's config, data or weights files end in one line on stderr and exit status 1."""
     try:
         cli_main(args)
     except ArgumentError as error:
@@ -153,7 +154,7 @@ def main(args: list[str] | None = None) -> None:
     except Exception as error:
         # jsonargparse wraps what a class raises while it is built: look for ours in the chain.
         cause: BaseException | None = error
-        while cause is not None and not isinstance(cause, DataError):
+        while cause is not None and not isinstance(cause, (DataError, WeightsError)):
             cause = cause.__cause__ or cause.__context__
         if cause is None:
             raise

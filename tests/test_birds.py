@@ -21,7 +21,12 @@ from torchvision.io import write_jpeg, write_png
 from datamodules.birds import BirdsDataModule
 from datamodules.errors import DataError
 from lightning_modules.classifier import ClassificationModule
-from lightning_modules.transfer_net import BackboneFinetuningFrozenBN, TransferNet, efficientnet_lite0_file
+from lightning_modules.transfer_net import (
+    BackboneFinetuningFrozenBN,
+    TransferNet,
+    WeightsError,
+    efficientnet_lite0_file,
+)
 
 CLASSES = ("chickens", "turkeys")
 
@@ -276,12 +281,12 @@ def test_torchvision_weights_download_once_with_hash_check(tmp_path, monkeypatch
 
     # A file whose content does not match the hash in its name is refused and not cached.
     (served / "resnet18-00000000.pth").write_bytes(cached.read_bytes())
-    with pytest.raises(RuntimeError, match="invalid hash"):
+    with pytest.raises(WeightsError, match="invalid hash"):
         TransferNet(3, backbone="resnet18", weights_url=f"{serve(served)}/resnet18-00000000.pth")
     assert not (cached.parent / "resnet18-00000000.pth").exists()
 
     # Nothing listening: the error says where to put the file instead.
-    with pytest.raises(RuntimeError, match="weights_path"):
+    with pytest.raises(WeightsError, match="weights_path"):
         TransferNet(3, backbone="resnet50", weights_url="http://127.0.0.1:9/resnet50-11ad3fa6.pth")
 
 
@@ -302,8 +307,11 @@ def test_local_densenet_weights_in_torchvision_old_key_names(tmp_path):
     key = "features.denseblock1.denselayer1.norm1.running_var"
     assert torch.equal(net.backbone.state_dict()[key], state[key])
     assert net.head.in_features == 1024
-    with pytest.raises(FileNotFoundError, match="nothing.pth"):
+    with pytest.raises(WeightsError, match="nothing.pth: no such weights file"):
         TransferNet(2, backbone="densenet121", weights_path=str(tmp_path / "nothing.pth"))
+    torch.save({"fc.weight": torch.zeros(1000, 512)}, tmp_path / "resnet18.pth")
+    with pytest.raises(WeightsError, match="resnet18.pth: not densenet121's ImageNet weights"):
+        TransferNet(2, backbone="densenet121", weights_path=str(tmp_path / "resnet18.pth"))
 
 
 # ---- freezing and unfreezing ----------------------------------------------------------------------------------------
@@ -430,3 +438,16 @@ def test_cli_reports_an_unreadable_image_in_one_line(tmp_path, train_cli):
     assert result.returncode != 0
     assert result.stderr.strip().splitlines()[-1].startswith("error: 1 file(s) are not readable images")
     assert str(root / "val" / "turkeys" / "broken.jpg") in result.stderr
+
+
+def test_cli_reports_a_missing_weights_file_in_one_line(tmp_path, train_cli):
+    root = bird_folders(tmp_path / "birds", count=2)
+    result = train_cli(
+        "fit", "--config", "configs/birds.yaml", "--data.init_args.data_dir", str(root),
+        "--model.network.init_args.weights_path", str(tmp_path / "missing.pth"),
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'missing.pth'}: no such weights file; give weights_path a state dict (.pth)"
+    )
+    assert "Traceback" not in result.stderr
