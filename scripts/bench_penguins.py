@@ -4,6 +4,7 @@
 
 - plain:    a bare PyTorch loop over the tensors (the floor);
 - course:   the Microsoft Learn course's loop, DataLoader(num_workers=1), training and testing each epoch;
+- bare Lightning: the penguin net in a LightningModule that computes and logs nothing (Lightning's floor);
 - naive Lightning: a first port of the course to Lightning (DataLoaders, `self.log` per step), no tracking;
 - template: Lightning with PenguinDataModule + ClassificationModule, without and with tracking
             (MLflow sqlite store and checkpoints, as `make train` runs it).
@@ -103,10 +104,24 @@ class NaiveLightning(L.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=1e-3)
 
 
-def naive_lightning(train, val, epochs: int) -> float:
-    torch.manual_seed(0)
-    train_loader = DataLoader(TensorDataset(*train), batch_size=BATCH, shuffle=True)
-    val_loader = DataLoader(TensorDataset(*val), batch_size=BATCH)
+class BareLightning(L.LightningModule):
+    """Lightning's own floor: the loop and its hooks around the net, nothing computed or logged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = PenguinNet(3)
+
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self.net(batch[0]), batch[1])
+
+    def validation_step(self, batch, batch_idx):
+        self.net(batch[0]).argmax(1)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+
+def untracked_fit(module: L.LightningModule, epochs: int, **data) -> float:
     trainer = L.Trainer(
         max_epochs=epochs,
         logger=False,
@@ -116,8 +131,20 @@ def naive_lightning(train, val, epochs: int) -> float:
         num_sanity_val_steps=0,
     )
     started = time.perf_counter()
-    trainer.fit(NaiveLightning(), train_loader, val_loader)
+    trainer.fit(module, **data)
     return (time.perf_counter() - started) / epochs
+
+
+def bare_lightning(epochs: int) -> float:
+    torch.manual_seed(0)
+    return untracked_fit(BareLightning(), epochs, datamodule=PenguinDataModule())
+
+
+def naive_lightning(train, val, epochs: int) -> float:
+    torch.manual_seed(0)
+    train_loader = DataLoader(TensorDataset(*train), batch_size=BATCH, shuffle=True)
+    val_loader = DataLoader(TensorDataset(*val), batch_size=BATCH)
+    return untracked_fit(NaiveLightning(), epochs, train_dataloaders=train_loader, val_dataloaders=val_loader)
 
 
 def template(epochs: int, tracked: bool) -> float:
@@ -156,6 +183,7 @@ def main(argv: list[str] | None = None) -> None:
         "plain tensor loop": lambda: plain(train, val, args.epochs),
         "course loop (DataLoader, 1 worker)": lambda: course(train, val, args.epochs),
         "naive Lightning (DataLoader, self.log)": lambda: naive_lightning(train, val, args.epochs),
+        "bare Lightning (tensor batches, no metrics)": lambda: bare_lightning(args.epochs),
         "template, no tracking": lambda: template(args.epochs, tracked=False),
         "template, MLflow + checkpoints": lambda: template(args.epochs, tracked=True),
     }
@@ -167,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     floor = results["plain tensor loop"]
     print(f"penguins: {args.epochs} epochs, batch {BATCH}, {len(train[0])} training rows, best of {args.rounds} rounds")
     for name, seconds in results.items():
-        print(f"  {name:40s} {seconds * 1000:7.1f} ms/epoch  {seconds / floor:5.2f}x plain")
+        print(f"  {name:44s} {seconds * 1000:7.1f} ms/epoch  {seconds / floor:5.2f}x plain")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -118,6 +119,8 @@ class TemplateCLI(LightningCLI):
 
 
 def cli_main(args: list[str] | None = None) -> TemplateCLI:
+    # TransferNet keeps a frozen backbone's BatchNorm in eval mode on purpose; Lightning warns of it.
+    warnings.filterwarnings("ignore", r"Found \d+ module\(s\) in eval mode")
     return TemplateCLI(
         ClassificationModule,
         L.LightningDataModule,
