@@ -121,6 +121,10 @@ class TemplateCLI(LightningCLI):
 def cli_main(args: list[str] | None = None) -> TemplateCLI:
     # TransferNet keeps a frozen backbone's BatchNorm in eval mode on purpose; Lightning warns of it.
     warnings.filterwarnings("ignore", r"Found \d+ module\(s\) in eval mode")
+    # Lightning 2.6.6 on torch 2.14: a deprecation inside Lightning, printed on every run; nothing to do for users.
+    warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # ClassificationModule logs train_loss_step every log_every_n_steps global steps, across epochs too.
+    warnings.filterwarnings("ignore", r"The number of training batches .* is smaller than the logging interval")
     return TemplateCLI(
         ClassificationModule,
         L.LightningDataModule,

@@ -56,6 +56,8 @@ def test_mlflow_run_holds_params_epoch_metrics_config_and_checkpoint(fitted):
         history = client.get_metric_history(run.info.run_id, key)
         assert sorted(m.step for m in history) == list(range(EPOCHS)), key  # the epoch is the step
     assert all(m.value > 0 for m in client.get_metric_history(run.info.run_id, "train_samples_per_sec"))
+    # The step-level curve: every log_every_n_steps (50) optimizer steps of the 8 x 12.
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train_loss_step")] == [49]
     assert "test_acc" in run.data.metrics
     artifacts = client.download_artifacts(run.info.run_id, "", str(outputs.parent / "artifacts"))
     config = yaml.safe_load((Path(artifacts) / "config.yaml").read_text())
