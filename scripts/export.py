@@ -45,7 +45,13 @@ def load(checkpoint: Path) -> tuple[ClassificationModule, L.LightningDataModule]
         )
     # Lightning only instantiates a datamodule class whose module is already imported.
     importlib.import_module(class_path.rsplit(".", 1)[0])
-    model = ClassificationModule.load_from_checkpoint(checkpoint, map_location="cpu")
+    network = saved["hyper_parameters"].get("network")
+    overrides = {}
+    if isinstance(network, dict) and "weights" in network.get("init_args", {}):
+        # The checkpoint holds every weight: skip fetching ImageNet's (as `scripts.train` does with --ckpt_path).
+        init_args = {**network["init_args"], "weights": "none", "weights_path": None, "weights_url": None}
+        overrides["network"] = {**network, "init_args": init_args}
+    model = ClassificationModule.load_from_checkpoint(checkpoint, map_location="cpu", **overrides)
     datamodule = L.LightningDataModule.load_from_checkpoint(checkpoint)
     return model, datamodule
 

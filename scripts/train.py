@@ -85,6 +85,11 @@ class TemplateCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
+        network_args = config.model.network.get("init_args") or {}
+        if config.get("ckpt_path") and "weights" in network_args:
+            # The checkpoint holds every weight: fetching or reading ImageNet's first would be wasted
+            # (and fail offline, on a machine whose torch.hub cache lacks them).
+            network_args.weights, network_args.weights_path, network_args.weights_url = "none", None, None
         logger = config.trainer.logger
         if getattr(logger, "class_path", None) != MLFLOW_LOGGER:
             return

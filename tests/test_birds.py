@@ -27,6 +27,7 @@ from lightning_modules.transfer_net import (
     WeightsError,
     efficientnet_lite0_file,
 )
+from tests.conftest import run_module
 
 CLASSES = ("chickens", "turkeys")
 
@@ -451,3 +452,33 @@ def test_cli_reports_a_missing_weights_file_in_one_line(tmp_path, train_cli):
         f"error: {tmp_path / 'missing.pth'}: no such weights file; give weights_path a state dict (.pth)"
     )
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_predict_and_export_need_no_imagenet_weights_once_trained(tmp_path, train_cli):
+    weights = tmp_path / "resnet18.pth"
+    from torchvision.models import resnet18
+
+    torch.save(resnet18().state_dict(), weights)
+    root = bird_folders(tmp_path / "birds", count=2)
+    data = [
+        "--config", "configs/birds.yaml",
+        "--data.init_args.data_dir", str(root),
+        "--data.init_args.image_size", "32",
+        "--model.network.init_args.backbone", "resnet18",
+        "--model.network.init_args.weights_path", str(weights),
+        "--trainer.enable_progress_bar", "false",
+    ]  # fmt: skip
+    fit = train_cli("fit", *data, "--trainer.max_epochs", "1")
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    checkpoint = next(line.split(": ", 1)[1] for line in fit.stdout.splitlines() if line.startswith("best checkpoint"))
+    weights.unlink()  # another machine, offline: the checkpoint alone must do
+    write_images(tmp_path / "photos", 2, 0)
+    predict = train_cli(
+        "predict", *data, "--ckpt_path", checkpoint, "--data.init_args.predict_path", tmp_path / "photos"
+    )
+    assert predict.returncode == 0, predict.stderr[-3000:]
+    assert len(predict.stdout[predict.stdout.index("input,class,probability") :].splitlines()) == 3
+    export = run_module("scripts.export", checkpoint, "--output", tmp_path / "birds.onnx")
+    assert export.returncode == 0, export.stderr[-3000:]
+    assert (tmp_path / "birds.onnx").is_file()
