@@ -66,3 +66,17 @@ def test_predict_step_returns_class_names_and_probabilities():
     predictions = model.predict_step((torch.randn(7, 5),), 0)
     assert len(predictions) == 7
     assert all(name in model.class_names and 1 / 3 <= p <= 1 for name, p in predictions)
+
+
+def test_channels_last_changes_memory_order_not_results():
+    from lightning_modules.mnist_net import MNISTNet
+
+    torch.manual_seed(0)
+    default = ClassificationModule(MNISTNet, [str(d) for d in range(10)]).eval()
+    nhwc = ClassificationModule(MNISTNet, [str(d) for d in range(10)], channels_last=True).eval()
+    nhwc.load_state_dict(default.state_dict())  # copies into the channels-last parameters, keeping their order
+    conv = nhwc.network.conv2.weight  # (conv1 has one input channel: both orders coincide)
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    images = torch.randn(4, 1, 28, 28)
+    assert torch.allclose(nhwc(images), default(images), atol=1e-5)
+    assert module(channels_last=True)(torch.randn(3, 5)).shape == (3, 3)  # tables pass through untouched

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 
 from datamodules.errors import DataError
 from datamodules.mnist import FILES, MNISTDataModule, parse_idx, read_idx
@@ -233,11 +234,15 @@ def test_predict_folder_of_pngs(trained, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @needs_mnist
-def test_cli_fit_tiny(tmp_path: Path) -> None:
+def test_cli_fit_tiny_with_the_gpu_preset_run_on_the_cpu(tmp_path: Path) -> None:
+    # configs/trainer/gpu.yaml composed after the task's config: bf16 autocast and channels-last
+    # (the CPU runs both too), with only the accelerator overridden for this GPU-less machine.
     result = run_module(
         "scripts.train",
         "fit",
         "--config=configs/mnist.yaml",
+        "--config=configs/trainer/gpu.yaml",
+        "--trainer.accelerator=cpu",
         f"--data.init_args.data_dir={SHARED}",
         f"--trainer.default_root_dir={tmp_path}",
         "--trainer.max_epochs=1",
@@ -247,3 +252,5 @@ def test_cli_fit_tiny(tmp_path: Path) -> None:
     )
     assert "test_acc:" in result.stdout and result.returncode == 0, result.stderr[-3000:]
     assert "best checkpoint:" in result.stdout
+    config = yaml.safe_load(next(tmp_path.glob("*/*/config.yaml")).read_text())
+    assert config["trainer"]["precision"] == "bf16-mixed" and config["model"]["channels_last"] is True
