@@ -53,6 +53,7 @@ plot: $(VENV)/installed ## PNG of training and validation loss of RUN (default: 
 bench: $(VENV)/installed ## time the template against plain PyTorch loops, print the ratios (MNIST_DIR=...)
 	$(PY) -m scripts.bench_penguins
 	$(PY) -m scripts.bench_mnist --data-dir $(MNIST_DIR) --repeats 2
+	$(PY) -m scripts.bench_birds
 
 mlflow-ui: $(VENV)/installed ## the MLflow UI over outputs/mlflow.db on http://127.0.0.1:5000 (MLFLOW_PORT=...)
 	mkdir -p outputs

@@ -1,0 +1,220 @@
+"""The birds image pipeline timed side by side, on CUDA when there is one, else the CPU:
+
+    python -m scripts.bench_birds [--backbone efficientnet_lite0] [--batch-size 16] [--batches 8] [--image-size 224]
+        [--num-workers 2] [--precision 32-true|bf16-mixed] [--channels-last] [--images 64] [--repeats 1]
+
+e.g. the GPU target (pipeline >= 0.9x synthetic):
+    python -m scripts.bench_birds --backbone resnet50 --precision bf16-mixed --channels-last --batch-size 128 \\
+        --batches 20 --images 1280 --num-workers 14
+
+Over a temporary folder of synthetic photo-like JPEGs (500x375, `train/` and `val/` of `chickens/` and
+`turkeys/`, `--images` per class in train/):
+- decoding, images/s in this process, one image at a time: torchvision.datasets.ImageFolder's default
+  loader + PILToTensor (Pillow) against BirdsDataModule's ImageFiles (torchvision.io.decode_image);
+- template: a Lightning Trainer fitting BirdsDataModule + ClassificationModule(TransferNet, random weights)
+  with EpochThroughput (no logger, checkpoints, progress bar or validation): JPEGs decoded and cropped
+  in `--num-workers` DataLoader workers, normalised on the device;
+- synthetic: the same network in a plain loop over one random batch kept on the device (the ceiling).
+Both train with SGD at `--precision` (bf16-mixed: autocast to bfloat16). Each variant runs `--repeats`
+times, interleaved, and keeps its best rate: a busy machine only ever slows a run down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import warnings
+from functools import partial
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from datamodules.birds import BirdsDataModule, ImageFiles
+from lightning_modules.classifier import ClassificationModule
+from lightning_modules.throughput import EpochThroughput
+from lightning_modules.transfer_net import TransferNet
+
+CLASSES = ("chickens", "turkeys")
+WIDTH, HEIGHT = 500, 375  # the size of the Azure ML tutorial's fowl photos
+OPTIMIZER = partial(torch.optim.SGD, lr=0.001, momentum=0.9)  # configs/birds.yaml's
+
+
+def make_jpegs(root: Path, per_class: int, seed: int = 0) -> list[Path]:
+    """Writes `per_class` training JPEGs per class (and 2 validation ones) under root; returns the training files.
+
+    Smooth random colour fields (a coarse random grid upsampled) plus mild pixel noise, saved by Pillow at
+    quality 90 with 4:2:0 chroma: about the file size and decoding work of a camera photo of that size.
+    """
+    from PIL import Image
+
+    generator = torch.Generator().manual_seed(seed)
+    files = []
+    for split, count in (("train", per_class), ("val", 2)):
+        for name in CLASSES:
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(count):
+                coarse = torch.rand(1, 3, 6, 8, generator=generator) * 255
+                image = F.interpolate(coarse, size=(HEIGHT, WIDTH), mode="bicubic", align_corners=False)[0]
+                image = image + torch.randn(image.shape, generator=generator) * 6
+                pixels = image.clamp(0, 255).to(torch.uint8).permute(1, 2, 0).contiguous().numpy()
+                path = folder / f"{i:05d}.jpg"
+                Image.fromarray(pixels).save(path, quality=90)
+                if split == "train":
+                    files.append(path)
+    return files
+
+
+def decode_pil(root: Path) -> float:
+    """torchvision.datasets.ImageFolder's default loader (Pillow, .convert("RGB")) + PILToTensor: uint8 CHW."""
+    from torchvision.datasets import ImageFolder
+    from torchvision.transforms import PILToTensor
+
+    dataset = ImageFolder(str(root / "train"), transform=PILToTensor())
+    dataset[0]  # first-call imports and set-up, untimed
+    started = time.perf_counter()
+    for i in range(len(dataset)):
+        dataset[i]
+    return len(dataset) / (time.perf_counter() - started)
+
+
+def decode_torchvision(files: list[Path]) -> float:
+    """BirdsDataModule's ImageFiles without its crops: torchvision.io.decode_image(path, mode=RGB), uint8 CHW."""
+    dataset = ImageFiles(files, [0] * len(files), nn.Identity())
+    dataset[0]  # first-call imports and set-up, untimed
+    started = time.perf_counter()
+    for i in range(len(dataset)):
+        dataset[i]
+    return len(dataset) / (time.perf_counter() - started)
+
+
+class SyncedEpochThroughput(EpochThroughput):
+    """EpochThroughput that lets the GPU finish the epoch's last step before the clock stops.
+
+    Nothing in a training step waits for the GPU, so the clock could stop up to a step or so early; over
+    a long epoch that is noise, over the few batches timed here it is not.
+    """
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if batch_idx == trainer.num_training_batches - 1 and pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+
+def template(root: Path, args: argparse.Namespace, device: torch.device) -> float:
+    torch.manual_seed(0)
+    data = BirdsDataModule(
+        data_dir=str(root), batch_size=args.batch_size, image_size=args.image_size, num_workers=args.num_workers
+    )
+    network = partial(TransferNet, backbone=args.backbone, weights="none")
+    model = ClassificationModule(network, data.class_names, optimizer=OPTIMIZER, channels_last=args.channels_last)
+    # Two epochs of --batches each; EpochThroughput's rate of the last one counts. The first pays the
+    # one-off costs (DataLoader workers starting, cuDNN/oneDNN choosing kernels, the allocator growing);
+    # the persistent workers carry over, and the second starts with an empty prefetch queue, as every
+    # epoch does. (A warm-up batch in the same epoch would instead leave the workers a head start of
+    # num_workers x prefetch_factor batches, flattering a data-bound pipeline over a short window.)
+    trainer = L.Trainer(
+        accelerator=device.type,
+        devices=1,
+        precision=args.precision,
+        max_epochs=2,
+        limit_train_batches=args.batches,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[SyncedEpochThroughput()],
+        default_root_dir=str(root),
+    )
+    trainer.fit(model, datamodule=data)
+    return float(trainer.callback_metrics["train_samples_per_sec"])
+
+
+def synthetic(args: argparse.Namespace, device: torch.device) -> float:
+    """The template's network, optimizer and precision on one random batch that stays on the device."""
+    torch.manual_seed(0)
+    net = TransferNet(len(CLASSES), backbone=args.backbone, weights="none").to(device)
+    images = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
+    labels = torch.randint(0, len(CLASSES), (args.batch_size,), device=device)
+    if args.channels_last:
+        net.to(memory_format=torch.channels_last)
+        images = images.contiguous(memory_format=torch.channels_last)
+    optimizer = OPTIMIZER(net.parameters())
+    net.train()
+
+    def step() -> None:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16-mixed"):
+            loss = F.cross_entropy(net(images), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    # Two untimed steps: the first chooses kernels and grows the allocator, the second settles the
+    # optimizer's momentum buffers; no data pipeline needs filling here.
+    for _ in range(2):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    for _ in range(args.batches):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return args.batches * args.batch_size / (time.perf_counter() - started)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="birds: JPEG decoding and training images/s, template vs ceiling")
+    parser.add_argument(
+        "--backbone",
+        default="efficientnet_lite0",
+        choices=["efficientnet_lite0", "resnet18", "resnet50", "densenet121"],
+    )
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batches", type=int, default=8, help="training batches timed (after as many untimed)")
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--num-workers", type=int, default=2, help="DataLoader processes decoding JPEGs")
+    parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"])
+    parser.add_argument("--channels-last", action="store_true", help="NHWC weights and batches")
+    parser.add_argument("--images", type=int, default=64, help="training JPEGs to create per class")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of all four; the best rate of each counts")
+    args = parser.parse_args(argv)
+    if args.images * len(CLASSES) < args.batches * args.batch_size:
+        parser.error(f"--images {args.images} per class is too few for --batches {args.batches} of {args.batch_size}")
+    warnings.filterwarnings("ignore")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        files = make_jpegs(root, args.images)
+        kilobytes = sum(path.stat().st_size for path in files) / len(files) / 1024
+        runs = {
+            "decode: PIL (ImageFolder + PILToTensor)": lambda: decode_pil(root),
+            "decode: torchvision.io (BirdsDataModule)": lambda: decode_torchvision(files),
+            "template: JPEGs through BirdsDataModule": lambda: template(root, args, device),
+            f"synthetic: tensors on {device.type}, plain loop": lambda: synthetic(args, device),
+        }
+        results = dict.fromkeys(runs, 0.0)
+        for _ in range(args.repeats):
+            for name, run in runs.items():
+                results[name] = max(results[name], run())
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
+    layout = "channels-last" if args.channels_last else "channels-first"
+    print(
+        f"birds: {len(files)} JPEGs {WIDTH}x{HEIGHT} ({kilobytes:.0f} KB each), {args.backbone} {args.image_size} px, "
+        f"batch {args.batch_size}, {args.batches} batches timed, {args.precision}, {layout}, {where}, "
+        f"{args.num_workers} workers, best of {args.repeats}"
+    )
+    for name, rate in results.items():
+        print(f"  {name:46s} {rate:8.1f} images/s")
+    pil, tv, pipeline, ceiling = results.values()
+    print(f"  torchvision.io / PIL decoding  {tv / pil:.2f}x")
+    print(f"  pipeline / synthetic           {pipeline / ceiling:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
