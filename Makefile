@@ -8,9 +8,15 @@ PY := $(VENV)/bin/python
 TASK ?= penguins
 CONFIG ?= configs/$(TASK).yaml
 ARGS ?=
-# The newest best checkpoint of any run; name one with CKPT=outputs/<exp>/<run>/checkpoints/best.ckpt.
-CKPT ?= $(shell ls -t outputs/*/*/checkpoints/best.ckpt 2>/dev/null | head -n 1)
-INPUT ?= configs/examples/penguins.csv
+# The newest best checkpoint of a run on TASK's data (found by its datamodule in the run's config.yaml);
+# name another with CKPT=outputs/<exp>/<run>/checkpoints/best.ckpt.
+DATA_CLASS := $(shell grep -o 'datamodules\.[A-Za-z_.]*DataModule' $(CONFIG) 2>/dev/null | head -n 1)
+CKPT ?= $(shell grep -l -- "$(DATA_CLASS)" outputs/*/*/config.yaml 2>/dev/null \
+	| sed 's|config.yaml$$|checkpoints/best.ckpt|' | xargs -r ls -t 2>/dev/null | head -n 1)
+NEED_CKPT = @test -n "$(CKPT)" || { echo "error: no checkpoint of $(TASK) under outputs/; \
+	make train TASK=$(TASK) first, or give CKPT=path/to/best.ckpt" >&2; exit 1; }
+# What predict classifies; the penguin task has an example CSV, image tasks need INPUT=folder/.
+INPUT ?= $(if $(filter penguins,$(TASK)),configs/examples/penguins.csv,)
 RUN ?=
 MLFLOW_PORT ?= 5000
 MNIST_DIR ?= data/mnist
@@ -32,19 +38,24 @@ $(VENV)/installed: pyproject.toml
 
 install: $(VENV)/installed ## create .venv with the pinned packages (pyproject.toml)
 
-train: $(VENV)/installed ## fit TASK (penguins, mnist, birds), then test its best checkpoint
+train: $(VENV)/installed ## fit configs/TASK.yaml (penguins, mnist, mnist_tutorial, birds), test its best checkpoint
 	$(PY) -m scripts.train fit --config $(CONFIG) $(ARGS)
 
 validate: $(VENV)/installed ## validate CKPT on TASK's validation split
+	$(NEED_CKPT)
 	$(PY) -m scripts.train validate --config $(CONFIG) --ckpt_path $(CKPT) $(ARGS)
 
 evaluate: $(VENV)/installed ## test CKPT on TASK's test split (the `test` subcommand)
+	$(NEED_CKPT)
 	$(PY) -m scripts.train test --config $(CONFIG) --ckpt_path $(CKPT) $(ARGS)
 
 predict: $(VENV)/installed ## classify INPUT (a CSV or an image folder) with CKPT
+	$(NEED_CKPT)
+	@test -n "$(INPUT)" || { echo "error: give INPUT=<a folder of images or a file> to classify" >&2; exit 1; }
 	$(PY) -m scripts.train predict --config $(CONFIG) --ckpt_path $(CKPT) --data.predict_path $(INPUT) $(ARGS)
 
 export: $(VENV)/installed ## write CKPT as ONNX and check it against PyTorch
+	$(NEED_CKPT)
 	$(PY) -m scripts.export $(CKPT) $(ARGS)
 
 plot: $(VENV)/installed ## PNG of training and validation loss of RUN (default: the newest run)
