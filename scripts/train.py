@@ -16,6 +16,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from urllib.parse import urlparse
 
 import lightning as L
 from jsonargparse import ArgumentError
@@ -105,6 +106,11 @@ class TemplateCLI(LightningCLI):
                 args.artifact_location = (outputs / "mlartifacts").resolve().as_uri()
         if args.run_id is None:
             args.run_id = os.environ.get("MLFLOW_RUN_ID")
+        if args.synchronous is None and urlparse(args.tracking_uri).scheme not in ("sqlite", "file", ""):
+            # A server (or Azure ML's tracking) costs a network round trip per logged batch of metrics:
+            # queue them instead (penguins on a loopback server: 37 s -> 25 s); ending the run drains
+            # the queue. Local sqlite stays synchronous: there the queue's threads only add GIL contention.
+            args.synchronous = False
 
     def after_fit(self) -> None:
         checkpoint = self.trainer.checkpoint_callback

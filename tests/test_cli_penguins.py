@@ -52,6 +52,7 @@ def test_mlflow_run_holds_params_epoch_metrics_config_and_checkpoint(fitted):
     assert params["model.optimizer.class_path"] == "torch.optim.Adam"
     assert params["model.optimizer.init_args.lr"] == "0.001"
     assert params["data.init_args.batch_size"] == "20"
+    assert params["trainer.logger.init_args.synchronous"] == "None"  # local sqlite: logged synchronously
     for key in ("train_loss", "val_loss", "val_acc", "train_acc", "train_samples_per_sec"):
         history = client.get_metric_history(run.info.run_id, key)
         assert sorted(m.step for m in history) == list(range(EPOCHS)), key  # the epoch is the step

@@ -62,6 +62,8 @@ def test_fit_tracks_to_a_real_mlflow_server(mlflow_server, train_cli, tmp_path):
     client = MlflowClient(mlflow_server)
     (run,) = client.search_runs([client.get_experiment_by_name("penguins").experiment_id])
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == [0, 1, 2]
+    assert run.data.params["trainer.logger.init_args.synchronous"] == "False"  # queued: a server is remote
+    assert "test_acc" in run.data.metrics  # logged after fit ended the run's first queue
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "best", "last"} <= names  # uploaded through the server's artifact proxy
     with urllib.request.urlopen(mlflow_server) as response:  # the UI itself is served
