@@ -121,14 +121,11 @@ class BareLightning(L.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=1e-3)
 
 
-def untracked_fit(module: L.LightningModule, epochs: int, **data) -> float:
+def seconds_per_epoch(module: L.LightningModule, epochs: int, data: dict, **trainer_options) -> float:
+    """Fits `module` on `data` (Trainer.fit's data arguments); no logger or checkpoints unless given."""
+    options = {"logger": False, "enable_checkpointing": False, **trainer_options}
     trainer = L.Trainer(
-        max_epochs=epochs,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
+        max_epochs=epochs, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, **options
     )
     started = time.perf_counter()
     trainer.fit(module, **data)
@@ -137,37 +134,37 @@ def untracked_fit(module: L.LightningModule, epochs: int, **data) -> float:
 
 def bare_lightning(epochs: int) -> float:
     torch.manual_seed(0)
-    return untracked_fit(BareLightning(), epochs, datamodule=PenguinDataModule())
+    return seconds_per_epoch(BareLightning(), epochs, {"datamodule": PenguinDataModule()})
 
 
 def naive_lightning(train, val, epochs: int) -> float:
     torch.manual_seed(0)
-    train_loader = DataLoader(TensorDataset(*train), batch_size=BATCH, shuffle=True)
-    val_loader = DataLoader(TensorDataset(*val), batch_size=BATCH)
-    return untracked_fit(NaiveLightning(), epochs, train_dataloaders=train_loader, val_dataloaders=val_loader)
+    loaders = {
+        "train_dataloaders": DataLoader(TensorDataset(*train), batch_size=BATCH, shuffle=True),
+        "val_dataloaders": DataLoader(TensorDataset(*val), batch_size=BATCH),
+    }
+    return seconds_per_epoch(NaiveLightning(), epochs, loaders)
 
 
 def template(epochs: int, tracked: bool) -> float:
     torch.manual_seed(0)
     model = ClassificationModule(PenguinNet, PenguinDataModule.class_names)
-    with tempfile.TemporaryDirectory() as folder:
-        logger = False
-        if tracked:
-            from lightning.pytorch.loggers import MLFlowLogger
+    data = {"datamodule": PenguinDataModule()}
+    if not tracked:
+        return seconds_per_epoch(model, epochs, data)
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import MLFlowLogger
 
-            logger = MLFlowLogger("bench", tracking_uri=f"sqlite:///{folder}/mlflow.db", log_model=True)
-        trainer = L.Trainer(
-            max_epochs=epochs,
-            logger=logger,
-            enable_checkpointing=tracked,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
+    with tempfile.TemporaryDirectory() as folder:  # as `make train`: sqlite store, best and last checkpoints
+        return seconds_per_epoch(
+            model,
+            epochs,
+            data,
+            logger=MLFlowLogger("bench", tracking_uri=f"sqlite:///{folder}/mlflow.db", log_model=True),
+            enable_checkpointing=True,
+            callbacks=[ModelCheckpoint(monitor="val_loss", filename="best", save_last=True)],
             default_root_dir=folder,
         )
-        started = time.perf_counter()
-        trainer.fit(model, datamodule=PenguinDataModule())
-        return (time.perf_counter() - started) / epochs
 
 
 def main(argv: list[str] | None = None) -> None:
