@@ -7,7 +7,7 @@ The files (`train-images-idx3-ubyte` etc., gzipped or not) live in `data_dir`; `
 downloads missing ones from torchvision's mirrors and checks their MD5. The whole set stays a
 uint8 tensor (N, 1, 28, 28), on the training GPU when there is one; batches are slices of it
 (`InMemoryBatches`), scaled, normalised and, when training with `augment`, randomly warped a
-whole batch at a time in `on_after_batch_transfer`. Predict reads a folder of PNG/JPEG images
+whole batch at a time in `on_after_batch_transfer`. Predict reads a folder of PNG/JPEG/WebP images
 (white digit on black, as MNIST; any size, made grey 28x28) or an idx file of images.
 """
 
@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from datamodules.errors import DataError
+from datamodules.image_folder import IMAGE_SUFFIXES
 from datamodules.in_memory import InMemoryDataModule
 
 # Each file's idx magic number and the MD5 of its uncompressed bytes. torchvision's `resources`
@@ -37,7 +38,6 @@ FILES = {
     "t10k-labels-idx1-ubyte": (2049, "27ae3e4e09519cfbb04c329615203637"),
 }
 MEAN, STD = 0.1307, 0.3081  # of the training images scaled to [0, 1]
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg"}
 
 
 def unzip(raw: bytes, where: Path | str) -> bytes:
@@ -77,7 +77,7 @@ def read_image(path: Path) -> torch.Tensor:
     try:
         image = decode_image(str(path), mode=ImageReadMode.GRAY)
     except RuntimeError as error:
-        raise DataError(f"{path}: not a readable PNG or JPEG image ({error})") from None
+        raise DataError(f"{path}: not a readable PNG, JPEG or WebP image ({error})") from None
     return resize(image, [28, 28], antialias=True)
 
 
@@ -85,7 +85,7 @@ class MNISTDataModule(InMemoryDataModule):
     """
     Args:
         data_dir: folder holding the four idx files (gzipped or not); missing ones are downloaded there.
-        predict_path: a folder of PNG/JPEG images, one image, or an idx file of images to classify.
+        predict_path: a folder of PNG/JPEG/WebP images, one image, or an idx file of images to classify.
         batch_size: images per step and process.
         val_size: training images held out for validation (seeded, the same on every rank).
         augment: warp training batches by a random small rotation, scale and shift per image.
@@ -193,7 +193,7 @@ class MNISTDataModule(InMemoryDataModule):
         if path.is_dir():
             files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
             if not files:
-                raise DataError(f"{path}: no .png, .jpg or .jpeg image in this folder")
+                raise DataError(f"{path}: no {', '.join(IMAGE_SUFFIXES)} image in this folder")
             return torch.stack([read_image(p) for p in files]), [str(p) for p in files]
         if not path.is_file():
             raise DataError(f"{path}: no such file or folder; give predict_path a folder of images or an idx file")

@@ -93,7 +93,8 @@ class ClassificationModule(L.LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self._step(batch, "train")
-        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
+        every = self.trainer.log_every_n_steps  # 0: no step-level curve, as in Lightning
+        if self.loggers and every and (self.global_step + 1) % every == 0:
             # The step-level curve, every log_every_n_steps optimizer steps, to every logger directly.
             for logger in self.loggers:
                 logger.log_metrics({"train_loss_step": loss.item()}, step=self.global_step)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -80,3 +81,18 @@ def test_channels_last_changes_memory_order_not_results():
     images = torch.randn(4, 1, 28, 28)
     assert torch.allclose(nhwc(images), default(images), atol=1e-5)
     assert module(channels_last=True)(torch.randn(3, 5)).shape == (3, 3)  # tables pass through untouched
+
+
+def test_log_every_n_steps_zero_turns_the_step_curve_off(tmp_path):
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+
+    from datamodules.penguins import PenguinDataModule
+
+    logger = CSVLogger(tmp_path)
+    trainer = L.Trainer(
+        max_epochs=1, log_every_n_steps=0, logger=logger, enable_checkpointing=False, enable_progress_bar=False
+    )
+    trainer.fit(ClassificationModule(PenguinNet, PenguinDataModule.class_names), datamodule=PenguinDataModule())
+    header = (Path(logger.log_dir) / "metrics.csv").read_text().splitlines()[0]
+    assert "train_loss" in header and "train_loss_step" not in header
