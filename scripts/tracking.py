@@ -1,0 +1,65 @@
+"""The MLflow logger the configs name: Lightning's, sending metrics in batches instead of per call.
+
+Lightning's MLFlowLogger makes one `log_batch` call per `log_metrics`: a few of them per epoch.
+Each costs ~7 ms of SQLAlchemy on the local sqlite store (the penguin recipe's whole epoch is
+~25 ms) and a network round trip on a tracking server or inside Azure ML. This one keeps the
+metrics and sends them every `flush_every_s` seconds and when the run ends (also when it fails
+or is interrupted: Lightning calls `finalize` then), 1,000 per request, MLflow's limit.
+
+    python -m scripts.train fit --config configs/penguins.yaml --trainer.logger.init_args.flush_every_s 0
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+
+from lightning.fabric.utilities.logger import _add_prefix
+from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+MAX_METRICS_PER_REQUEST = 1000  # MLflow's log_batch limit
+
+
+class BufferedMLFlowLogger(MLFlowLogger):
+    """
+    Args:
+        flush_every_s: seconds between sends; 0 sends every call, as Lightning's logger does.
+            What a crash (not an exception: a kill) can lose, and how stale the MLflow UI may be.
+        *args, **kwargs: Lightning's `MLFlowLogger` (experiment_name, tracking_uri, run_id, log_model, ...).
+    """
+
+    def __init__(self, *args, flush_every_s: float = 5.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.flush_every_s = flush_every_s
+        self._pending: list = []
+        self._last_flush = time.monotonic()
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        from mlflow.entities import Metric
+
+        timestamp_ms = int(time.time() * 1000)
+        for key, value in _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR).items():
+            if isinstance(value, str):  # Lightning's logger drops these too; MLflow metrics are numbers
+                continue
+            key = re.sub("[^a-zA-Z0-9_/. -]+", "", key)  # the characters MLflow accepts, as Lightning does
+            self._pending.append(Metric(key=key, value=float(value), timestamp=timestamp_ms, step=step or 0))
+        if len(self._pending) >= MAX_METRICS_PER_REQUEST or time.monotonic() - self._last_flush >= self.flush_every_s:
+            self.flush()
+
+    @rank_zero_only
+    def flush(self) -> None:
+        """Sends every pending metric now."""
+        pending, self._pending = self._pending, []
+        for start in range(0, len(pending), MAX_METRICS_PER_REQUEST):
+            chunk = pending[start : start + MAX_METRICS_PER_REQUEST]
+            self.experiment.log_batch(run_id=self.run_id, metrics=chunk, **self._log_batch_kwargs)
+        self._last_flush = time.monotonic()
+
+    @rank_zero_only
+    def finalize(self, status: str = "success") -> None:
+        if self._initialized:
+            self.flush()
+        super().finalize(status)

@@ -1,0 +1,85 @@
+"""BufferedMLFlowLogger: metrics reach the MLflow store in batches, all of them, also when a run fails."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from mlflow import MlflowClient
+from torch.utils.data import DataLoader, TensorDataset
+
+from scripts.tracking import BufferedMLFlowLogger
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch) -> str:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # MLflow's set_tracking_uri (the logger calls it) exports MLFLOW_TRACKING_URI; keep it from later tests' CLIs.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri
+
+
+def logger_for(store: str, tmp_path, **options) -> BufferedMLFlowLogger:
+    return BufferedMLFlowLogger("buffered", tracking_uri=store, artifact_location=tmp_path.as_uri(), **options)
+
+
+def history(store: str, logger: BufferedMLFlowLogger, key: str) -> list[tuple[int, float]]:
+    return [(m.step, m.value) for m in MlflowClient(store).get_metric_history(logger.run_id, key)]
+
+
+def test_metrics_wait_for_the_interval_then_all_arrive_at_finalize(store, tmp_path):
+    logger = logger_for(store, tmp_path, flush_every_s=3600)
+    for epoch in range(3):
+        logger.log_metrics({"val_loss": 1.0 / (epoch + 1)}, step=epoch)
+    assert history(store, logger, "val_loss") == []
+    logger.finalize("success")
+    assert history(store, logger, "val_loss") == [(0, 1.0), (1, 0.5), (2, 1 / 3)]
+    assert MlflowClient(store).get_run(logger.run_id).info.status == "FINISHED"
+
+
+def test_zero_interval_sends_every_call(store, tmp_path):
+    logger = logger_for(store, tmp_path, flush_every_s=0)
+    logger.log_metrics({"val_loss": 0.25, "note": "text is dropped"}, step=7)
+    assert history(store, logger, "val_loss") == [(7, 0.25)]
+    assert history(store, logger, "note") == []
+
+
+def test_more_than_a_request_holds_goes_out_in_chunks(store, tmp_path):
+    logger = logger_for(store, tmp_path, flush_every_s=3600)
+    logger.log_metrics({f"m{i}": float(i) for i in range(2500)}, step=0)  # MLflow refuses > 1000 per request
+    logger.finalize("success")
+    metrics = MlflowClient(store).get_run(logger.run_id).data.metrics
+    assert len(metrics) == 2500 and metrics["m2499"] == 2499.0
+
+
+class FailsInThirdEpoch(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        if self.current_epoch == 2:
+            raise RuntimeError("boom")
+        return self.layer(batch[0]).pow(2).mean()
+
+    def on_train_epoch_end(self) -> None:
+        self.log("step", float(self.current_epoch))
+        self.log("train_metric", float(self.current_epoch))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4)
+
+
+def test_a_failing_run_still_sends_what_it_logged(store, tmp_path):
+    logger = logger_for(store, tmp_path, flush_every_s=3600)
+    trainer = L.Trainer(
+        max_epochs=5, logger=logger, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer.fit(FailsInThirdEpoch())
+    assert history(store, logger, "train_metric") == [(0, 0.0), (1, 1.0)]
+    assert MlflowClient(store).get_run(logger.run_id).info.status == "FAILED"
