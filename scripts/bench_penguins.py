@@ -2,21 +2,24 @@
 
     python -m scripts.bench_penguins [--epochs 100]
 
-- plain:    a bare PyTorch loop over the tensors (the floor);
+- plain:    a bare PyTorch loop over the tensors, computing the same epoch metrics (the floor);
 - course:   the Microsoft Learn course's loop, DataLoader(num_workers=1), training and testing each epoch;
 - bare Lightning: the penguin net in a LightningModule that computes and logs nothing (Lightning's floor);
 - naive Lightning: a first port of the course to Lightning (DataLoaders, `self.log` per step), no tracking;
-- template: Lightning with PenguinDataModule + ClassificationModule, without and with tracking
-            (MLflow sqlite store and checkpoints, as `make train` runs it).
+- template: PenguinDataModule + ClassificationModule in a plain Trainer (no logger, checkpoints, callbacks);
+- make train: the CLI on configs/penguins.yaml, exactly what `make train` runs (MLflow sqlite store,
+            best and last checkpoints, throughput, early stopping), fit alone timed.
 Every variant trains on the same split and evaluates the validation rows once per epoch.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 import warnings
+from unittest.mock import patch
 
 import lightning as L
 import torch
@@ -26,11 +29,13 @@ from torch.utils.data import DataLoader, TensorDataset
 from datamodules.penguins import PenguinDataModule
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.penguin_net import PenguinNet
+from scripts.train import TemplateCLI, cli_main
 
 BATCH = 20
 
 
 def plain(train, val, epochs: int) -> float:
+    """The floor: the same four epoch metrics the template logs (train/val loss and accuracy), nothing else."""
     torch.manual_seed(0)
     net = PenguinNet(3)
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
@@ -39,15 +44,22 @@ def plain(train, val, epochs: int) -> float:
     for _ in range(epochs):
         net.train()
         order = torch.randperm(len(x))
+        loss_sum, correct = torch.zeros(()), torch.zeros((), dtype=torch.long)
         for i in range(0, len(x), BATCH):
             rows = order[i : i + BATCH]
-            loss = F.cross_entropy(net(x[rows]), y[rows])
+            logits = net(x[rows])
+            loss = F.cross_entropy(logits, y[rows])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            loss_sum += loss.detach() * len(rows)
+            correct += (logits.detach().argmax(1) == y[rows]).sum()
+        metrics = {"train_loss": loss_sum / len(x), "train_acc": correct / len(x)}
         net.eval()
         with torch.no_grad():
-            (net(vx).argmax(1) == vy).float().mean().item()
+            logits = net(vx)
+            metrics |= {"val_loss": F.cross_entropy(logits, vy), "val_acc": (logits.argmax(1) == vy).float().mean()}
+        {name: value.item() for name, value in metrics.items()}
     return (time.perf_counter() - started) / epochs
 
 
@@ -146,25 +158,31 @@ def naive_lightning(train, val, epochs: int) -> float:
     return seconds_per_epoch(NaiveLightning(), epochs, loaders)
 
 
-def template(epochs: int, tracked: bool) -> float:
+def template(epochs: int) -> float:
+    """ClassificationModule on PenguinDataModule in a plain Trainer: no logger, checkpoints or callbacks."""
     torch.manual_seed(0)
     model = ClassificationModule(PenguinNet, PenguinDataModule.class_names)
-    data = {"datamodule": PenguinDataModule()}
-    if not tracked:
-        return seconds_per_epoch(model, epochs, data)
-    from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.loggers import MLFlowLogger
+    return seconds_per_epoch(model, epochs, {"datamodule": PenguinDataModule()})
 
-    with tempfile.TemporaryDirectory() as folder:  # as `make train`: sqlite store, best and last checkpoints
-        return seconds_per_epoch(
-            model,
-            epochs,
-            data,
-            logger=MLFlowLogger("bench", tracking_uri=f"sqlite:///{folder}/mlflow.db", log_model=True),
-            enable_checkpointing=True,
-            callbacks=[ModelCheckpoint(monitor="val_loss", filename="best", save_last=True)],
-            default_root_dir=folder,
-        )
+
+class TimedFitCLI(TemplateCLI):
+    """`make train`'s CLI and config, timing `fit` alone (no test after it)."""
+
+    def before_fit(self) -> None:
+        self.started = time.perf_counter()
+
+    def after_fit(self) -> None:
+        self.seconds_per_epoch = (time.perf_counter() - self.started) / self.trainer.current_epoch
+
+
+def make_train(epochs: int) -> float:
+    """configs/penguins.yaml through the CLI: MLflow (sqlite), best and last checkpoints, throughput, early stopping."""
+    # patch.dict restores os.environ: MLflow's set_tracking_uri exports MLFLOW_TRACKING_URI, which the next
+    # round's CLI would take as Azure ML's and log to this round's deleted store.
+    with tempfile.TemporaryDirectory() as folder, patch.dict(os.environ):
+        args = ["fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", str(epochs)]
+        cli = cli_main([*args, "--trainer.default_root_dir", folder], cli_class=TimedFitCLI)
+        return cli.seconds_per_epoch
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -181,8 +199,8 @@ def main(argv: list[str] | None = None) -> None:
         "course loop (DataLoader, 1 worker)": lambda: course(train, val, args.epochs),
         "naive Lightning (DataLoader, self.log)": lambda: naive_lightning(train, val, args.epochs),
         "bare Lightning (tensor batches, no metrics)": lambda: bare_lightning(args.epochs),
-        "template, no tracking": lambda: template(args.epochs, tracked=False),
-        "template, MLflow + checkpoints": lambda: template(args.epochs, tracked=True),
+        "template module + datamodule, no tracking": lambda: template(args.epochs),
+        "make train (MLflow, checkpoints, callbacks)": lambda: make_train(args.epochs),
     }
     # Interleaved rounds and the best of each: these shared 2-core machines jitter by 30% and more.
     results = {name: float("inf") for name in variants}

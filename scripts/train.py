@@ -20,17 +20,18 @@ from urllib.parse import urlparse
 
 import lightning as L
 from jsonargparse import ArgumentError
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 
 from datamodules.errors import DataError
+from lightning_modules.checkpoint import BestAndLastCheckpoint
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.throughput import EpochThroughput
 from lightning_modules.transfer_net import WeightsError
 
 OUTPUTS = Path("outputs")  # Azure ML uploads ./outputs of every job
-MLFLOW_LOGGER = "lightning.pytorch.loggers.MLFlowLogger"
+MLFLOW_LOGGER = "scripts.tracking.BufferedMLFlowLogger"
+MLFLOW_LOGGERS = (MLFLOW_LOGGER, "lightning.pytorch.loggers.MLFlowLogger")  # both get the set-up below
 
 
 def run_dir(trainer: L.Trainer) -> Path:
@@ -71,12 +72,13 @@ class TrackConfig(SaveConfigCallback):
 class TemplateCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(BestAndLastCheckpoint, "checkpoint")
         parser.set_defaults(
             {
                 "checkpoint.monitor": "val_loss",
                 "checkpoint.filename": "best",
                 "checkpoint.save_last": True,
+                "checkpoint.last_every_s": 60.0,  # last.ckpt: at most a minute behind during fit, exact at its end
             }
         )
         parser.add_lightning_class_args(EpochThroughput, "throughput")
@@ -92,7 +94,7 @@ class TemplateCLI(LightningCLI):
             # (and fail offline, on a machine whose torch.hub cache lacks them).
             network_args.weights, network_args.weights_path, network_args.weights_url = "none", None, None
         logger = config.trainer.logger
-        if getattr(logger, "class_path", None) != MLFLOW_LOGGER:
+        if getattr(logger, "class_path", None) not in MLFLOW_LOGGERS:
             return
         # Azure ML hands its tracking server and the job's run over in these two variables.
         args = logger.init_args
@@ -129,14 +131,14 @@ class TemplateCLI(LightningCLI):
             print(f"{name},{label},{probability:.4f}")
 
 
-def cli_main(args: list[str] | None = None) -> TemplateCLI:
+def cli_main(args: list[str] | None = None, cli_class: type[TemplateCLI] = TemplateCLI) -> TemplateCLI:
     # TransferNet keeps a frozen backbone's BatchNorm in eval mode on purpose; Lightning warns of it.
     warnings.filterwarnings("ignore", r"Found \d+ module\(s\) in eval mode")
     # Lightning 2.6.6 on torch 2.14: a deprecation inside Lightning, printed on every run; nothing to do for users.
     warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     # ClassificationModule logs train_loss_step every log_every_n_steps global steps, across epochs too.
     warnings.filterwarnings("ignore", r"The number of training batches .* is smaller than the logging interval")
-    return TemplateCLI(
+    return cli_class(
         ClassificationModule,
         L.LightningDataModule,
         subclass_mode_data=True,
