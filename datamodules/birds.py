@@ -28,6 +28,7 @@ from datamodules.image_folder import (
     fetch_archive,
     hidden,
     list_images,
+    read_image,
     seeded_split,
 )
 
@@ -46,9 +47,7 @@ class ImageFiles(Dataset):
         return len(self.files)
 
     def __getitem__(self, index: int) -> tuple:
-        from torchvision.io import ImageReadMode, decode_image
-
-        image = self.transform(decode_image(str(self.files[index]), mode=ImageReadMode.RGB))
+        image = self.transform(read_image(self.files[index]))
         return (image,) if self.labels is None else (image, self.labels[index])
 
 
@@ -65,6 +64,9 @@ class BirdsDataModule(L.LightningDataModule):
         image_size: side of the square crops the network sees (224: the ImageNet size).
         num_workers: DataLoader processes decoding images (0: in the training process).
         seed: of the validation split; every rank computes the same one.
+        verify_images: decode every image once at setup, so one error names every bad file before
+            training starts. That pass costs about an epoch of decoding on every process: False skips
+            it for large folders, and a bad file then stops the run when its batch is loaded.
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class BirdsDataModule(L.LightningDataModule):
         image_size: int = 224,
         num_workers: int = 2,
         seed: int = 42,
+        verify_images: bool = True,
     ) -> None:
         super().__init__()
         if not 0 < val_fraction < 1:
@@ -162,8 +165,9 @@ class BirdsDataModule(L.LightningDataModule):
             self.predict_names = [str(path) for path in files]
         wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}[stage]
         unchecked = [path for split in wanted for path in self.splits[split][0] if path not in self.checked]
-        check_readable(unchecked)
-        self.checked.update(unchecked)
+        if self.hparams.verify_images:
+            check_readable(unchecked)
+            self.checked.update(unchecked)
 
     def predict_files(self) -> list[Path]:
         if self.hparams.predict_path is None:

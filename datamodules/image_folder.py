@@ -68,20 +68,33 @@ def check_same_classes(reference: str | Path, names: list[str], other: str | Pat
         raise DataError(f"{reference} and {other} have different classes: {'; '.join(differences)}; give both the same")
 
 
-def decode_error(path: Path) -> str | None:
-    """Why `path` is not one readable RGB image, or None when it is (decodes it whole, once)."""
+def decode(path: Path) -> tuple[torch.Tensor | None, str | None]:
+    """(uint8 RGB image (3, H, W), None), or (None, why it is not one image, in torchvision's words)."""
     from torchvision.io import ImageReadMode, decode_image
 
-    if path.suffix.lower() not in IMAGE_SUFFIXES:
-        return f"not a {'/'.join(s[1:].upper() for s in IMAGE_SUFFIXES)} file by its name"
     try:
         image = decode_image(str(path), mode=ImageReadMode.RGB)
     except RuntimeError as error:
         # torchvision prefixes "function, source.cpp:line, ": keep the reason.
-        return re.sub(r"^\w+, \S+:\d+, ", "", str(error).splitlines()[0])
+        return None, re.sub(r"^\w+, \S+:\d+, ", "", str(error).splitlines()[0])
     if image.ndim != 3 or min(image.shape[1:]) == 0:
-        return f"decodes to shape {tuple(image.shape)}, not one image"
-    return None
+        return None, f"decodes to shape {tuple(image.shape)}, not one image"
+    return image, None
+
+
+def read_image(path: Path) -> torch.Tensor:
+    """`path` as uint8 RGB (3, H, W); a DataError naming the file when it is not one readable image."""
+    image, reason = decode(path)
+    if image is None:
+        raise DataError(f"{path}: not a readable image ({reason}); remove or replace it")
+    return image
+
+
+def decode_error(path: Path) -> str | None:
+    """Why `path` is not one readable RGB image, or None when it is (decodes it whole, once)."""
+    if path.suffix.lower() not in IMAGE_SUFFIXES:
+        return f"not a {'/'.join(s[1:].upper() for s in IMAGE_SUFFIXES)} file by its name"
+    return decode(path)[1]
 
 
 def check_readable(paths: list[Path]) -> None:

@@ -178,7 +178,10 @@ def main(args: list[str] | None = None) -> None:
             cause = cause.__cause__ or cause.__context__
         if cause is None:
             raise
-        sys.exit(f"error: {cause}")
+        message = str(cause).strip()
+        if "\n" in message:  # raised in a DataLoader worker: PyTorch re-raises it with the worker's traceback
+            message = message.splitlines()[-1].split(": ", 1)[-1]  # "datamodules.errors.DataError: <message>"
+        sys.exit(f"error: {message}")
 
 
 if __name__ == "__main__":

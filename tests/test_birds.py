@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import tarfile
 import zipfile
@@ -156,6 +157,16 @@ def test_every_unreadable_file_is_reported_at_setup_in_one_error(tmp_path):
         dm.setup("fit")
     assert all(str(path) in str(error.value) for path in bad)
     assert "truncated" in str(error.value)  # torchvision's reason comes along
+
+
+def test_without_verify_images_a_bad_file_fails_when_its_batch_is_loaded(tmp_path):
+    root = bird_folders(tmp_path / "birds", count=2)
+    broken = root / "train" / "chickens" / "broken.jpg"
+    broken.write_bytes(b"\xff\xd8 not really")
+    dm = datamodule(root, verify_images=False, batch_size=8)
+    dm.setup("fit")  # no decode pass
+    with pytest.raises(DataError, match=f"{re.escape(str(broken))}: not a readable image"):
+        list(dm.train_dataloader())
 
 
 # ---- archives -----------------------------------------------------------------------------------------------------
@@ -439,6 +450,21 @@ def test_cli_reports_an_unreadable_image_in_one_line(tmp_path, train_cli):
     assert result.returncode != 0
     assert result.stderr.strip().splitlines()[-1].startswith("error: 1 file(s) are not readable images")
     assert str(root / "val" / "turkeys" / "broken.jpg") in result.stderr
+
+
+@pytest.mark.slow
+def test_cli_reports_a_bad_image_met_in_a_dataloader_worker_in_one_line(tmp_path, train_cli):
+    """verify_images false: the error comes from a worker process, re-raised with its traceback by PyTorch."""
+    root = bird_folders(tmp_path / "birds", count=2)
+    broken = root / "train" / "turkeys" / "broken.jpg"
+    broken.write_bytes(b"\xff\xd8 not really")
+    result = train_cli(
+        "fit", "--config", "configs/birds.yaml", "--data.init_args.data_dir", str(root),
+        "--data.init_args.archive", "null", "--data.init_args.image_size", "32",
+        "--data.init_args.verify_images", "false", "--data.init_args.num_workers", "1",
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {broken}: not a readable image (")
 
 
 def test_cli_reports_a_missing_weights_file_in_one_line(tmp_path, train_cli):
