@@ -68,12 +68,12 @@ def check_same_classes(reference: str | Path, names: list[str], other: str | Pat
         raise DataError(f"{reference} and {other} have different classes: {'; '.join(differences)}; give both the same")
 
 
-def decode(path: Path) -> tuple[torch.Tensor | None, str | None]:
-    """(uint8 RGB image (3, H, W), None), or (None, why it is not one image, in torchvision's words)."""
+def decode(path: Path, grey: bool = False) -> tuple[torch.Tensor | None, str | None]:
+    """(uint8 image: RGB (3, H, W) or grey (1, H, W), None), or (None, why it is not one image)."""
     from torchvision.io import ImageReadMode, decode_image
 
     try:
-        image = decode_image(str(path), mode=ImageReadMode.RGB)
+        image = decode_image(str(path), mode=ImageReadMode.GRAY if grey else ImageReadMode.RGB)
     except RuntimeError as error:
         # torchvision prefixes "function, source.cpp:line, ": keep the reason.
         return None, re.sub(r"^\w+, \S+:\d+, ", "", str(error).splitlines()[0])
@@ -82,9 +82,9 @@ def decode(path: Path) -> tuple[torch.Tensor | None, str | None]:
     return image, None
 
 
-def read_image(path: Path) -> torch.Tensor:
-    """`path` as uint8 RGB (3, H, W); a DataError naming the file when it is not one readable image."""
-    image, reason = decode(path)
+def read_image(path: Path, grey: bool = False) -> torch.Tensor:
+    """`path` as uint8 RGB (3, H, W), or grey (1, H, W); a DataError naming the file when it is not one image."""
+    image, reason = decode(path, grey)
     if image is None:
         raise DataError(f"{path}: not a readable image ({reason}); remove or replace it")
     return image

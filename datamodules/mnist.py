@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from datamodules.errors import DataError
-from datamodules.image_folder import IMAGE_SUFFIXES
+from datamodules.image_folder import IMAGE_SUFFIXES, read_image
 from datamodules.in_memory import InMemoryDataModule
 
 # Each file's idx magic number and the MD5 of its uncompressed bytes. torchvision's `resources`
@@ -69,16 +69,11 @@ def read_idx(path: Path, magic: int) -> torch.Tensor:
     return parse_idx(unzip(path.read_bytes(), path), magic, path)
 
 
-def read_image(path: Path) -> torch.Tensor:
+def read_digit(path: Path) -> torch.Tensor:
     """One image file as a grey uint8 (1, 28, 28) tensor."""
-    from torchvision.io import ImageReadMode, decode_image
     from torchvision.transforms.v2.functional import resize
 
-    try:
-        image = decode_image(str(path), mode=ImageReadMode.GRAY)
-    except RuntimeError as error:
-        raise DataError(f"{path}: not a readable PNG, JPEG or WebP image ({error})") from None
-    return resize(image, [28, 28], antialias=True)
+    return resize(read_image(path, grey=True), [28, 28], antialias=True)
 
 
 class MNISTDataModule(InMemoryDataModule):
@@ -194,11 +189,11 @@ class MNISTDataModule(InMemoryDataModule):
             files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
             if not files:
                 raise DataError(f"{path}: no {', '.join(IMAGE_SUFFIXES)} image in this folder")
-            return torch.stack([read_image(p) for p in files]), [str(p) for p in files]
+            return torch.stack([read_digit(p) for p in files]), [str(p) for p in files]
         if not path.is_file():
             raise DataError(f"{path}: no such file or folder; give predict_path a folder of images or an idx file")
         if path.suffix.lower() in IMAGE_SUFFIXES:
-            return read_image(path).unsqueeze(0), [str(path)]
+            return read_digit(path).unsqueeze(0), [str(path)]
         images = read_idx(path, 2051).unsqueeze(1)
         if images.shape[2:] != (28, 28):
             images = F.interpolate(images.float(), size=(28, 28), mode="area").round().to(torch.uint8)

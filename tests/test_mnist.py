@@ -118,6 +118,20 @@ def test_offline_without_files_says_where_to_put_them(tmp_path: Path) -> None:
         data.setup("fit")
 
 
+def test_predict_images_become_grey_28x28_and_a_bad_one_is_named(tmp_path: Path) -> None:
+    from torchvision.io import write_png
+
+    write_png(torch.full((3, 40, 30), 200, dtype=torch.uint8), str(tmp_path / "colour.png"))
+    data = MNISTDataModule(data_dir=str(tmp_path / "none"), predict_path=str(tmp_path))
+    data.setup("predict")
+    (images,) = data.splits["predict"]
+    assert images.shape == (1, 1, 28, 28) and images.dtype == torch.uint8 and int(images.max()) == 200
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"\x89PNG not really")
+    with pytest.raises(DataError, match=f"{broken}: not a readable image"):
+        MNISTDataModule(predict_path=str(tmp_path)).setup("predict")
+
+
 @needs_mnist
 def test_split_is_disjoint_and_seeded() -> None:
     def split(seed: int) -> dict[str, torch.Tensor]:
