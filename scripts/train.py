@@ -78,7 +78,8 @@ class TemplateCLI(LightningCLI):
                 "checkpoint.monitor": "val_loss",
                 "checkpoint.filename": "best",
                 "checkpoint.save_last": True,
-                "checkpoint.last_every_s": 60.0,  # last.ckpt: at most a minute behind during fit, exact at its end
+                # best.ckpt and last.ckpt: each at most a minute behind during fit, exact at its end
+                "checkpoint.write_every_s": 60.0,
             }
         )
         parser.add_lightning_class_args(EpochThroughput, "throughput")
