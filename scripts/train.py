@@ -22,6 +22,7 @@ import lightning as L
 from jsonargparse import ArgumentError
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from datamodules.errors import DataError
 from lightning_modules.checkpoint import BestAndLastCheckpoint
@@ -88,6 +89,7 @@ class TemplateCLI(LightningCLI):
         )
 
     def before_instantiate_classes(self) -> None:
+        self.sqlite_store: str | None = None  # the MLflow store's file, when it is a local sqlite one
         config = self.config[self.subcommand]
         network_args = config.model.network.get("init_args") or {}
         if config.get("ckpt_path") and "weights" in network_args:
@@ -109,20 +111,38 @@ class TemplateCLI(LightningCLI):
                 args.artifact_location = (outputs / "mlartifacts").resolve().as_uri()
         if args.run_id is None:
             args.run_id = os.environ.get("MLFLOW_RUN_ID")
-        if args.synchronous is None and urlparse(args.tracking_uri).scheme not in ("sqlite", "file", ""):
+        scheme = urlparse(args.tracking_uri).scheme
+        if scheme == "sqlite":
+            self.sqlite_store = args.tracking_uri.removeprefix("sqlite:///")
+        if args.synchronous is None and scheme not in ("sqlite", "file", ""):
             # A server (or Azure ML's tracking) costs a network round trip per logged batch of metrics:
             # queue them instead (penguins on a loopback server: 37 s -> 25 s); ending the run drains
             # the queue. Local sqlite stays synchronous: there the queue's threads only add GIL contention.
             args.synchronous = False
 
+    def instantiate_classes(self) -> None:
+        store = self.sqlite_store
+        if store is None:
+            return super().instantiate_classes()
+        from filelock import FileLock
+
+        # Processes started together (torchrun, mpirun) each build the logger, whose MLflow client creates the
+        # tables of a new sqlite store; two at once collide ("duplicate column name"). One at a time, then.
+        with FileLock(f"{store}.lock"):
+            super().instantiate_classes()
+
     def after_fit(self) -> None:
         checkpoint = self.trainer.checkpoint_callback
         if checkpoint is not None and checkpoint.best_model_path:
-            print(f"best checkpoint: {checkpoint.best_model_path}")
+            rank_zero_print(f"best checkpoint: {checkpoint.best_model_path}")
         if self.config.fit.test_after_fit:
             ckpt_path = "best" if checkpoint is not None and checkpoint.best_model_path else None
             (results,) = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt_path)
-            print(f"test_acc: {results['test_acc']:.4f}")
+            rank_zero_print(f"test_acc: {results['test_acc']:.4f}")  # reduced over all processes
+
+    def before_predict(self) -> None:
+        if self.trainer.world_size > 1:  # each process would predict, and print, its own share of the rows
+            sys.exit("error: predict runs in one process: give --trainer.devices 1 --trainer.num_nodes 1")
 
     def after_predict(self) -> None:
         rows = [row for batch in self.trainer.predict_loop.predictions for row in batch]
@@ -132,11 +152,18 @@ class TemplateCLI(LightningCLI):
             print(f"{name},{label},{probability:.4f}")
 
 
+@rank_zero_only
+def rank_zero_print(line: str) -> None:
+    print(line)
+
+
 def cli_main(args: list[str] | None = None, cli_class: type[TemplateCLI] = TemplateCLI) -> TemplateCLI:
     # TransferNet keeps a frozen backbone's BatchNorm in eval mode on purpose; Lightning warns of it.
     warnings.filterwarnings("ignore", r"Found \d+ module\(s\) in eval mode")
     # Lightning 2.6.6 on torch 2.14: a deprecation inside Lightning, printed on every run; nothing to do for users.
     warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # ClassificationModule's epoch metrics are already reduced over all processes (torchmetrics' compute).
+    warnings.filterwarnings("ignore", r"It is recommended to use `self.log\('\w+', ..., sync_dist=True\)`")
     # ClassificationModule logs train_loss_step every log_every_n_steps global steps, across epochs too.
     warnings.filterwarnings("ignore", r"The number of training batches .* is smaller than the logging interval")
     return cli_class(

@@ -1,0 +1,76 @@
+"""DDP on CPU processes (gloo), started by Lightning itself and by torchrun: the same command as one process.
+
+Two processes with batch 10 each take, step for step, the rows one process takes with batch 20 (rank r gets
+rows r, r+2, ... of the same seeded permutation) and average their gradients: the weights must match.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow import MlflowClient
+
+from tests.conftest import run_module
+
+pytestmark = pytest.mark.slow
+
+EPOCHS = 3
+DDP = ["--config", "configs/trainer/ddp.yaml", "--trainer.accelerator", "cpu", "--trainer.devices", "2"]
+
+
+def penguins(outputs: Path, *args: str) -> list[str]:
+    return [
+        "fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", str(EPOCHS),
+        "--trainer.default_root_dir", str(outputs), *args,
+    ]  # fmt: skip
+
+
+def last_checkpoint(outputs: Path) -> dict:
+    (last,) = outputs.glob("*/*/checkpoints/last.ckpt")
+    return torch.load(last, weights_only=False)
+
+
+def test_two_processes_of_batch_10_train_the_weights_one_process_of_batch_20_does(tmp_path):
+    single = run_module("scripts.train", *penguins(tmp_path / "one", "--test_after_fit", "false"))
+    assert single.returncode == 0, single.stderr[-3000:]
+    args = penguins(tmp_path / "ddp", *DDP, "--data.init_args.batch_size", "10", "--test_after_fit", "false")
+    ddp = run_module("scripts.train", *args)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert "Starting with 2 processes" in ddp.stderr
+    one, two = last_checkpoint(tmp_path / "one"), last_checkpoint(tmp_path / "ddp")
+    assert one["global_step"] == two["global_step"] == 12 * EPOCHS  # 240 training rows: 12 steps an epoch
+    assert one["state_dict"].keys() == two["state_dict"].keys()
+    for name, weights in one["state_dict"].items():
+        assert torch.allclose(weights, two["state_dict"][name], atol=1e-5), name
+
+
+def test_torchrun_starts_the_same_command_with_one_run_one_set_of_files_one_report(tmp_path):
+    outputs = tmp_path / "outputs"
+    args = ["--standalone", "--nproc_per_node", "2", "-m", "scripts.train", *penguins(outputs, *DDP)]
+    result = run_module("torch.distributed.run", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in result.stderr
+    assert len(re.findall(r"^test_acc: ", result.stdout, re.M)) == 1  # printed by rank 0 alone
+    assert len(re.findall(r"^best checkpoint: ", result.stdout, re.M)) == 1
+    client = MlflowClient(f"sqlite:///{outputs / 'mlflow.db'}")
+    (experiment,) = [e for e in client.search_experiments() if e.name == "penguins"]
+    (run,) = client.search_runs([experiment.experiment_id])  # one run, not one per process
+    assert run.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == list(range(EPOCHS))
+    assert run.data.params["trainer.strategy"] == "ddp"
+    (run_dir,) = outputs.glob("*/*/checkpoints")
+    assert sorted(p.name for p in run_dir.iterdir()) == ["best.ckpt", "last.ckpt"]
+
+
+def test_predict_refuses_several_processes_in_one_line(tmp_path):
+    result = run_module(
+        "scripts.train", "predict", "--config", "configs/penguins.yaml", *DDP,
+        "--trainer.default_root_dir", str(tmp_path), "--data.init_args.predict_path", "configs/examples/penguins.csv",
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: predict runs in one process: give --trainer.devices 1 --trainer.num_nodes 1"
+    )
