@@ -29,6 +29,7 @@ from lightning_modules.checkpoint import BestAndLastCheckpoint
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.throughput import EpochThroughput
 from lightning_modules.transfer_net import WeightsError
+from strategies.mpi_environment import LaunchError
 
 OUTPUTS = Path("outputs")  # Azure ML uploads ./outputs of every job
 MLFLOW_LOGGER = "scripts.tracking.BufferedMLFlowLogger"
@@ -194,7 +195,7 @@ def config_error_line(error: ArgumentError) -> str:
 
 
 def main(args: list[str] | None = None) -> None:
-    """Mistakes in the user's config, data or weights files end in one line on stderr and exit status 1."""
+    """Mistakes in the user's config, data, weights files or launch end in one line on stderr and exit status 1."""
     try:
         cli_main(args)
     except ArgumentError as error:
@@ -202,7 +203,7 @@ def main(args: list[str] | None = None) -> None:
     except Exception as error:
         # jsonargparse wraps what a class raises while it is built: look for ours in the chain.
         cause: BaseException | None = error
-        while cause is not None and not isinstance(cause, (DataError, WeightsError)):
+        while cause is not None and not isinstance(cause, (DataError, WeightsError, LaunchError)):
             cause = cause.__cause__ or cause.__context__
         if cause is None:
             raise

@@ -15,10 +15,12 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
-def run_module(module: str, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    """`python -m <module> args...` from the repository root, as a user types it."""
+def run_module(
+    module: str, *args: str, env: dict | None = None, timeout: int = 600, launcher: list[str] = ()
+) -> subprocess.CompletedProcess:
+    """`[launcher] python -m <module> args...` from the repository root, as a user types it."""
     return subprocess.run(
-        [sys.executable, "-m", module, *map(str, args)],
+        [*launcher, sys.executable, "-m", module, *map(str, args)],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -1,4 +1,4 @@
-"""DDP on CPU processes (gloo), started by Lightning itself and by torchrun: the same command as one process.
+"""DDP on CPU processes (gloo), started by Lightning itself, by torchrun and by mpirun: the same command as one process.
 
 Two processes with batch 10 each take, step for step, the rows one process takes with batch 20 (rank r gets
 rows r, r+2, ... of the same seeded permutation) and average their gradients: the weights must match.
@@ -6,7 +6,9 @@ rows r, r+2, ... of the same seeded permutation) and average their gradients: th
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -29,22 +31,33 @@ def penguins(outputs: Path, *args: str) -> list[str]:
 
 
 def last_checkpoint(outputs: Path) -> dict:
+    """The one last.ckpt under `outputs`."""
     (last,) = outputs.glob("*/*/checkpoints/last.ckpt")
     return torch.load(last, weights_only=False)
 
 
-def test_two_processes_of_batch_10_train_the_weights_one_process_of_batch_20_does(tmp_path):
-    single = run_module("scripts.train", *penguins(tmp_path / "one", "--test_after_fit", "false"))
-    assert single.returncode == 0, single.stderr[-3000:]
-    args = penguins(tmp_path / "ddp", *DDP, "--data.init_args.batch_size", "10", "--test_after_fit", "false")
-    ddp = run_module("scripts.train", *args)
-    assert ddp.returncode == 0, ddp.stderr[-3000:]
-    assert "Starting with 2 processes" in ddp.stderr
-    one, two = last_checkpoint(tmp_path / "one"), last_checkpoint(tmp_path / "ddp")
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> dict:
+    """last.ckpt of the recipe in one process, batch 20."""
+    outputs = tmp_path_factory.mktemp("one")
+    result = run_module("scripts.train", *penguins(outputs, "--test_after_fit", "false"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return last_checkpoint(outputs)
+
+
+def assert_same_training(one: dict, two: dict) -> None:
     assert one["global_step"] == two["global_step"] == 12 * EPOCHS  # 240 training rows: 12 steps an epoch
     assert one["state_dict"].keys() == two["state_dict"].keys()
     for name, weights in one["state_dict"].items():
         assert torch.allclose(weights, two["state_dict"][name], atol=1e-5), name
+
+
+def test_two_processes_of_batch_10_train_the_weights_one_process_of_batch_20_does(tmp_path, one_process):
+    args = penguins(tmp_path, *DDP, "--data.init_args.batch_size", "10", "--test_after_fit", "false")
+    ddp = run_module("scripts.train", *args)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert "Starting with 2 processes" in ddp.stderr
+    assert_same_training(one_process, last_checkpoint(tmp_path))
 
 
 def test_torchrun_starts_the_same_command_with_one_run_one_set_of_files_one_report(tmp_path):
@@ -74,3 +87,32 @@ def test_predict_refuses_several_processes_in_one_line(tmp_path):
     assert result.stderr.strip().splitlines()[-1] == (
         "error: predict runs in one process: give --trainer.devices 1 --trainer.num_nodes 1"
     )
+
+
+MPI = ["--config", "configs/trainer/ddp_mpi.yaml", "--trainer.accelerator", "cpu"]
+
+
+def mpirun(*args: str):
+    if shutil.which("mpirun") is None:
+        pytest.skip("needs Open MPI's mpirun (apt-get install openmpi-bin; .ci/run installs it)")
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}  # CI runs as root
+    return run_module("scripts.train", *args, env=env, launcher=["mpirun", "--oversubscribe", "-np", "2"])
+
+
+def test_mpirun_processes_find_each_other_and_train_as_one(tmp_path, one_process):
+    args = penguins(tmp_path, *MPI, "--trainer.devices", "2", "--data.init_args.batch_size", "10")
+    result = mpirun(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in result.stderr
+    assert len(re.findall(r"^test_acc: ", result.stdout, re.M)) == 1
+    assert_same_training(one_process, last_checkpoint(tmp_path))
+
+
+def test_mpirun_with_other_devices_than_processes_is_one_line(tmp_path):
+    result = mpirun(*penguins(tmp_path, *MPI, "--trainer.devices", "1"))
+    assert result.returncode != 0
+    assert (
+        "error: mpirun started 2 processes, 2 on this node, but the Trainer has devices 1 x num_nodes 1: "
+        "give --trainer.devices 2 --trainer.num_nodes 1"
+    ) in result.stderr.splitlines()
+    assert "Traceback" not in result.stderr
