@@ -20,9 +20,10 @@ INPUT ?= $(if $(filter penguins,$(TASK)),configs/examples/penguins.csv,)
 RUN ?=
 MLFLOW_PORT ?= 5000
 MNIST_DIR ?= data/mnist
+COMPUTE ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install train validate evaluate predict export plot bench mlflow-ui lint format test clean
+.PHONY: help install train validate evaluate predict export plot submit bench mlflow-ui lint format test clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -60,6 +61,10 @@ export: $(VENV)/installed ## write CKPT as ONNX and check it against PyTorch
 
 plot: $(VENV)/installed ## PNG of training and validation loss of RUN (default: the newest run)
 	$(PY) -m scripts.plot $(RUN) $(ARGS)
+
+submit: $(VENV)/installed ## run configs/TASK.yaml as an Azure ML job on COMPUTE (ARGS="--nodes 2 --dry_run true")
+	@test -n "$(COMPUTE)" || { echo "error: give COMPUTE=<your Azure ML compute cluster>" >&2; exit 1; }
+	$(PY) -m scripts.submit $(CONFIG) --compute $(COMPUTE) $(ARGS)
 
 bench: $(VENV)/installed ## time the template against plain PyTorch loops, print the ratios (MNIST_DIR=...)
 	$(PY) -m scripts.bench_penguins

@@ -1,0 +1,186 @@
+"""scripts.submit: the Azure ML job for any config, checked offline by the real azure-ai-ml objects: the job's
+YAML through `load_job`, and a submission through MLClient over a fake HTTP transport (no Azure is reachable)."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+import requests
+import urllib3
+import yaml
+
+from scripts.submit import SubmitError, build_job, main, submit, workspace_client
+from tests.conftest import REPO, run_module
+
+WORKSPACE = (
+    "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/rg"
+    "/providers/Microsoft.MachineLearningServices/workspaces/ws"
+)
+STUDIO = "https://ml.azure.com/runs/fake"
+
+
+@pytest.fixture(autouse=True)
+def at_repo_root(monkeypatch):
+    monkeypatch.chdir(REPO)  # job code is this folder; config paths are relative to it
+
+
+def test_one_process_runs_the_train_command_in_the_tasks_experiment():
+    job = build_job(["configs/penguins.yaml"], "cpu-cluster")
+    assert job.command == "python -m scripts.train fit --config configs/penguins.yaml"
+    assert (job.compute, job.resources.instance_count, job.distribution) == ("cpu-cluster", 1, None)
+    assert job.experiment_name == "penguins"  # the config's logger's, so local and Azure runs sit side by side
+    assert Path(job.code).resolve() == REPO
+    assert job.environment.conda_file == yaml.safe_load((REPO / "environment.yml").read_text())
+
+
+@pytest.mark.parametrize(
+    ("distribution", "preset", "kind"),
+    [("pytorch", "configs/trainer/ddp.yaml", "pytorch"), ("mpi", "configs/trainer/ddp_mpi.yaml", "mpi")],
+)
+def test_several_processes_run_ddp_with_devices_and_nodes_that_match_the_job(distribution, preset, kind):
+    job = build_job(["configs/mnist.yaml", "configs/trainer/gpu.yaml"], "gpu", 2, 4, distribution)
+    assert job.command == (
+        "python -m scripts.train fit --config configs/mnist.yaml --config configs/trainer/gpu.yaml "
+        f"--config {preset} --trainer.devices 4 --trainer.num_nodes 2"
+    )
+    assert (job.distribution.type, job.distribution.process_count_per_instance) == (kind, 4)
+    assert job.resources.instance_count == 2
+
+
+def test_inputs_are_mounted_and_their_mount_point_given_as_the_option(tmp_path):
+    (tmp_path / "penguins.csv").write_text("x\n")
+    inputs = [f"data.init_args.path={tmp_path / 'penguins.csv'}", "data.init_args.data_dir=azureml:mnist:1"]
+    job = build_job(["configs/penguins.yaml"], "cpu", inputs=inputs, train_args="--trainer.max_epochs 5")
+    assert job.command.endswith(
+        "--data.init_args.path ${{inputs.path}} --data.init_args.data_dir ${{inputs.data_dir}} --trainer.max_epochs 5"
+    )
+    assert (job.inputs["path"].type, job.inputs["path"].path) == ("uri_file", str(tmp_path / "penguins.csv"))
+    assert (job.inputs["data_dir"].type, job.inputs["data_dir"].path) == ("uri_folder", "azureml:mnist:1")
+
+
+def test_the_jobs_command_is_one_the_cli_accepts_here():
+    job = build_job(["configs/penguins.yaml"], "cpu", 2, 4, "mpi", train_args="--trainer.max_epochs 5")
+    args = job.command.removeprefix("python -m scripts.train ").split()
+    result = run_module("scripts.train", *args, "--print_config")
+    assert result.returncode == 0, result.stderr[-2000:]
+    printed = yaml.safe_load(result.stdout)["trainer"]
+    assert (str(printed["devices"]), printed["num_nodes"], printed["max_epochs"]) == ("4", 2, 5)
+    assert printed["plugins"][0]["class_path"] == "strategies.mpi_environment.MPIEnvironment"
+
+
+def test_dry_run_prints_yaml_that_load_job_reads_back(tmp_path, capsys):
+    from azure.ai.ml import load_job
+
+    data = tmp_path / "mnist"
+    data.mkdir()
+    text = submit("configs/mnist.yaml", "gpu", nodes=2, inputs=[f"data.init_args.data_dir={data}"], dry_run=True)
+    assert capsys.readouterr().out == text
+    (tmp_path / "job.yml").write_text(text)
+    loaded = load_job(tmp_path / "job.yml")
+    job = build_job(["configs/mnist.yaml"], "gpu", nodes=2, inputs=[f"data.init_args.data_dir={data}"])
+    assert loaded.command == job.command
+    assert (loaded.compute, loaded.resources.instance_count, loaded.distribution.type) == ("gpu", 2, "pytorch")
+    assert loaded.inputs["data_dir"].path == str(data)  # a local folder, uploaded with the job
+    assert loaded.environment.image == job.environment.image
+
+
+class FakeAzureML(requests.Session):
+    """Answers the requests MLClient.jobs.create_or_update makes, as Azure ML's REST API would, and keeps them.
+    The code snapshot is one the workspace already has (so nothing goes to blob storage)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[tuple[str, str, dict | None]] = []
+
+    def request(self, method, url, data=None, **kwargs):
+        path = url.split("?")[0].removeprefix("https://management.azure.com")
+        sent = json.loads(data) if data else None
+        self.requests.append((method, path, sent))
+        code = {"properties": {"codeUri": "https://account.blob.core.windows.net/code/snapshot", "isAnonymous": True}}
+        status, answer = 404, {"error": {"code": "NotFound", "message": "not in this fake"}}
+        if method == "GET" and re.search(r"/codes/[^/]+/versions$", path):  # listed by the snapshot's hash
+            status, answer = 200, {"value": [{"id": f"{path}/1", "name": "1", **code}]}
+        elif method == "GET" and re.search(r"/codes/[^/]+/versions/1$", path):
+            status, answer = 200, {"id": path, "name": "1", **code}
+        elif method == "PUT" and re.search(r"/environments/[^/]+/versions/[^/]+$", path):
+            status, answer = 201, {"id": path, "name": path.rsplit("/", 1)[1], **sent}
+        elif method == "PUT" and re.search(r"/jobs/[^/]+$", path):
+            status, answer = 201, {"id": path, "name": path.rsplit("/", 1)[1], **sent}
+            answer["properties"] |= {"status": "Starting", "services": {"Studio": {"endpoint": STUDIO}}}
+        body = json.dumps(answer).encode()
+        raw = urllib3.HTTPResponse(
+            body=io.BytesIO(body), status=status, headers={"Content-Type": "application/json"}, preload_content=False
+        )
+        return requests.adapters.HTTPAdapter().build_response(requests.Request(method, url).prepare(), raw)
+
+
+class FakeCredential:
+    def get_token(self, *scopes, **options):
+        from azure.core.credentials import AccessToken
+
+        return AccessToken("token", 4102444800)
+
+    def get_token_info(self, *scopes, options=None):
+        from azure.core.credentials import AccessTokenInfo
+
+        return AccessTokenInfo("token", 4102444800)
+
+
+def test_submit_puts_the_job_with_its_code_environment_and_compute(monkeypatch, capsys):
+    from azure.ai.ml import MLClient
+    from azure.core.pipeline.transport import RequestsTransport
+
+    azure = FakeAzureML()
+    client = MLClient(FakeCredential(), "00000000-0000-0000-0000-000000000000", "rg", "ws",
+                      transport=RequestsTransport(session=azure))  # fmt: skip
+    monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: client)
+    name = submit("configs/penguins.yaml", "cpu-cluster", nodes=2, processes_per_node=2, distribution="mpi")
+    assert capsys.readouterr().out == f"submitted {name}: {STUDIO}\n"
+    (environment,) = [sent for method, path, sent in azure.requests if method == "PUT" and "/environments/" in path]
+    conda = yaml.safe_load(environment["properties"]["condaFile"])
+    assert conda == yaml.safe_load((REPO / "environment.yml").read_text())
+    (job,) = [sent for method, path, sent in azure.requests if method == "PUT" and path.endswith(f"/jobs/{name}")]
+    job = job["properties"]
+    assert job["command"] == build_job(["configs/penguins.yaml"], "c", 2, 2, "mpi").command
+    assert job["computeId"] == f"{WORKSPACE}/computes/cpu-cluster"
+    assert job["codeId"].startswith(f"{WORKSPACE}/codes/") and job["environmentId"].startswith(f"{WORKSPACE}/env")
+    assert (job["experimentName"], job["resources"]["instanceCount"]) == ("penguins", 2)
+    assert job["distribution"] == {"distributionType": "Mpi", "processCountPerInstance": 2}
+
+
+def test_the_workspace_comes_from_config_json_or_all_three_ids(tmp_path, monkeypatch):
+    ids = {"subscription_id": "00000000-0000-0000-0000-000000000001", "resource_group": "rg", "workspace_name": "ws"}
+    (tmp_path / "config.json").write_text(json.dumps(ids))
+    monkeypatch.chdir(tmp_path)
+    client = workspace_client(None, None, None)
+    assert (client.subscription_id, client.resource_group_name, client.workspace_name) == tuple(ids.values())
+    client = workspace_client("00000000-0000-0000-0000-000000000002", "rg2", "ws2")
+    assert (client.subscription_id, client.workspace_name) == ("00000000-0000-0000-0000-000000000002", "ws2")
+    with pytest.raises(SubmitError, match="all three of --subscription_id --resource_group --workspace"):
+        workspace_client(None, "rg", None)
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(SubmitError, match="no Azure ML workspace: put its config.json"):
+        workspace_client(None, None, None)
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["configs/nope.yaml", "--compute", "c"], "configs/nope.yaml: no such config in this folder"),
+        (["configs/penguins.yaml"], "give the compute cluster to run on: --compute NAME"),
+        (["configs/penguins.yaml", "--compute", "c", "--nodes", "0"], "--nodes 0 --processes_per_node 1: both"),
+        (["configs/penguins.yaml", "--compute", "c", "--inputs+", "data_dir"], "--inputs data_dir: give OPTION=PATH"),
+        (
+            ["configs/penguins.yaml", "--compute", "c", "--inputs+", "x=no/"],
+            "--inputs x=no/: no such file or folder no/",
+        ),
+    ],
+)
+def test_a_bad_argument_is_one_line_and_exit_1(args, line):
+    with pytest.raises(SystemExit) as exit:
+        main([*args, "--dry_run", "true"])
+    assert str(exit.value.code).startswith(f"error: {line}")
