@@ -187,6 +187,7 @@ class TimedFitCLI(TemplateCLI):
     """`make train`'s CLI and config, timing `fit` alone (no test after it)."""
 
     def before_fit(self) -> None:
+        super().before_fit()
         self.clock = EpochClock()
         self.trainer.callbacks.append(self.clock)
         self.started = time.perf_counter()

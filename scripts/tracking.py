@@ -15,6 +15,7 @@ import re
 import time
 from collections.abc import Mapping
 
+import torch
 from lightning.fabric.utilities.logger import _add_prefix
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
@@ -63,3 +64,34 @@ class BufferedMLFlowLogger(MLFlowLogger):
         if self._initialized:
             self.flush()
         super().finalize(status)
+
+
+def register_model(
+    tracking_uri: str, run_id: str, network: torch.nn.Module, example: torch.Tensor, class_names: list[str], name: str
+) -> str:
+    """Logs `network` as the run's MLflow model and registers it as a new version of `name`; returns the version.
+
+    The model is torch.export's program (MLflow's pt2 format): it loads with torch alone, without this repository's
+    code, and takes any batch size; its metadata holds the class names, index i for logit i. Inside Azure ML the
+    registry is the workspace's.
+
+        python -m scripts.train fit --config configs/penguins.yaml --register_model penguins-classifier
+    """
+    import mlflow
+    from mlflow.models import infer_signature
+
+    network, example = network.eval().cpu(), example[:8].cpu()
+    with torch.no_grad():
+        logits = network(example)
+    mlflow.set_tracking_uri(tracking_uri)
+    with mlflow.start_run(run_id=run_id):  # the finished run of this fit, reopened for the model
+        info = mlflow.pytorch.log_model(
+            network,
+            name="model",
+            registered_model_name=name,
+            signature=infer_signature(example.numpy(), logits.numpy()),
+            input_example=example.numpy(),
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],  # what loading a pt2 program needs
+            metadata={"class_names": list(class_names)},
+        )
+    return str(info.registered_model_version)

@@ -19,6 +19,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import lightning as L
+import torch
 from jsonargparse import ArgumentError
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
@@ -29,6 +30,8 @@ from lightning_modules.checkpoint import BestAndLastCheckpoint
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.throughput import EpochThroughput
 from lightning_modules.transfer_net import WeightsError
+from scripts.export import test_inputs
+from scripts.tracking import register_model
 from strategies.mpi_environment import LaunchError
 
 OUTPUTS = Path("outputs")  # Azure ML uploads ./outputs of every job
@@ -88,6 +91,10 @@ class TemplateCLI(LightningCLI):
         parser.add_argument(
             "--test_after_fit", type=bool, default=True, help="fit: test the best checkpoint at the end"
         )
+        parser.add_argument(
+            "--register_model", type=str | None, default=None,
+            help="fit: log the best checkpoint's network as the run's MLflow model, registered under this name",
+        )  # fmt: skip
 
     def before_instantiate_classes(self) -> None:
         self.sqlite_store: str | None = None  # the MLflow store's file, when it is a local sqlite one
@@ -132,6 +139,11 @@ class TemplateCLI(LightningCLI):
         with FileLock(f"{store}.lock"):
             super().instantiate_classes()
 
+    def before_fit(self) -> None:
+        checkpoint = self.trainer.checkpoint_callback
+        if self.config.fit.register_model and not (isinstance(self.trainer.logger, MLFlowLogger) and checkpoint):
+            sys.exit("error: --register_model needs the MLflow logger and checkpoints; check trainer.logger")
+
     def after_fit(self) -> None:
         checkpoint = self.trainer.checkpoint_callback
         if checkpoint is not None and checkpoint.best_model_path:
@@ -140,6 +152,17 @@ class TemplateCLI(LightningCLI):
             ckpt_path = "best" if checkpoint is not None and checkpoint.best_model_path else None
             (results,) = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt_path)
             rank_zero_print(f"test_acc: {results['test_acc']:.4f}")  # reduced over all processes
+        if self.config.fit.register_model and checkpoint.best_model_path and self.trainer.is_global_zero:
+            self.register_best(self.config.fit.register_model, checkpoint)
+
+    def register_best(self, name: str, checkpoint: BestAndLastCheckpoint) -> None:
+        logger = self.trainer.logger
+        state = torch.load(checkpoint.best_model_path, map_location="cpu", weights_only=False)["state_dict"]
+        self.model.load_state_dict(state)
+        example = test_inputs(self.datamodule, batches=1)[0]
+        tracking_uri = self.config.fit.trainer.logger.init_args.tracking_uri
+        version = register_model(tracking_uri, logger.run_id, self.model.network, example, self.model.class_names, name)
+        print(f"registered model: {name} version {version}")
 
     def before_predict(self) -> None:
         if self.trainer.world_size > 1:  # each process would predict, and print, its own share of the rows

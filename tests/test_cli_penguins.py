@@ -13,6 +13,7 @@ from mlflow import MlflowClient
 from tests.conftest import REPO, run_module
 
 EPOCHS = 8
+MODEL = "penguins-classifier"
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +22,7 @@ def fitted(tmp_path_factory):
     outputs = tmp_path_factory.mktemp("penguins") / "outputs"
     result = run_module(
         "scripts.train", "fit", "--config", "configs/penguins.yaml",
-        "--trainer.max_epochs", EPOCHS, "--trainer.default_root_dir", outputs,
+        "--trainer.max_epochs", EPOCHS, "--trainer.default_root_dir", outputs, "--register_model", MODEL,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     best = Path(re.search(r"best checkpoint: (\S+)", result.stdout).group(1))
@@ -168,3 +169,39 @@ def test_unknown_island_at_predict_time(fitted, train_cli, tmp_path):
     assert result.returncode != 0 and "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert str(new) in last and "unknown island 'Atlantis'" in last
+
+
+def test_fit_registers_the_best_networks_program_with_its_class_names(fitted):
+    import mlflow
+    import torch
+
+    from datamodules.penguins import PenguinDataModule
+    from lightning_modules.classifier import ClassificationModule
+
+    outputs, stdout, best = fitted
+    assert f"registered model: {MODEL} version 1" in stdout
+    client, run = only_run(outputs)
+    (version,) = client.search_model_versions(f"name = '{MODEL}'")
+    assert version.run_id == run.info.run_id
+    mlflow.set_tracking_uri(f"sqlite:///{outputs / 'mlflow.db'}")
+    try:
+        registered = mlflow.pyfunc.load_model(f"models:/{MODEL}/1")
+        program = mlflow.pytorch.load_model(f"models:/{MODEL}/1")  # torch.export's: no code of ours needed
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert registered.metadata.metadata["class_names"] == PenguinDataModule.class_names
+    data = PenguinDataModule()
+    data.setup("test")
+    inputs = data.splits["test"][0][:13]  # another batch size than the example's
+    network = ClassificationModule.load_from_checkpoint(best, map_location="cpu").network.eval()
+    with torch.no_grad():
+        assert torch.allclose(program(inputs), network(inputs), atol=1e-6)
+    assert registered.predict(inputs.numpy()).shape == (13, 3)
+
+
+def test_register_model_without_mlflow_stops_before_training(train_cli):
+    result = train_cli("fit", "--config", "configs/penguins.yaml", "--trainer.logger", "false", "--register_model", "x")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: --register_model needs the MLflow logger and checkpoints; check trainer.logger"
+    )
