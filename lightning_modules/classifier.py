@@ -64,11 +64,20 @@ class ClassificationModule(L.LightningModule):
         # On a CPU a torchmetrics update (~0.1 ms) or a `self.log` call (~0.5 ms) costs more than a
         # whole penguin training step; per step neither runs.
         num_classes = len(self.class_names)
+        # compute() syncs the metrics over processes through the Trainer's strategy (DDP's torch.distributed,
+        # Horovod's allgather alike) rather than torchmetrics' own torch.distributed calls.
+        sync = {"dist_sync_fn": self._gather_metric_state, "distributed_available_fn": self._distributed}
         self.metrics = nn.ModuleDict()  # keyed by the names they are logged under
         for split in ("train", "val", "test"):
-            self.metrics[f"{split}_loss"] = MeanMetric()
-            self.metrics[f"{split}_acc"] = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
+            self.metrics[f"{split}_loss"] = MeanMetric(**sync)
+            self.metrics[f"{split}_acc"] = MulticlassAccuracy(num_classes, average="micro", validate_args=False, **sync)
         self.collected: dict[str, dict[str, list]] = {}
+
+    def _distributed(self) -> bool:
+        return self._trainer is not None and self.trainer.world_size > 1
+
+    def _gather_metric_state(self, state: torch.Tensor, group=None) -> list[torch.Tensor]:
+        return list(self.trainer.strategy.all_gather(state).unbind(0))
 
     @property
     def backbone(self) -> nn.Module:
