@@ -23,7 +23,7 @@ MNIST_DIR ?= data/mnist
 COMPUTE ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install train validate evaluate predict export plot submit bench mlflow-ui lint format test clean
+.PHONY: help install horovod train validate evaluate predict export plot submit bench mlflow-ui lint format test clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -38,6 +38,9 @@ $(VENV)/installed: pyproject.toml
 	touch $@
 
 install: $(VENV)/installed ## create .venv with the pinned packages (pyproject.toml)
+
+horovod: $(VENV)/installed ## build Horovod 0.28.1 for CPUs into .venv (~9 min once; needs cmake, g++, libopenmpi-dev)
+	$(PY) -m scripts.build_horovod
 
 train: $(VENV)/installed ## fit configs/TASK.yaml (penguins, mnist, mnist_tutorial, birds), test its best checkpoint
 	$(PY) -m scripts.train fit --config $(CONFIG) $(ARGS)

@@ -34,15 +34,21 @@ class SubmitError(Exception):
     """A bad config path, option or workspace; the message names it and what to give instead."""
 
 
-def experiment_of(configs: list[str]) -> str:
-    """The MLflow experiment the configs' logger names (the last config that names one wins)."""
-    name = DEFAULT_EXPERIMENT
+def trainer_setting(configs: list[str], key: str) -> object:
+    """What the configs set `trainer.<key>` to (the last config that sets it wins), or None."""
+    value = None
     for path in configs:
-        config = yaml.safe_load(Path(path).read_text()) or {}
-        logger = (config.get("trainer") or {}).get("logger")
-        if isinstance(logger, dict):
-            name = (logger.get("init_args") or {}).get("experiment_name", name)
-    return name
+        trainer = (yaml.safe_load(Path(path).read_text()) or {}).get("trainer") or {}
+        value = trainer.get(key, value)
+    return value
+
+
+def experiment_of(configs: list[str]) -> str:
+    """The MLflow experiment the configs' logger names."""
+    logger = trainer_setting(configs, "logger")
+    if isinstance(logger, dict):
+        return (logger.get("init_args") or {}).get("experiment_name", DEFAULT_EXPERIMENT)
+    return DEFAULT_EXPERIMENT
 
 
 def build_job(
@@ -63,6 +69,8 @@ def build_job(
     for path in configs:
         if Path(path).is_absolute() or not Path(path).is_file():
             raise SubmitError(f"{path}: no such config in this folder; give a path like configs/penguins.yaml")
+    if "horovod" in str(trainer_setting(configs, "strategy")).lower():
+        raise SubmitError("Horovod jobs need an image with Horovod built into it, not made yet; use DDP instead")
     if nodes < 1 or processes_per_node < 1:
         raise SubmitError(f"--nodes {nodes} --processes_per_node {processes_per_node}: both must be 1 or more")
     parts = ["python -m scripts.train fit", *(f"--config {path}" for path in configs)]

@@ -97,7 +97,6 @@ class TemplateCLI(LightningCLI):
         )  # fmt: skip
 
     def before_instantiate_classes(self) -> None:
-        self.sqlite_store: str | None = None  # the MLflow store's file, when it is a local sqlite one
         config = self.config[self.subcommand]
         network_args = config.model.network.get("init_args") or {}
         if config.get("ckpt_path") and "weights" in network_args:
@@ -121,23 +120,12 @@ class TemplateCLI(LightningCLI):
             args.run_id = os.environ.get("MLFLOW_RUN_ID")
         scheme = urlparse(args.tracking_uri).scheme
         if scheme == "sqlite":
-            self.sqlite_store = args.tracking_uri.removeprefix("sqlite:///")
+            open_sqlite_store(args.tracking_uri)
         if args.synchronous is None and scheme not in ("sqlite", "file", ""):
             # A server (or Azure ML's tracking) costs a network round trip per logged batch of metrics:
             # queue them instead (penguins on a loopback server: 37 s -> 25 s); ending the run drains
             # the queue. Local sqlite stays synchronous: there the queue's threads only add GIL contention.
             args.synchronous = False
-
-    def instantiate_classes(self) -> None:
-        store = self.sqlite_store
-        if store is None:
-            return super().instantiate_classes()
-        from filelock import FileLock
-
-        # Processes started together (torchrun, mpirun) each build the logger, whose MLflow client creates the
-        # tables of a new sqlite store; two at once collide ("duplicate column name"). One at a time, then.
-        with FileLock(f"{store}.lock"):
-            super().instantiate_classes()
 
     def before_fit(self) -> None:
         checkpoint = self.trainer.checkpoint_callback
@@ -174,6 +162,20 @@ class TemplateCLI(LightningCLI):
         print("input,class,probability")
         for name, (label, probability) in zip(names, rows):
             print(f"{name},{label},{probability:.4f}")
+
+
+def open_sqlite_store(tracking_uri: str) -> None:
+    """Opens (and, if new, creates) the sqlite MLflow store before anything else does, one process at a time.
+
+    Processes started together (torchrun, mpirun, horovodrun) each build the logger, whose MLflow client creates the
+    tables of a new store; two at once collide ("duplicate column name"). MLflow keeps the store open per URI,
+    so the logger's client then finds it ready.
+    """
+    from filelock import FileLock
+    from mlflow import MlflowClient
+
+    with FileLock(f"{tracking_uri.removeprefix('sqlite:///')}.lock"):
+        MlflowClient(tracking_uri)
 
 
 @rank_zero_only

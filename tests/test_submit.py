@@ -174,6 +174,7 @@ def test_the_workspace_comes_from_config_json_or_all_three_ids(tmp_path, monkeyp
         (["configs/penguins.yaml"], "give the compute cluster to run on: --compute NAME"),
         (["configs/penguins.yaml", "--compute", "c", "--nodes", "0"], "--nodes 0 --processes_per_node 1: both"),
         (["configs/penguins.yaml", "--compute", "c", "--inputs+", "data_dir"], "--inputs data_dir: give OPTION=PATH"),
+        (["configs/penguins.yaml", "--compute", "c", "--presets+", "configs/trainer/horovod.yaml"], "Horovod jobs"),
         (
             ["configs/penguins.yaml", "--compute", "c", "--inputs+", "x=no/"],
             "--inputs x=no/: no such file or folder no/",

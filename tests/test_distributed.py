@@ -1,4 +1,5 @@
-"""DDP on CPU processes (gloo), started by Lightning itself, by torchrun and by mpirun: the same command as one process.
+"""Several CPU processes: DDP (gloo) started by Lightning itself, by torchrun and by mpirun, and Horovod under
+horovodrun; each the same command as one process.
 
 Two processes with batch 10 each take, step for step, the rows one process takes with batch 20 (rank r gets
 rows r, r+2, ... of the same seeded permutation) and average their gradients: the weights must match.
@@ -6,9 +7,11 @@ rows r, r+2, ... of the same seeded permutation) and average their gradients: th
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -116,3 +119,35 @@ def test_mpirun_with_other_devices_than_processes_is_one_line(tmp_path):
         "give --trainer.devices 2 --trainer.num_nodes 1"
     ) in result.stderr.splitlines()
     assert "Traceback" not in result.stderr
+
+
+HOROVOD = ["--config", "configs/trainer/horovod.yaml", "--trainer.accelerator", "cpu"]
+
+
+def horovodrun(*args: str):
+    if importlib.util.find_spec("horovod") is None:
+        pytest.skip("needs Horovod: make horovod (python -m scripts.build_horovod; .ci/run builds it)")
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    launcher = [str(Path(sys.executable).parent / "horovodrun"), "-np", "2", "-H", "localhost:2"]
+    return run_module("scripts.train", *args, env=env, launcher=launcher)
+
+
+def test_horovod_processes_train_as_one_with_one_run_and_one_report(tmp_path, one_process):
+    outputs = tmp_path / "outputs"
+    result = horovodrun(*penguins(outputs, *HOROVOD, "--trainer.devices", "2", "--data.init_args.batch_size", "10"))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert len(re.findall(r"test_acc: ", result.stdout)) == 1  # rank 0 alone prints
+    assert_same_training(one_process, last_checkpoint(outputs))
+    client = MlflowClient(f"sqlite:///{outputs / 'mlflow.db'}")
+    (experiment,) = [e for e in client.search_experiments() if e.name == "penguins"]
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == list(range(EPOCHS))
+
+
+def test_horovod_with_other_devices_than_processes_is_one_line(tmp_path):
+    result = horovodrun(*penguins(tmp_path, *HOROVOD, "--trainer.devices", "1"))
+    assert result.returncode != 0
+    assert (
+        "error: horovod started 2 processes, 2 on this node, but the Trainer has devices 1: give --trainer.devices 2"
+        in (result.stdout + result.stderr)
+    )

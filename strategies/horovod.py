@@ -1,0 +1,144 @@
+"""Horovod for Lightning 2.x (Lightning 2.0 removed its own; PyPI's lightning-horovod does not run on 2.6).
+
+horovodrun (or mpirun, or Azure ML's `mpi` distribution) starts one process per device; this strategy joins
+them: gradients are averaged by Horovod's DistributedOptimizer (allreduce during backward, synchronized
+before each step), the initial weights and optimizer state are rank 0's, and Lightning's collectives
+(metric sync, early-stopping and checkpoint decisions) run as Horovod allreduce / allgather / broadcast.
+The learning rate is left as configured: `--model.scale_lr_by_world_size true` scales it, as with DDP.
+
+    horovodrun -np 2 python -m scripts.train fit --config configs/penguins.yaml --config configs/trainer/horovod.yaml \\
+        --trainer.accelerator cpu --trainer.devices 2
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.core.optimizer import LightningOptimizer
+from lightning.pytorch.strategies import ParallelStrategy
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from strategies.mpi_environment import LaunchError
+
+
+def horovod():
+    """horovod.torch, imported only when the strategy is used (it loads MPI and Gloo)."""
+    try:
+        import horovod.torch as hvd
+    except ImportError as error:
+        raise LaunchError(f"Horovod is not installed ({error}); build it with `make horovod`") from None
+    return hvd
+
+
+class HorovodStrategy(ParallelStrategy):
+    strategy_name = "horovod"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.hvd = horovod()
+        self.hvd.init()
+        # Lightning's rank-zero-only printing and logging read this before fit sets it.
+        rank_zero_only.rank = self.hvd.rank()
+        self._synchronize_skipped: ExitStack | None = None
+
+    @property
+    def global_rank(self) -> int:
+        return self.hvd.rank()
+
+    @property
+    def local_rank(self) -> int:
+        return self.hvd.local_rank()
+
+    @property
+    def node_rank(self) -> int:
+        return self.hvd.cross_rank()
+
+    @property
+    def world_size(self) -> int:
+        return self.hvd.size()
+
+    @property
+    def root_device(self) -> torch.device:
+        return self.parallel_devices[self.local_rank]
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    @property
+    def handles_gradient_accumulation(self) -> bool:
+        return True  # DistributedOptimizer's backward_passes_per_step
+
+    def setup_environment(self) -> None:
+        devices, nodes = len(self.parallel_devices), self.world_size // self.hvd.local_size()
+        if devices != self.hvd.local_size() or devices * nodes != self.world_size:
+            raise LaunchError(
+                f"horovod started {self.world_size} processes, {self.hvd.local_size()} on this node, but the "
+                f"Trainer has devices {devices}: give --trainer.devices {self.hvd.local_size()}"
+            )
+        if self.root_device.type == "cuda":
+            torch.cuda.set_device(self.root_device)
+        super().setup_environment()
+
+    def model_to_device(self) -> None:
+        self.model.to(self.root_device)
+
+    def setup(self, trainer: L.Trainer) -> None:
+        super().setup(trainer)  # model to its device, optimizers built
+        if not trainer.training:
+            return
+        optimizers = [o._optimizer if isinstance(o, LightningOptimizer) else o for o in self.optimizers]
+        # Every process starts from rank 0's weights and optimizer state (a resumed run's included).
+        self.hvd.broadcast_parameters(self.lightning_module.state_dict(), root_rank=0)
+        for optimizer in optimizers:
+            self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        self.optimizers = [
+            self.hvd.DistributedOptimizer(
+                optimizer,
+                named_parameters=self._named_parameters_of(optimizer),
+                backward_passes_per_step=trainer.accumulate_grad_batches,
+            )
+            for optimizer in optimizers
+        ]
+        # Gradients are synchronized right after backward (post_backward), so the step itself must not again.
+        self._synchronize_skipped = ExitStack()
+        for optimizer in self.optimizers:
+            self._synchronize_skipped.enter_context(optimizer.skip_synchronize())
+
+    def _named_parameters_of(self, optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.nn.Parameter]]:
+        """Horovod names each allreduce; a frozen backbone's parameters are in no optimizer and stay out."""
+        optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        return [(name, p) for name, p in self.lightning_module.named_parameters() if id(p) in optimized]
+
+    def post_backward(self, closure_loss: torch.Tensor) -> None:
+        for optimizer in self.optimizers:
+            optimizer.synchronize()
+
+    def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
+        if not isinstance(tensor, torch.Tensor):
+            return tensor
+        op = self.hvd.Sum if "SUM" in str(reduce_op).upper() else self.hvd.Average  # "sum" or ReduceOp.SUM
+        # Horovod fills its output in a background thread, outside the inference mode Lightning validates in,
+        # which may not write to tensors made inside it: inputs and outputs are made outside it.
+        with torch.inference_mode(False):
+            return self.hvd.allreduce(tensor.clone(), op=op)
+
+    def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
+        with torch.inference_mode(False):
+            return self.hvd.allgather(tensor.clone().unsqueeze(0))  # (world size, *shape), as DDP's
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        with torch.inference_mode(False):
+            return self.hvd.broadcast_object(obj, root_rank=src)
+
+    def barrier(self, name: str | None = None) -> None:
+        self.hvd.barrier()
+
+    def teardown(self) -> None:
+        if self._synchronize_skipped is not None:
+            self._synchronize_skipped.close()
+            self._synchronize_skipped = None
+        super().teardown()
