@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -23,6 +24,7 @@ import torch
 from jsonargparse import ArgumentError
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from datamodules.errors import DataError
@@ -223,6 +225,10 @@ def main(args: list[str] | None = None) -> None:
     """Mistakes in the user's config, data, weights files or launch end in one line on stderr and exit status 1."""
     try:
         cli_main(args)
+    except SIGTERMException:
+        # Lightning stops at the next batch with this SystemExit, whose status is 0: a killed run would look
+        # finished to a shell or a scheduler. 143 (128 + SIGTERM) is what dying of the signal reports.
+        sys.exit(128 + signal.SIGTERM)
     except ArgumentError as error:
         sys.exit(f"error: {config_error_line(error)} (check the name against --print_config)")
     except Exception as error:
