@@ -151,3 +151,22 @@ def test_horovod_with_other_devices_than_processes_is_one_line(tmp_path):
         "error: horovod started 2 processes, 2 on this node, but the Trainer has devices 1: give --trainer.devices 2"
         in (result.stdout + result.stderr)
     )
+
+
+def test_birds_dataloaders_are_sharded_by_lightning_under_ddp(tmp_path):
+    """Birds read a folder through DataLoaders (Lightning gives them a DistributedSampler), not in-memory batches."""
+    from tests.test_birds import bird_folders
+
+    data = bird_folders(tmp_path / "data", count=8)
+    args = [
+        "fit", "--config", "configs/birds.yaml", *DDP, "--trainer.max_epochs", "1",
+        "--trainer.default_root_dir", str(tmp_path / "outputs"), "--data.init_args.data_dir", str(data),
+        "--data.init_args.batch_size", "4", "--data.init_args.num_workers", "0",
+    ]  # fmt: skip
+    result = run_module("scripts.train", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Starting with 2 processes" in result.stderr
+    assert len(re.findall(r"^test_acc: ", result.stdout, re.M)) == 1
+    (run_dir,) = (tmp_path / "outputs").glob("*/*/checkpoints")
+    # 16 training images, batch 4, 2 processes: 2 steps an epoch (4 if each process read every image).
+    assert torch.load(run_dir / "last.ckpt", weights_only=False)["global_step"] == 2
