@@ -39,7 +39,7 @@ $(VENV)/installed: pyproject.toml
 
 install: $(VENV)/installed ## create .venv with the pinned packages (pyproject.toml)
 
-horovod: $(VENV)/installed ## build Horovod 0.28.1 for CPUs into .venv (~9 min once; needs cmake, g++, libopenmpi-dev)
+horovod: $(VENV)/installed ## build Horovod 0.28.1 for CPUs into .venv (~4 min once; needs cmake, g++, libopenmpi-dev)
 	$(PY) -m scripts.build_horovod
 
 train: $(VENV)/installed ## fit configs/TASK.yaml (penguins, mnist, mnist_tutorial, birds), test its best checkpoint

@@ -1,6 +1,6 @@
 """Build and install Horovod 0.28.1 (its last release) for CPUs against this venv's torch 2.14, with the fixes it needs.
 
-    python -m scripts.build_horovod    # or: make horovod; ~9 min on 2 cores, then cached
+    python -m scripts.build_horovod    # or: make horovod; ~4 min on 2 cores, then cached
 
 Horovod 0.28.1 predates torch 2.1: it compiles with C++14, torch 2.14's headers need C++20 (and its Gloo,
 C++17), so the sdist's CMake files are patched. A CUDA build of torch (PyPI's default) also makes it
