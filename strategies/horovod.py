@@ -68,13 +68,9 @@ class HorovodStrategy(ParallelStrategy):
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
         return {"num_replicas": self.world_size, "rank": self.global_rank}
 
-    @property
-    def handles_gradient_accumulation(self) -> bool:
-        return True  # DistributedOptimizer's backward_passes_per_step
-
     def setup_environment(self) -> None:
-        devices, nodes = len(self.parallel_devices), self.world_size // self.hvd.local_size()
-        if devices != self.hvd.local_size() or devices * nodes != self.world_size:
+        devices = len(self.parallel_devices)
+        if devices != self.hvd.local_size():
             raise LaunchError(
                 f"horovod started {self.world_size} processes, {self.hvd.local_size()} on this node, but the "
                 f"Trainer has devices {devices}: give --trainer.devices {self.hvd.local_size()}"
@@ -96,14 +92,12 @@ class HorovodStrategy(ParallelStrategy):
         for optimizer in optimizers:
             self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         self.optimizers = [
-            self.hvd.DistributedOptimizer(
-                optimizer,
-                named_parameters=self._named_parameters_of(optimizer),
-                backward_passes_per_step=trainer.accumulate_grad_batches,
-            )
+            self.hvd.DistributedOptimizer(optimizer, named_parameters=self._named_parameters_of(optimizer))
             for optimizer in optimizers
         ]
-        # Gradients are synchronized right after backward (post_backward), so the step itself must not again.
+        # Gradients are averaged right after each backward (post_backward), so that gradient clipping sees them
+        # averaged and the step must not average again. Lightning accumulates: averaging is linear, so averaging
+        # after every accumulated backward gives the average of the sum.
         self._synchronize_skipped = ExitStack()
         for optimizer in self.optimizers:
             self._synchronize_skipped.enter_context(optimizer.skip_synchronize())

@@ -144,6 +144,13 @@ def test_horovod_processes_train_as_one_with_one_run_and_one_report(tmp_path, on
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == list(range(EPOCHS))
 
 
+def test_horovod_accumulating_two_batches_of_5_trains_what_one_process_of_20_does(tmp_path, one_process):
+    args = ["--data.init_args.batch_size", "5", "--trainer.accumulate_grad_batches", "2", "--test_after_fit", "false"]
+    result = horovodrun(*penguins(tmp_path, *HOROVOD, "--trainer.devices", "2", *args))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert_same_training(one_process, last_checkpoint(tmp_path))
+
+
 def test_horovod_with_other_devices_than_processes_is_one_line(tmp_path):
     result = horovodrun(*penguins(tmp_path, *HOROVOD, "--trainer.devices", "1"))
     assert result.returncode != 0
