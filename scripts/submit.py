@@ -74,16 +74,22 @@ def build_job(
     if nodes < 1 or processes_per_node < 1:
         raise SubmitError(f"--nodes {nodes} --processes_per_node {processes_per_node}: both must be 1 or more")
     parts = ["python -m scripts.train fit", *(f"--config {path}" for path in configs)]
-    distributed = nodes * processes_per_node > 1
-    if distributed:
+    launch, shape = None, "1 process"
+    if nodes * processes_per_node > 1:
         parts += [f"--config {PRESETS[distribution]}", f"--trainer.devices {processes_per_node}"]
         parts += [f"--trainer.num_nodes {nodes}"]
+        launch = (PyTorchDistribution if distribution == "pytorch" else MpiDistribution)(
+            process_count_per_instance=processes_per_node
+        )
+        shape = f"{nodes} x {processes_per_node} {distribution}"
     job_inputs = {}
     for item in inputs or []:
         option, _, path = item.partition("=")
         if not option or not path or option.startswith("-"):
             raise SubmitError(f"--inputs {item}: give OPTION=PATH, e.g. data.init_args.data_dir=azureml:mnist:1")
         name = option.rsplit(".", 1)[-1]  # data.init_args.data_dir -> ${{inputs.data_dir}}
+        if name in job_inputs:
+            raise SubmitError(f"--inputs {item}: another input also ends in .{name}; give one per name")
         if is_local(path):  # uploaded with the job
             if not Path(path).exists():
                 raise SubmitError(f"--inputs {item}: no such file or folder {path}")
@@ -94,20 +100,13 @@ def build_job(
     if train_args:
         parts.append(train_args)
     tasks = ", ".join(Path(path).stem for path in configs)
-    shape = f"{nodes} x {processes_per_node} {distribution}" if distributed else "1 process"
     return command(
         code=".",
         command=" ".join(parts),
         environment=Environment(image=image, conda_file="environment.yml"),
         compute=compute,
         instance_count=nodes,
-        distribution=(
-            (PyTorchDistribution if distribution == "pytorch" else MpiDistribution)(
-                process_count_per_instance=processes_per_node
-            )
-            if distributed
-            else None
-        ),
+        distribution=launch,
         inputs=job_inputs or None,
         experiment_name=experiment or experiment_of(configs),
         display_name=f"{tasks}: fit, {shape}",

@@ -176,6 +176,10 @@ def test_the_workspace_comes_from_config_json_or_all_three_ids(tmp_path, monkeyp
         (["configs/penguins.yaml", "--compute", "c", "--inputs+", "data_dir"], "--inputs data_dir: give OPTION=PATH"),
         (["configs/penguins.yaml", "--compute", "c", "--presets+", "configs/trainer/horovod.yaml"], "Horovod jobs"),
         (
+            ["configs/penguins.yaml", "--compute", "c", "--inputs", "[data.dir=azureml:a:1, model.dir=azureml:b:1]"],
+            "--inputs model.dir=azureml:b:1: another input also ends in .dir",
+        ),
+        (
             ["configs/penguins.yaml", "--compute", "c", "--inputs+", "x=no/"],
             "--inputs x=no/: no such file or folder no/",
         ),
