@@ -133,16 +133,12 @@ class ClassificationModule(L.LightningModule):
         loss.reset()
         accuracy.reset()
 
-    # Epoch metrics also log "step" (Lightning's reserved key for the logger's step) as the epoch,
-    # so MLflow curves of runs with different batch sizes line up.
+    # Lightning's tracking hands epoch metrics over with their epoch: BufferedMLFlowLogger logs them at step = epoch.
     def on_train_epoch_end(self) -> None:
         self._log_epoch("train")
-        self.log("step", float(self.current_epoch))
 
     def on_validation_epoch_end(self) -> None:
         self._log_epoch("val")
-        if not self.trainer.sanity_checking:
-            self.log("step", float(self.current_epoch))
 
     def on_test_epoch_end(self) -> None:
         self._log_epoch("test")

@@ -28,12 +28,18 @@ class BufferedMLFlowLogger(MLFlowLogger):
     Args:
         flush_every_s: seconds between sends; 0 sends every call, as Lightning's logger does.
             What a crash (not an exception: a kill) can lose, and how stale the MLflow UI may be.
+        epoch_as_step: metrics whose step Lightning picks (it adds their `epoch` then: every
+            `self.log` flush) are logged at step = epoch, so curves of runs with other batch sizes or
+            process counts line up; a metric sent with its own step (ClassificationModule's
+            `train_loss_step`) keeps it. False: Lightning's optimizer step, and `epoch` as a metric.
+            A step-level `self.log(..., on_step=True)` would share its epoch's step: send those directly.
         *args, **kwargs: Lightning's `MLFlowLogger` (experiment_name, tracking_uri, run_id, log_model, ...).
     """
 
-    def __init__(self, *args, flush_every_s: float = 5.0, **kwargs) -> None:
+    def __init__(self, *args, flush_every_s: float = 5.0, epoch_as_step: bool = True, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.flush_every_s = flush_every_s
+        self.epoch_as_step = epoch_as_step
         self._pending: list = []
         self._last_flush = time.monotonic()
 
@@ -41,6 +47,9 @@ class BufferedMLFlowLogger(MLFlowLogger):
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         from mlflow.entities import Metric
 
+        if self.epoch_as_step and "epoch" in metrics:
+            metrics = dict(metrics)
+            step = int(metrics.pop("epoch"))
         timestamp_ms = int(time.time() * 1000)
         for key, value in _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR).items():
             if isinstance(value, str):  # Lightning's logger drops these too; MLflow metrics are numbers

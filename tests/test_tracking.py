@@ -52,6 +52,19 @@ def test_more_than_a_request_holds_goes_out_in_chunks(store, tmp_path):
     assert len(metrics) == 2500 and metrics["m2499"] == 2499.0
 
 
+def test_epoch_metrics_are_logged_at_their_epoch_and_explicit_steps_kept(store, tmp_path):
+    logger = logger_for(store, tmp_path, flush_every_s=0)
+    logger.log_metrics({"val_loss": 0.5, "epoch": 3}, step=48)  # what Lightning's epoch-end flush sends
+    logger.log_metrics({"train_loss_step": 0.75}, step=49)
+    assert history(store, logger, "val_loss") == [(3, 0.5)]
+    assert history(store, logger, "train_loss_step") == [(49, 0.75)]
+    assert history(store, logger, "epoch") == []
+    lightning_steps = logger_for(store, tmp_path, flush_every_s=0, epoch_as_step=False)
+    lightning_steps.log_metrics({"val_loss": 0.5, "epoch": 3}, step=48)
+    assert history(store, lightning_steps, "val_loss") == [(48, 0.5)]
+    assert history(store, lightning_steps, "epoch") == [(48, 3.0)]
+
+
 class FailsInThirdEpoch(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
@@ -63,7 +76,6 @@ class FailsInThirdEpoch(L.LightningModule):
         return self.layer(batch[0]).pow(2).mean()
 
     def on_train_epoch_end(self) -> None:
-        self.log("step", float(self.current_epoch))
         self.log("train_metric", float(self.current_epoch))
 
     def configure_optimizers(self):
