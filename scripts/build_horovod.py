@@ -7,7 +7,8 @@ C++17), so the sdist's CMake files are patched. A CUDA build of torch (PyPI's de
 compile CUDA kernels, which needs the CUDA toolkit: this builds for CPUs (Gloo and MPI controllers, no
 CUDA kernels, no NCCL). A GPU build is not done here yet. Needs cmake, g++ >= 10 and Open MPI's headers
 (apt-get install cmake g++ libopenmpi-dev). The wheel is kept in ~/.cache/lightning-template/ and reused
-while torch and the fixes stay the same.
+while torch and the fixes stay the same. strategies/horovod.Dockerfile runs this file as a plain script in
+Azure ML's image build: it imports nothing of this repository.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ and runs `python -m scripts.train fit --config TASK [--config PRESET ...]` in ev
 hands the job's MLflow run over (MLFLOW_TRACKING_URI, MLFLOW_RUN_ID), so metrics, config and checkpoints
 land in the job; ./outputs is uploaded too. Several processes add configs/trainer/ddp.yaml with
 distribution `pytorch` (Azure ML starts one process per device with torch.distributed's variables) or
-configs/trainer/ddp_mpi.yaml with `mpi` (mpirun), and the devices and nodes to match. The YAML of
+configs/trainer/ddp_mpi.yaml with `mpi` (mpirun), and the devices and nodes to match. A Horovod config
+(configs/trainer/horovod.yaml) runs under `mpi` on the image strategies/horovod.Dockerfile builds. The YAML of
 `--dry_run` also runs as `az ml job create -f`. The workspace is config.json (the studio's "Download
 config file", found here or above) unless --subscription_id, --resource_group and --workspace name it.
 Needs azure-ai-ml (pyproject's `azure` extra, which `make install` installs).
@@ -19,6 +20,7 @@ Needs azure-ai-ml (pyproject's `azure` extra, which `make install` installs).
 from __future__ import annotations
 
 import io
+import shutil
 import sys
 from pathlib import Path
 from typing import Literal
@@ -28,6 +30,8 @@ import yaml
 BASE_IMAGE = "mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04:latest"  # Open MPI for `mpi`; pip's torch brings CUDA
 PRESETS = {"pytorch": "configs/trainer/ddp.yaml", "mpi": "configs/trainer/ddp_mpi.yaml"}
 DEFAULT_EXPERIMENT = "lightning-template"  # scripts.train's default logger's
+HOROVOD_DOCKERFILE = Path("strategies/horovod.Dockerfile")
+HOROVOD_CONTEXT = Path("outputs/horovod-image")  # the Dockerfile and the files it COPYs, what Azure ML builds from
 
 
 class SubmitError(Exception):
@@ -51,6 +55,23 @@ def experiment_of(configs: list[str]) -> str:
     return DEFAULT_EXPERIMENT
 
 
+def horovod_build_context() -> Path:
+    """HOROVOD_CONTEXT, made a Docker build context: HOROVOD_DOCKERFILE (as Dockerfile) and the files of this
+    folder it COPYs, at their paths.
+
+    Azure ML builds an environment again whenever its context changes: with the whole repository as the
+    context, every code change would rebuild the conda environment and Horovod (tens of minutes)."""
+    folder = HOROVOD_CONTEXT
+    shutil.rmtree(folder, ignore_errors=True)
+    for line in HOROVOD_DOCKERFILE.read_text().splitlines():
+        if line.startswith("COPY "):
+            for source in line.split()[1:-1]:
+                (folder / source).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(source, folder / source)
+    shutil.copy(HOROVOD_DOCKERFILE, folder / "Dockerfile")
+    return folder
+
+
 def build_job(
     configs: list[str],
     compute: str,
@@ -64,20 +85,30 @@ def build_job(
 ):
     """The azure.ai.ml command job that runs `scripts.train fit` on `configs`; see `submit` for the arguments."""
     from azure.ai.ml import Input, MpiDistribution, PyTorchDistribution, command
-    from azure.ai.ml.entities import Environment
+    from azure.ai.ml.entities import BuildContext, Environment
 
     for path in configs:
         if Path(path).is_absolute() or not Path(path).is_file():
             raise SubmitError(f"{path}: no such config in this folder; give a path like configs/penguins.yaml")
-    if "horovod" in str(trainer_setting(configs, "strategy")).lower():
-        raise SubmitError("Horovod jobs need an image with Horovod built into it, not made yet; use DDP instead")
     if nodes < 1 or processes_per_node < 1:
         raise SubmitError(f"--nodes {nodes} --processes_per_node {processes_per_node}: both must be 1 or more")
+    several = nodes * processes_per_node > 1
+    environment = Environment(image=image, conda_file="environment.yml")
+    horovod = "horovod" in str(trainer_setting(configs, "strategy")).lower()
+    if horovod:
+        if str(trainer_setting(configs, "accelerator")) in ("gpu", "cuda"):
+            raise SubmitError(f"Horovod's image ({HOROVOD_DOCKERFILE}) is built for CPUs; on GPUs use DDP instead")
+        if several and distribution != "mpi":
+            raise SubmitError("Horovod's processes are started by mpirun: add --distribution mpi")
+        if image != BASE_IMAGE:
+            raise SubmitError(f"--image: Horovod jobs run on the image {HOROVOD_DOCKERFILE} builds; edit its FROM")
+        environment = Environment(build=BuildContext(path=str(horovod_build_context()), dockerfile_path="Dockerfile"))
     parts = ["python -m scripts.train fit", *(f"--config {path}" for path in configs)]
     launch, shape = None, "1 process"
-    if nodes * processes_per_node > 1:
-        parts += [f"--config {PRESETS[distribution]}", f"--trainer.devices {processes_per_node}"]
-        parts += [f"--trainer.num_nodes {nodes}"]
+    if several:
+        if not horovod:  # the configs' Horovod strategy joins mpirun's processes itself
+            parts.append(f"--config {PRESETS[distribution]}")
+        parts += [f"--trainer.devices {processes_per_node}", f"--trainer.num_nodes {nodes}"]
         launch = (PyTorchDistribution if distribution == "pytorch" else MpiDistribution)(
             process_count_per_instance=processes_per_node
         )
@@ -103,7 +134,7 @@ def build_job(
     return command(
         code=".",
         command=" ".join(parts),
-        environment=Environment(image=image, conda_file="environment.yml"),
+        environment=environment,
         compute=compute,
         instance_count=nodes,
         distribution=launch,

@@ -7,7 +7,7 @@ before each step), the initial weights and optimizer state are rank 0's, and Lig
 The learning rate is left as configured: `--model.scale_lr_by_world_size true` scales it, as with DDP.
 
     horovodrun -np 2 python -m scripts.train fit --config configs/penguins.yaml --config configs/trainer/horovod.yaml \\
-        --trainer.accelerator cpu --trainer.devices 2
+        --trainer.devices 2
 """
 
 from __future__ import annotations
@@ -76,6 +76,11 @@ class HorovodStrategy(ParallelStrategy):
                 f"Trainer has devices {devices}: give --trainer.devices {self.hvd.local_size()}"
             )
         if self.root_device.type == "cuda":
+            if not self.hvd.cuda_built():
+                raise LaunchError(
+                    "this Horovod is built for CPUs (no CUDA, no NCCL) but the Trainer runs on GPUs: "
+                    "give --trainer.accelerator cpu, or use DDP (configs/trainer/ddp.yaml) on GPUs"
+                )
             torch.cuda.set_device(self.root_device)
         super().setup_environment()
 

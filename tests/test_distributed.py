@@ -1,5 +1,5 @@
 """Several CPU processes: DDP (gloo) started by Lightning itself, by torchrun and by mpirun, and Horovod under
-horovodrun; each the same command as one process.
+horovodrun and plain mpirun; each the same command as one process.
 
 Two processes with batch 10 each take, step for step, the rows one process takes with batch 20 (rank r gets
 rows r, r+2, ... of the same seeded permutation) and average their gradients: the weights must match.
@@ -11,6 +11,7 @@ import importlib.util
 import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from tests.conftest import run_module
+from tests.conftest import REPO, run_module
 
 pytestmark = pytest.mark.slow
 
@@ -121,7 +122,7 @@ def test_mpirun_with_other_devices_than_processes_is_one_line(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-HOROVOD = ["--config", "configs/trainer/horovod.yaml", "--trainer.accelerator", "cpu"]
+HOROVOD = ["--config", "configs/trainer/horovod.yaml"]
 
 
 def horovodrun(*args: str):
@@ -149,6 +150,32 @@ def test_horovod_accumulating_two_batches_of_5_trains_what_one_process_of_20_doe
     result = horovodrun(*penguins(tmp_path, *HOROVOD, "--trainer.devices", "2", *args))
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert_same_training(one_process, last_checkpoint(tmp_path))
+
+
+def test_horovod_under_plain_mpirun_as_azure_ml_starts_it_trains_as_one(tmp_path, one_process):
+    if importlib.util.find_spec("horovod") is None:
+        pytest.skip("needs Horovod: make horovod (python -m scripts.build_horovod; .ci/run builds it)")
+    args = ["--trainer.devices", "2", "--data.init_args.batch_size", "10", "--test_after_fit", "false"]
+    result = mpirun(*penguins(tmp_path, *HOROVOD, *args))  # Azure ML's `mpi` distribution: mpirun, no horovodrun
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert_same_training(one_process, last_checkpoint(tmp_path))
+
+
+def test_horovod_built_for_cpus_refuses_gpus_in_one_line():
+    if importlib.util.find_spec("horovod") is None:
+        pytest.skip("needs Horovod: make horovod (python -m scripts.build_horovod; .ci/run builds it)")
+    # In a process of its own: hvd.init() starts Horovod's background thread and MPI.
+    code = (
+        "import torch\n"
+        "from strategies.horovod import HorovodStrategy\n"
+        "HorovodStrategy(parallel_devices=[torch.device('cuda', 0)]).setup_environment()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert (
+        "LaunchError: this Horovod is built for CPUs (no CUDA, no NCCL) but the Trainer runs on GPUs: "
+        "give --trainer.accelerator cpu, or use DDP (configs/trainer/ddp.yaml) on GPUs"
+    ) in result.stderr
 
 
 def test_horovod_with_other_devices_than_processes_is_one_line(tmp_path):

@@ -21,6 +21,7 @@ WORKSPACE = (
     "/providers/Microsoft.MachineLearningServices/workspaces/ws"
 )
 STUDIO = "https://ml.azure.com/runs/fake"
+HOROVOD = "configs/trainer/horovod.yaml"
 
 
 @pytest.fixture(autouse=True)
@@ -49,6 +50,45 @@ def test_several_processes_run_ddp_with_devices_and_nodes_that_match_the_job(dis
     )
     assert (job.distribution.type, job.distribution.process_count_per_instance) == (kind, 4)
     assert job.resources.instance_count == 2
+
+
+@pytest.fixture
+def horovod_context(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setattr("scripts.submit.HOROVOD_CONTEXT", tmp_path / "horovod-image")  # not this repo's outputs/
+    return tmp_path / "horovod-image"
+
+
+def test_horovod_runs_under_mpi_on_the_image_its_dockerfile_builds_from_only_the_files_it_copies(horovod_context):
+    job = build_job(["configs/penguins.yaml", "configs/trainer/horovod.yaml"], "cpu", 2, 2, "mpi")
+    assert job.command == (  # no DDP preset: the config's Horovod strategy joins mpirun's processes
+        "python -m scripts.train fit --config configs/penguins.yaml --config configs/trainer/horovod.yaml "
+        "--trainer.devices 2 --trainer.num_nodes 2"
+    )
+    assert (job.distribution.type, job.distribution.process_count_per_instance) == ("mpi", 2)
+    build = job.environment.build
+    assert (Path(build.path), build.dockerfile_path) == (horovod_context, "Dockerfile")
+    sent = sorted(str(path.relative_to(horovod_context)) for path in horovod_context.rglob("*") if path.is_file())
+    # What Azure ML hashes, uploads and builds: a code change elsewhere reuses the image.
+    assert sent == ["Dockerfile", "environment.yml", "scripts/build_horovod.py"]
+    for name, source in [("Dockerfile", "strategies/horovod.Dockerfile"), *((name, name) for name in sent[1:])]:
+        assert (horovod_context / name).read_bytes() == (REPO / source).read_bytes(), name
+    dockerfile = (REPO / "strategies/horovod.Dockerfile").read_text()
+    assert "FROM mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04:latest" in dockerfile  # BASE_IMAGE, with mpirun
+    assert "RUN python /build/scripts/build_horovod.py" in dockerfile  # the build `make horovod` (and CI) runs
+
+
+def test_horovod_dry_run_yaml_reads_back_with_its_build_context(horovod_context, tmp_path, capsys):
+    from azure.ai.ml import load_job
+
+    text = submit("configs/penguins.yaml", "cpu", ["configs/trainer/horovod.yaml"], 1, 4, "mpi", dry_run=True)
+    (tmp_path / "job.yml").write_text(text)
+    loaded = load_job(tmp_path / "job.yml")
+    assert (Path(loaded.environment.build.path), loaded.environment.build.dockerfile_path) == (
+        horovod_context, "Dockerfile"
+    )  # fmt: skip
+    assert (loaded.distribution.type, loaded.distribution.process_count_per_instance) == ("mpi", 4)
+    again = submit("configs/penguins.yaml", "cpu", ["configs/trainer/horovod.yaml"], 1, 4, "mpi", dry_run=True)
+    assert yaml.safe_load(again)["environment"] == yaml.safe_load(text)["environment"]  # same version: one image
 
 
 def test_inputs_are_mounted_and_their_mount_point_given_as_the_option(tmp_path):
@@ -174,7 +214,18 @@ def test_the_workspace_comes_from_config_json_or_all_three_ids(tmp_path, monkeyp
         (["configs/penguins.yaml"], "give the compute cluster to run on: --compute NAME"),
         (["configs/penguins.yaml", "--compute", "c", "--nodes", "0"], "--nodes 0 --processes_per_node 1: both"),
         (["configs/penguins.yaml", "--compute", "c", "--inputs+", "data_dir"], "--inputs data_dir: give OPTION=PATH"),
-        (["configs/penguins.yaml", "--compute", "c", "--presets+", "configs/trainer/horovod.yaml"], "Horovod jobs"),
+        (
+            ["configs/penguins.yaml", "--compute", "c", "--presets", "[configs/trainer/horovod.yaml]", "--nodes", "2"],
+            "Horovod's processes are started by mpirun: add --distribution mpi",
+        ),
+        (
+            ["configs/mnist.yaml", "--compute", "c", "--presets", f"[{HOROVOD}, configs/trainer/gpu.yaml]"],
+            "Horovod's image (strategies/horovod.Dockerfile) is built for CPUs; on GPUs use DDP instead",
+        ),
+        (
+            ["configs/penguins.yaml", "--compute", "c", "--presets+", "configs/trainer/horovod.yaml", "--image", "x"],
+            "--image: Horovod jobs run on the image strategies/horovod.Dockerfile builds; edit its FROM",
+        ),
         (
             ["configs/penguins.yaml", "--compute", "c", "--inputs", "[data.dir=azureml:a:1, model.dir=azureml:b:1]"],
             "--inputs model.dir=azureml:b:1: another input also ends in .dir",
