@@ -1,5 +1,5 @@
 """Several CPU processes: DDP (gloo) started by Lightning itself, by torchrun and by mpirun, and Horovod under
-horovodrun and plain mpirun; each the same command as one process.
+horovodrun and plain mpirun; each the same command as one process. Birds and MNIST: each rank reads its own share.
 
 Two processes with batch 10 each take, step for step, the rows one process takes with batch 20 (rank r gets
 rows r, r+2, ... of the same seeded permutation) and average their gradients: the weights must match.
@@ -204,3 +204,22 @@ def test_birds_dataloaders_are_sharded_by_lightning_under_ddp(tmp_path):
     (run_dir,) = (tmp_path / "outputs").glob("*/*/checkpoints")
     # 16 training images, batch 4, 2 processes: 2 steps an epoch (4 if each process read every image).
     assert torch.load(run_dir / "last.ckpt", weights_only=False)["global_step"] == 2
+
+
+def test_mnist_in_memory_batches_are_sharded_by_rank_under_ddp(tmp_path):
+    """MNIST's batches are slices of tensors (no DataLoader for Lightning to shard): each rank takes its own half."""
+    from tests.test_mnist import SHARED, needs_mnist
+
+    if needs_mnist.args[0]:
+        pytest.skip(needs_mnist.kwargs["reason"])
+    args = [
+        "fit", "--config", "configs/mnist.yaml", *DDP, "--trainer.max_epochs", "1",
+        "--trainer.default_root_dir", str(tmp_path), "--data.init_args.data_dir", str(SHARED),
+        "--trainer.limit_train_batches", "0.05", "--trainer.limit_val_batches", "0.05",
+        "--trainer.limit_test_batches", "0.05",
+    ]  # fmt: skip
+    result = run_module("scripts.train", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(re.findall(r"^test_acc: ", result.stdout, re.M)) == 1
+    # 55,000 training images, batch 128: 215 batches a rank on 2 processes (430 in one); 5% of them is 10 steps.
+    assert last_checkpoint(tmp_path)["global_step"] == 10
