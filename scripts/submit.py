@@ -87,6 +87,8 @@ def build_job(
     from azure.ai.ml import Input, MpiDistribution, PyTorchDistribution, command
     from azure.ai.ml.entities import BuildContext, Environment
 
+    if not Path("environment.yml").is_file():
+        raise SubmitError("environment.yml is not in this folder: run from the repository's root (the job's code)")
     for path in configs:
         if Path(path).is_absolute() or not Path(path).is_file():
             raise SubmitError(f"{path}: no such config in this folder; give a path like configs/penguins.yaml")

@@ -240,3 +240,12 @@ def test_a_bad_argument_is_one_line_and_exit_1(args, line):
     with pytest.raises(SystemExit) as exit:
         main([*args, "--dry_run", "true"])
     assert str(exit.value.code).startswith(f"error: {line}")
+
+
+def test_submitting_from_another_folder_says_where_to_run_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit:
+        main(["configs/penguins.yaml", "--compute", "c", "--dry_run", "true"])
+    assert exit.value.code == (
+        "error: environment.yml is not in this folder: run from the repository's root (the job's code)"
+    )
