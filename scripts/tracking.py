@@ -1,4 +1,5 @@
-"""The MLflow logger the configs name: Lightning's, sending metrics in batches instead of per call.
+"""The MLflow logger the configs name: Lightning's, sending metrics in batches instead of per call, epoch
+metrics at step = epoch.
 
 Lightning's MLFlowLogger makes one `log_batch` call per `log_metrics`: a few of them per epoch.
 Each costs ~7 ms of SQLAlchemy on the local sqlite store (the penguin recipe's whole epoch is
