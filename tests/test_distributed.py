@@ -1,5 +1,6 @@
 """Several CPU processes: DDP (gloo) started by Lightning itself, by torchrun and by mpirun, and Horovod under
-horovodrun and plain mpirun; each the same command as one process. Birds and MNIST: each rank reads its own share.
+horovodrun and plain mpirun, two torchrun "nodes" on loopback; each the same command as one process. Birds and
+MNIST: each rank reads its own share.
 
 Two processes with batch 10 each take, step for step, the rows one process takes with batch 20 (rank r gets
 rows r, r+2, ... of the same seeded permutation) and average their gradients: the weights must match.
@@ -19,7 +20,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from tests.conftest import REPO, run_module
+from tests.conftest import REPO, free_port, run_module
 
 pytestmark = pytest.mark.slow
 
@@ -223,3 +224,34 @@ def test_mnist_in_memory_batches_are_sharded_by_rank_under_ddp(tmp_path):
     assert len(re.findall(r"^test_acc: ", result.stdout, re.M)) == 1
     # 55,000 training images, batch 128: 215 batches a rank on 2 processes (430 in one); 5% of them is 10 steps.
     assert last_checkpoint(tmp_path)["global_step"] == 10
+
+
+def test_two_nodes_under_torchrun_train_as_one_and_only_the_first_node_writes(tmp_path, one_process):
+    """Two torchrun "nodes" on loopback, one process each, each with its own disk (default_root_dir), as in a
+    cluster: the global rank 0 writes checkpoints and the MLflow run, not every node's local rank 0."""
+    port = free_port()
+    nodes = []
+    for node_rank in (0, 1):
+        args = [
+            "--nnodes", "2", "--node_rank", str(node_rank), "--nproc_per_node", "1",
+            "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "scripts.train",
+            *penguins(tmp_path / f"node{node_rank}", *DDP, "--data.init_args.batch_size", "10"),
+            "--trainer.devices", "1", "--trainer.num_nodes", "2",
+        ]  # fmt: skip
+        command = [sys.executable, "-m", "torch.distributed.run", *args]
+        nodes.append(subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    (out0, err0), (out1, err1) = (node.communicate(timeout=600) for node in nodes)
+    assert nodes[0].returncode == nodes[1].returncode == 0, (err0 + err1)[-3000:]
+    assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in err1
+    assert re.findall(r"^test_acc: ", out0 + out1, re.M) == ["test_acc: "]
+    assert_same_training(one_process, last_checkpoint(tmp_path / "node0"))
+    assert list((tmp_path / "node1").glob("*/*/checkpoints/*")) == []
+    client = MlflowClient(f"sqlite:///{tmp_path / 'node0' / 'mlflow.db'}")
+    (experiment,) = [e for e in client.search_experiments() if e.name == "penguins"]
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.data.params["trainer.num_nodes"] == "2"
+    assert not any((tmp_path / "node1").glob("*/*/config.yaml")), "node 1 wrote the run's config"
+    # Every process opens the sqlite store once (under a lock: processes of one node raced to create its tables);
+    # node 1's stays empty.
+    idle = MlflowClient(f"sqlite:///{tmp_path / 'node1' / 'mlflow.db'}")
+    assert idle.search_runs([e.experiment_id for e in idle.search_experiments()]) == []
