@@ -65,6 +65,12 @@ class HorovodStrategy(ParallelStrategy):
         return self.parallel_devices[self.local_rank]
 
     @property
+    def is_distributed(self) -> bool:
+        # What Lightning asks a strategy it does not know before it gives DataLoaders a DistributedSampler and
+        # before `self.log(..., sync_dist=True)` reduces; without it every process read every sample.
+        return True
+
+    @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
         return {"num_replicas": self.world_size, "rank": self.global_rank}
 

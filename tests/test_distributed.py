@@ -255,3 +255,20 @@ def test_two_nodes_under_torchrun_train_as_one_and_only_the_first_node_writes(tm
     # node 1's stays empty.
     idle = MlflowClient(f"sqlite:///{tmp_path / 'node1' / 'mlflow.db'}")
     assert idle.search_runs([e.experiment_id for e in idle.search_experiments()]) == []
+
+
+def test_birds_dataloaders_are_sharded_under_horovod(tmp_path):
+    """Horovod's ranks come from Horovod, not torch.distributed: Lightning's DistributedSampler must still shard."""
+    from tests.test_birds import bird_folders
+
+    data = bird_folders(tmp_path / "data", count=8)
+    args = [
+        "fit", "--config", "configs/birds.yaml", *HOROVOD, "--trainer.devices", "2", "--trainer.max_epochs", "1",
+        "--trainer.default_root_dir", str(tmp_path / "outputs"), "--data.init_args.data_dir", str(data),
+        "--data.init_args.batch_size", "4", "--data.init_args.num_workers", "0",
+    ]  # fmt: skip
+    result = horovodrun(*args)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert len(re.findall(r"test_acc: ", result.stdout)) == 1
+    # 16 training images, batch 4, 2 processes: 2 steps an epoch (4 if each process read every image).
+    assert last_checkpoint(tmp_path / "outputs")["global_step"] == 2
