@@ -1,8 +1,10 @@
 """scripts.submit: the Azure ML job for any config, checked offline by the real azure-ai-ml objects: the job's
-YAML through `load_job`, and a submission through MLClient over a fake HTTP transport (no Azure is reachable)."""
+YAML through `load_job`, and submissions through MLClient over a fake HTTP transport (no Azure is reachable)
+answering as Azure ML's REST API and the workspace's blob storage would."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import re
@@ -21,6 +23,7 @@ WORKSPACE = (
     "/providers/Microsoft.MachineLearningServices/workspaces/ws"
 )
 STUDIO = "https://ml.azure.com/runs/fake"
+BLOB_STORE = "https://account.blob.core.windows.net/container"  # the workspace's default datastore, in the fake
 HOROVOD = "configs/trainer/horovod.yaml"
 
 
@@ -128,34 +131,59 @@ def test_dry_run_prints_yaml_that_load_job_reads_back(tmp_path, capsys):
     assert loaded.environment.image == job.environment.image
 
 
+def http_response(method: str, url: str, status: int, body: bytes = b"", headers: dict | None = None):
+    raw = urllib3.HTTPResponse(body=io.BytesIO(body), status=status, headers=headers or {}, preload_content=False)
+    return requests.adapters.HTTPAdapter().build_response(requests.Request(method, url).prepare(), raw)
+
+
 class FakeAzureML(requests.Session):
-    """Answers the requests MLClient.jobs.create_or_update makes, as Azure ML's REST API would, and keeps them.
-    The code snapshot is one the workspace already has (so nothing goes to blob storage)."""
+    """Answers the requests MLClient.jobs.create_or_update makes, as Azure ML's REST API and the workspace's blob
+    storage would, and keeps them. The code snapshot is one the workspace already has (nothing of the repository
+    goes to storage); files that are uploaded (an environment's build context) are kept in `blobs`."""
 
     def __init__(self) -> None:
         super().__init__()
         self.requests: list[tuple[str, str, dict | None]] = []
+        self.blobs: dict[str, bytes] = {}  # path in the blob container -> content
 
     def request(self, method, url, data=None, **kwargs):
+        if url.startswith(BLOB_STORE):
+            return self.blob_request(method, url, data)
         path = url.split("?")[0].removeprefix("https://management.azure.com")
         sent = json.loads(data) if data else None
         self.requests.append((method, path, sent))
-        code = {"properties": {"codeUri": "https://account.blob.core.windows.net/code/snapshot", "isAnonymous": True}}
+        code = {"properties": {"codeUri": f"{BLOB_STORE}/snapshot", "isAnonymous": True}}
         status, answer = 404, {"error": {"code": "NotFound", "message": "not in this fake"}}
         if method == "GET" and re.search(r"/codes/[^/]+/versions$", path):  # listed by the snapshot's hash
             status, answer = 200, {"value": [{"id": f"{path}/1", "name": "1", **code}]}
         elif method == "GET" and re.search(r"/codes/[^/]+/versions/1$", path):
             status, answer = 200, {"id": path, "name": "1", **code}
+        elif method == "GET" and path.endswith("/datastores/workspaceblobstore"):
+            store = {"datastoreType": "AzureBlob", "accountName": "account", "containerName": "container"}
+            store |= {
+                "endpoint": "core.windows.net",
+                "protocol": "https",
+                "credentials": {"credentialsType": "AccountKey"},
+            }
+            status, answer = 200, {"id": path, "name": "workspaceblobstore", "properties": store}
+        elif method == "POST" and path.endswith("/datastores/workspaceblobstore/listSecrets"):
+            status, answer = 200, {"secretsType": "AccountKey", "key": base64.b64encode(bytes(64)).decode()}
         elif method == "PUT" and re.search(r"/environments/[^/]+/versions/[^/]+$", path):
             status, answer = 201, {"id": path, "name": path.rsplit("/", 1)[1], **sent}
         elif method == "PUT" and re.search(r"/jobs/[^/]+$", path):
             status, answer = 201, {"id": path, "name": path.rsplit("/", 1)[1], **sent}
             answer["properties"] |= {"status": "Starting", "services": {"Studio": {"endpoint": STUDIO}}}
-        body = json.dumps(answer).encode()
-        raw = urllib3.HTTPResponse(
-            body=io.BytesIO(body), status=status, headers={"Content-Type": "application/json"}, preload_content=False
-        )
-        return requests.adapters.HTTPAdapter().build_response(requests.Request(method, url).prepare(), raw)
+        return http_response(method, url, status, json.dumps(answer).encode(), {"Content-Type": "application/json"})
+
+    def blob_request(self, method, url, data):
+        name = url.split("?")[0].removeprefix(f"{BLOB_STORE}/")
+        written = {"ETag": '"0x1"', "Last-Modified": "Mon, 23 Nov 2026 19:00:00 GMT"}
+        if method == "PUT" and "comp=metadata" in url:  # marks an upload complete
+            return http_response(method, url, 200, headers=written)
+        if method == "PUT":
+            self.blobs[name] = data.read() if hasattr(data, "read") else data
+            return http_response(method, url, 201, headers=written)
+        return http_response(method, url, 404, headers={"x-ms-error-code": "BlobNotFound"})  # nothing uploaded before
 
 
 class FakeCredential:
@@ -190,6 +218,37 @@ def test_submit_puts_the_job_with_its_code_environment_and_compute(monkeypatch, 
     assert job["codeId"].startswith(f"{WORKSPACE}/codes/") and job["environmentId"].startswith(f"{WORKSPACE}/env")
     assert (job["experimentName"], job["resources"]["instanceCount"]) == ("penguins", 2)
     assert job["distribution"] == {"distributionType": "Mpi", "processCountPerInstance": 2}
+
+
+def test_a_horovod_submission_uploads_only_its_build_context_and_puts_the_environment_built_from_it(
+    horovod_context, monkeypatch, capsys
+):
+    from azure.ai.ml import MLClient
+
+    azure = FakeAzureML()
+    # The SDK's blob clients open sessions of their own: every session answers from the fake.
+    monkeypatch.setattr(
+        requests.Session, "request", lambda session, method, url, *a, **k: azure.request(method, url, *a, **k)
+    )
+    client = MLClient(FakeCredential(), "00000000-0000-0000-0000-000000000000", "rg", "ws")
+    monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: client)
+    name = submit("configs/penguins.yaml", "cpu-cluster", [HOROVOD], nodes=2, processes_per_node=2, distribution="mpi")
+    assert capsys.readouterr().out.endswith(f"submitted {name}: {STUDIO}\n")
+    uploaded = {blob.split(f"/{horovod_context.name}/", 1)[1]: content for blob, content in azure.blobs.items()}
+    assert uploaded == {
+        "Dockerfile": (REPO / "strategies/horovod.Dockerfile").read_bytes(),
+        "environment.yml": (REPO / "environment.yml").read_bytes(),
+        "scripts/build_horovod.py": (REPO / "scripts/build_horovod.py").read_bytes(),
+    }
+    (environment,) = [sent for method, path, sent in azure.requests if method == "PUT" and "/environments/" in path]
+    build = environment["properties"]["build"]
+    assert build["dockerfilePath"] == "Dockerfile"
+    assert build["contextUri"].startswith(f"{BLOB_STORE}/") and build["contextUri"].endswith(
+        f"/{horovod_context.name}/"
+    )
+    (job,) = [sent for method, path, sent in azure.requests if method == "PUT" and path.endswith(f"/jobs/{name}")]
+    assert job["properties"]["distribution"] == {"distributionType": "Mpi", "processCountPerInstance": 2}
+    assert "--config configs/trainer/horovod.yaml" in job["properties"]["command"]
 
 
 def test_the_workspace_comes_from_config_json_or_all_three_ids(tmp_path, monkeypatch):
