@@ -125,11 +125,16 @@ class HorovodStrategy(ParallelStrategy):
     def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
         if not isinstance(tensor, torch.Tensor):
             return tensor
-        op = self.hvd.Sum if "SUM" in str(reduce_op).upper() else self.hvd.Average  # "sum" or ReduceOp.SUM
+        # Lightning passes "mean", "sum", "max" or "min" (self.log's reduce_fx), or a torch ReduceOp ("RedOpType.SUM").
+        name = str(reduce_op or "mean").rsplit(".", 1)[-1].lower()
+        hvd = self.hvd
+        ops = {"mean": hvd.Average, "avg": hvd.Average, "sum": hvd.Sum, "max": hvd.Max, "min": hvd.Min}
+        if name not in ops:
+            raise ValueError(f"HorovodStrategy.reduce: reduce_op {reduce_op!r} is none of mean, sum, max, min")
         # Horovod fills its output in a background thread, outside the inference mode Lightning validates in,
         # which may not write to tensors made inside it: inputs and outputs are made outside it.
         with torch.inference_mode(False):
-            return self.hvd.allreduce(tensor.clone(), op=op)
+            return hvd.allreduce(tensor.clone(), op=ops[name])
 
     def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
         with torch.inference_mode(False):

@@ -126,12 +126,18 @@ def test_mpirun_with_other_devices_than_processes_is_one_line(tmp_path):
 HOROVOD = ["--config", "configs/trainer/horovod.yaml"]
 
 
-def horovodrun(*args: str):
+def needs_horovod() -> None:
     if importlib.util.find_spec("horovod") is None:
         pytest.skip("needs Horovod: make horovod (python -m scripts.build_horovod; .ci/run builds it)")
+
+
+def horovodrun(*args: str, python: tuple[str, ...] = ("-m", "scripts.train")):
+    """`horovodrun -np 2 python -m scripts.train ARGS` (or `python PYTHON ARGS`) from the repository root."""
+    needs_horovod()
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     launcher = [str(Path(sys.executable).parent / "horovodrun"), "-np", "2", "-H", "localhost:2"]
-    return run_module("scripts.train", *args, env=env, launcher=launcher)
+    command = [*launcher, sys.executable, *python, *args]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
 
 
 def test_horovod_processes_train_as_one_with_one_run_and_one_report(tmp_path, one_process):
@@ -154,8 +160,7 @@ def test_horovod_accumulating_two_batches_of_5_trains_what_one_process_of_20_doe
 
 
 def test_horovod_under_plain_mpirun_as_azure_ml_starts_it_trains_as_one(tmp_path, one_process):
-    if importlib.util.find_spec("horovod") is None:
-        pytest.skip("needs Horovod: make horovod (python -m scripts.build_horovod; .ci/run builds it)")
+    needs_horovod()
     args = ["--trainer.devices", "2", "--data.init_args.batch_size", "10", "--test_after_fit", "false"]
     result = mpirun(*penguins(tmp_path, *HOROVOD, *args))  # Azure ML's `mpi` distribution: mpirun, no horovodrun
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
@@ -163,8 +168,7 @@ def test_horovod_under_plain_mpirun_as_azure_ml_starts_it_trains_as_one(tmp_path
 
 
 def test_horovod_built_for_cpus_refuses_gpus_in_one_line():
-    if importlib.util.find_spec("horovod") is None:
-        pytest.skip("needs Horovod: make horovod (python -m scripts.build_horovod; .ci/run builds it)")
+    needs_horovod()
     # In a process of its own: hvd.init() starts Horovod's background thread and MPI.
     code = (
         "import torch\n"
@@ -177,6 +181,21 @@ def test_horovod_built_for_cpus_refuses_gpus_in_one_line():
         "LaunchError: this Horovod is built for CPUs (no CUDA, no NCCL) but the Trainer runs on GPUs: "
         "give --trainer.accelerator cpu, or use DDP (configs/trainer/ddp.yaml) on GPUs"
     ) in result.stderr
+
+
+def test_horovod_reduces_as_lightning_asks_mean_sum_max_min(tmp_path):
+    """self.log(..., sync_dist=True, reduce_fx=...) and the callbacks' decisions come through strategy.reduce."""
+    code = (
+        "import torch\n"
+        "from strategies.horovod import HorovodStrategy\n"
+        "strategy = HorovodStrategy()\n"
+        "value = torch.tensor([strategy.global_rank + 1.0])  # 1 and 2\n"
+        "ops = ['mean', 'sum', 'max', 'min', torch.distributed.ReduceOp.SUM]\n"
+        "print('reduced', [strategy.reduce(value, reduce_op=op).item() for op in ops])\n"
+    )
+    result = horovodrun(python=("-c", code))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert re.findall(r"reduced \[.*\]", result.stdout) == ["reduced [1.5, 3.0, 2.0, 1.0, 3.0]"] * 2
 
 
 def test_horovod_with_other_devices_than_processes_is_one_line(tmp_path):
