@@ -21,6 +21,7 @@ import torch
 from mlflow import MlflowClient
 
 from tests.conftest import REPO, free_port, run_module
+from tests.test_mnist import SHARED, needs_mnist
 
 pytestmark = pytest.mark.slow
 
@@ -228,12 +229,9 @@ def test_birds_dataloaders_are_sharded_by_lightning_under_ddp(tmp_path):
     assert torch.load(run_dir / "last.ckpt", weights_only=False)["global_step"] == 2
 
 
+@needs_mnist
 def test_mnist_in_memory_batches_are_sharded_by_rank_under_ddp(tmp_path):
     """MNIST's batches are slices of tensors (no DataLoader for Lightning to shard): each rank takes its own half."""
-    from tests.test_mnist import SHARED, needs_mnist
-
-    if needs_mnist.args[0]:
-        pytest.skip(needs_mnist.kwargs["reason"])
     args = [
         "fit", "--config", "configs/mnist.yaml", *DDP, "--trainer.max_epochs", "1",
         "--trainer.default_root_dir", str(tmp_path), "--data.init_args.data_dir", str(SHARED),
