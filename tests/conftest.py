@@ -1,4 +1,5 @@
-"""Shared test fixtures: the repository root, a runner for the real CLI in a subprocess, a loopback HTTP server."""
+"""Shared test fixtures: the repository root, a runner for the real CLI in a subprocess, a loopback HTTP server, one
+real MLflow server per session and, in front of it, one that answers as Azure ML's tracking does."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+import urllib.request
 from functools import partial
 from pathlib import Path
 
@@ -69,3 +72,44 @@ def serve():
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """One real server per test session (it takes 25-55 s to start here), stopped by PID."""
+    folder = tmp_path_factory.mktemp("mlflow-server")
+    port = free_port()
+    command = [
+        str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
+        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+    ]  # fmt: skip
+    log = open(folder / "server.log", "w")  # noqa: SIM115 (open for the whole session, closed below)
+    server = subprocess.Popen(command, cwd=folder, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            pytest.fail(f"mlflow server did not start: {(folder / 'server.log').read_text()[-2000:]}")
+        time.sleep(1)
+    yield url
+    server.terminate()
+    server.wait(timeout=30)
+    log.close()
+
+
+@pytest.fixture(scope="session")
+def azure_tracking(mlflow_server):
+    """The session's MLflow server as Azure ML's tracking answers: what Azure ML's MLflow lacks is 404."""
+    from tests.azure_world import AzureTrackingProxy
+
+    proxy = AzureTrackingProxy(mlflow_server)
+    yield proxy
+    proxy.shutdown()
+    proxy.server_close()

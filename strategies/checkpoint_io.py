@@ -1,0 +1,43 @@
+"""Checkpoints read once, by global rank 0, and sent to every process: nodes share no disk.
+
+Lightning reads a checkpoint in every process (`trainer.test(ckpt_path="best")` after fit, `--ckpt_path` to resume),
+but only global rank 0 writes checkpoints, to its own node's disk: on an Azure ML cluster every other node then stops
+with "Checkpoint file not found". Here rank 0 reads the file and the strategy broadcasts it (torch.distributed or
+Horovod); an error reading it is raised in every process. scripts.train installs it for every Trainer:
+
+    python -m scripts.train test --config configs/penguins.yaml --config configs/trainer/ddp.yaml --ckpt_path best.ckpt
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch.strategies import Strategy
+
+
+class RankZeroCheckpointIO(TorchCheckpointIO):
+    def __init__(self, strategy: Strategy) -> None:
+        super().__init__()
+        self.strategy = strategy
+
+    def load_checkpoint(
+        self,
+        path: str | Path,
+        map_location: Callable | None = lambda storage, loc: storage,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        if self.strategy.world_size == 1:
+            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        loaded: tuple[dict | None, BaseException | None] = (None, None)
+        if self.strategy.is_global_zero:
+            try:  # on the CPU: the broadcast pickles it, and Lightning moves the state to each process's device
+                loaded = (super().load_checkpoint(path, map_location="cpu", weights_only=weights_only), None)
+            except Exception as error:
+                loaded = (None, error)
+        checkpoint, error = self.strategy.broadcast(loaded, src=0)
+        if error is not None:
+            raise error
+        return checkpoint

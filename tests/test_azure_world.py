@@ -1,0 +1,177 @@
+"""Jobs run as Azure ML runs them (tests/azure_world.py): nodes that share no disk, exactly Azure ML's launch
+variables for the `pytorch` and `mpi` distributions, DDP and Horovod, and tracking that lacks what Azure ML's lacks.
+Each job must exit 0 in every process, print `test_acc` once and leave one FINISHED MLflow run: the job's own."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow import MlflowClient
+
+from tests.azure_world import LAUNCH_VARIABLES, node_checkouts, run_job
+
+pytestmark = pytest.mark.slow
+
+EPOCHS = 3
+
+
+def fit(*args: str) -> list[str]:
+    return ["fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", str(EPOCHS), *args]
+
+
+def job_run(azure_tracking, experiment: str) -> tuple[str, dict]:
+    """The run Azure ML creates for a job before it starts, and the variables that hand it to every process."""
+    client = MlflowClient(azure_tracking.url)
+    found = client.get_experiment_by_name(experiment)
+    experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+    run = client.create_run(experiment_id)
+    variables = {
+        "MLFLOW_TRACKING_URI": azure_tracking.url, "MLFLOW_RUN_ID": run.info.run_id,
+        "MLFLOW_EXPERIMENT_ID": experiment_id, "MLFLOW_EXPERIMENT_NAME": experiment,
+    }  # fmt: skip
+    return run.info.run_id, variables
+
+
+def checkpoints(folder: Path) -> list[str]:
+    return sorted(path.name for path in folder.glob("outputs/*/*/checkpoints/*.ckpt"))
+
+
+def assert_one_finished_run(azure_tracking, run_id: str) -> None:
+    client = MlflowClient(azure_tracking.url)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run_id, "val_loss")] == list(range(EPOCHS))
+    assert "test_acc" in run.data.metrics
+    experiment_runs = client.search_runs([run.info.experiment_id])
+    assert [r.info.run_id for r in experiment_runs] == [run_id]  # the job's run, no other
+
+
+@pytest.mark.parametrize(
+    ("distribution", "preset"), [("pytorch", "configs/trainer/ddp.yaml"), ("mpi", "configs/trainer/ddp_mpi.yaml")]
+)
+def test_two_nodes_that_share_no_disk_fit_test_and_track_one_run(tmp_path, azure_tracking, distribution, preset):
+    folders = node_checkouts(tmp_path, 2)
+    run_id, tracking = job_run(azure_tracking, f"two-nodes-{distribution}")
+    args = fit("--config", preset, "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.num_nodes", "2")
+    processes = run_job(folders, distribution, 1, args, tracking)
+    for process in processes:
+        assert process.returncode == 0, f"node {process.node}: {process.stderr[-3000:]}"
+    assert re.findall(r"^test_acc: ", "".join(p.stdout for p in processes), re.M) == ["test_acc: "]
+    assert checkpoints(folders[0]) == ["best.ckpt", "last.ckpt"]  # global rank 0 writes, on its own disk
+    assert checkpoints(folders[1]) == []
+    assert_one_finished_run(azure_tracking, run_id)
+
+
+def test_two_processes_on_each_of_two_nodes_take_their_ranks_from_azure_variables(tmp_path, azure_tracking):
+    folders = node_checkouts(tmp_path, 2)
+    run_id, tracking = job_run(azure_tracking, "two-by-two")
+    args = fit("--config", "configs/trainer/ddp.yaml", "--trainer.accelerator", "cpu", "--trainer.devices", "2",
+               "--trainer.num_nodes", "2", "--data.init_args.batch_size", "5")  # fmt: skip
+    processes = run_job(folders, "pytorch", 2, args, tracking)
+    for process in processes:
+        assert process.returncode == 0, f"node {process.node}: {process.stderr[-3000:]}"
+    stderr = "".join(p.stderr for p in processes)
+    for rank in range(4):
+        assert f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/4" in stderr
+    assert checkpoints(folders[1]) == []
+    last = torch.load(next(folders[0].glob("outputs/*/*/checkpoints/last.ckpt")), weights_only=False)
+    assert last["global_step"] == 12 * EPOCHS  # 240 rows, 4 processes of batch 5: 12 steps an epoch
+    assert_one_finished_run(azure_tracking, run_id)
+
+
+def test_devices_that_disagree_with_the_processes_azure_started_is_one_line(tmp_path):
+    folders = node_checkouts(tmp_path, 1)
+    args = fit("--config", "configs/trainer/ddp.yaml", "--trainer.accelerator", "cpu", "--trainer.devices", "1")
+    processes = run_job(folders, "pytorch", 2, args)
+    for process in processes:
+        assert process.returncode == 1
+        assert process.stderr.strip().splitlines()[-1] == (
+            "error: the launcher started 2 processes (WORLD_SIZE), but the Trainer has devices 1 x num_nodes 1: "
+            "give --trainer.devices 2 --trainer.num_nodes 1 (devices: processes per node)"
+        )
+        assert "Traceback" not in process.stderr
+
+
+def test_horovod_under_mpirun_with_a_folder_per_process_fits_tests_and_tracks_one_run(tmp_path, azure_tracking):
+    """Azure ML's `mpi` distribution starts Horovod with mpirun; each process here runs in a folder of its own (one
+    host, so Horovod sees one node of 2: Open MPI cannot make loopback two hosts)."""
+    if shutil.which("mpirun") is None or importlib.util.find_spec("horovod") is None:
+        pytest.skip("needs Open MPI's mpirun and Horovod (make horovod; .ci/run installs both)")
+    folders = node_checkouts(tmp_path, 2)
+    run_id, tracking = job_run(azure_tracking, "horovod-folders")
+    args = fit("--config", "configs/trainer/horovod.yaml", "--trainer.devices", "2")
+    env = {key: value for key, value in os.environ.items() if not LAUNCH_VARIABLES.match(key)}
+    env |= tracking | {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    command = ["mpirun", "--oversubscribe"]
+    for i, folder in enumerate(folders):
+        command += [*([":"] if i else []), "-np", "1", "-wdir", str(folder), sys.executable, "-m", "scripts.train"]
+        command += args
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert len(re.findall(r"test_acc: ", result.stdout)) == 1
+    assert checkpoints(folders[0]) == ["best.ckpt", "last.ckpt"] and checkpoints(folders[1]) == []
+    assert_one_finished_run(azure_tracking, run_id)
+
+
+def test_register_model_against_azure_like_tracking_loads_back_and_predicts_as_the_checkpoint(tmp_path, azure_tracking):
+    import mlflow
+
+    from datamodules.penguins import PenguinDataModule
+    from lightning_modules.classifier import ClassificationModule
+
+    (folder,) = node_checkouts(tmp_path, 1)
+    run_id, tracking = job_run(azure_tracking, "register")
+    name = f"penguins-azure-{run_id[:8]}"
+    refused_before = len(azure_tracking.refused)
+    (process,) = run_job([folder], "pytorch", 1, fit("--register_model", name), tracking)
+    assert process.returncode == 0, process.stderr[-3000:]
+    assert f"registered model: {name} version 1" in process.stdout
+    assert "Traceback" not in process.stderr
+    assert azure_tracking.refused[refused_before:] == []  # nothing asked of what Azure ML lacks
+    assert_one_finished_run(azure_tracking, run_id)
+
+    client = MlflowClient(azure_tracking.url)
+    (version,) = client.search_model_versions(f"name = '{name}'")
+    assert version.run_id == run_id
+    mlflow.set_tracking_uri(azure_tracking.url)
+    try:
+        program = mlflow.pytorch.load_model(f"models:/{name}/1")
+        registered = mlflow.pyfunc.load_model(f"models:/{name}/1")
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert registered.metadata.metadata["class_names"] == PenguinDataModule.class_names
+    data = PenguinDataModule()
+    data.setup("test")
+    inputs = data.splits["test"][0][:13]
+    (best,) = folder.glob("outputs/*/*/checkpoints/best.ckpt")
+    network = ClassificationModule.load_from_checkpoint(best, map_location="cpu").network.eval()
+    with torch.no_grad():
+        assert torch.allclose(program(inputs), network(inputs), atol=1e-6)
+
+
+def test_two_nodes_resume_from_a_checkpoint_only_the_first_node_has(tmp_path):
+    """A job started again (preempted, or a longer run) with the last.ckpt of global rank 0's disk: node 1 never had
+    it, yet every process must start from it."""
+    folders = node_checkouts(tmp_path, 2)
+    ddp = ["--config", "configs/trainer/ddp.yaml", "--trainer.accelerator", "cpu", "--trainer.devices", "1"]
+    ddp += ["--trainer.num_nodes", "2", "--test_after_fit", "false"]
+    first = run_job(folders, "pytorch", 1, fit(*ddp, "--trainer.max_epochs", "2"))
+    assert [p.returncode for p in first] == [0, 0], first[1].stderr[-3000:]
+    (last,) = folders[0].glob("outputs/*/*/checkpoints/last.ckpt")
+    relative = str(last.relative_to(folders[0]))  # the same option in every process, as a job's command line is
+    assert not (folders[1] / relative).exists()
+    again = run_job(folders, "pytorch", 1, fit(*ddp, "--ckpt_path", relative))
+    for process in again:
+        assert process.returncode == 0, f"node {process.node}: {process.stderr[-3000:]}"
+    resumed = max(folders[0].glob("outputs/*/*/checkpoints/last.ckpt"), key=lambda path: path.stat().st_mtime)
+    assert resumed != last
+    # 240 rows over 2 processes of batch 20: 6 steps an epoch; 2 epochs read back, 1 more trained
+    assert torch.load(resumed, weights_only=False)["global_step"] == 6 * EPOCHS

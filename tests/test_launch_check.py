@@ -1,0 +1,37 @@
+"""strategies.launch_check: processes a launcher started against the Trainer's devices x num_nodes."""
+
+from __future__ import annotations
+
+import pytest
+
+from strategies.launch_check import check_launch
+from strategies.mpi_environment import LaunchError
+
+
+@pytest.mark.parametrize(
+    ("environ", "devices", "nodes"),
+    [
+        ({}, 4, 2),  # nothing launched: Lightning starts the processes itself
+        ({"WORLD_SIZE": "8", "NODE_RANK": "1", "RANK": "5", "LOCAL_RANK": "1"}, 4, 2),  # Azure ML's pytorch, 2 x 4
+        ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}, 2, 2),  # torchrun on 2 nodes
+        ({"WORLD_SIZE": "2", "OMPI_COMM_WORLD_SIZE": "2"}, 1, 1),  # mpirun: MPIEnvironment checks
+    ],
+)
+def test_launches_that_match_pass(environ, devices, nodes):
+    check_launch(devices, nodes, environ)
+
+
+@pytest.mark.parametrize(
+    ("environ", "devices", "nodes", "give"),
+    [
+        ({"WORLD_SIZE": "8", "NODE_RANK": "0"}, 2, 2, "--trainer.devices 4 --trainer.num_nodes 2"),
+        ({"WORLD_SIZE": "2", "LOCAL_RANK": "0"}, 1, 1, "--trainer.devices 2 --trainer.num_nodes 1"),
+        ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}, 4, 1, "--trainer.devices 2 --trainer.num_nodes 2"),
+        ({"WORLD_SIZE": "6"}, 1, 4, "--trainer.devices 6 --trainer.num_nodes 1"),
+    ],
+)
+def test_launches_that_disagree_name_the_devices_and_nodes_to_give(environ, devices, nodes, give):
+    with pytest.raises(LaunchError) as error:
+        check_launch(devices, nodes, environ)
+    assert str(error.value).startswith(f"the launcher started {environ['WORLD_SIZE']} processes (WORLD_SIZE)")
+    assert f"give {give} (devices: processes per node)" in str(error.value)
