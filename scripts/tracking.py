@@ -12,9 +12,11 @@ or is interrupted: Lightning calls `finalize` then), 1,000 per request, MLflow's
 
 from __future__ import annotations
 
+import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import torch
 from lightning.fabric.utilities.logger import _add_prefix
@@ -76,32 +78,57 @@ class BufferedMLFlowLogger(MLFlowLogger):
         super().finalize(status)
 
 
+def credentials_out_of_uri(uri: str, environ: MutableMapping[str, str] = os.environ) -> str:
+    """`uri` without the user and password it may hold (`http://user:pass@host`); they move to
+    MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, MLflow's own way to send them, so that the server still gets
+    them and no parameter, config.yaml, artifact or log line does (MLflow prints a run's URL when it ends)."""
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https") or "@" not in parts.netloc:
+        return uri
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    environ["MLFLOW_TRACKING_USERNAME"] = unquote(user)
+    if password:
+        environ["MLFLOW_TRACKING_PASSWORD"] = unquote(password)
+    return urlunsplit(parts._replace(netloc=host))
+
+
 def register_model(
     tracking_uri: str, run_id: str, network: torch.nn.Module, example: torch.Tensor, class_names: list[str], name: str
 ) -> str:
-    """Logs `network` as the run's MLflow model and registers it as a new version of `name`; returns the version.
+    """Saves `network` as an MLflow model in the run's artifacts (`model/`) and registers it as a new version of
+    `name`; returns the version.
 
     The model is torch.export's program (MLflow's pt2 format): it loads with torch alone, without this repository's
-    code, and takes any batch size; its metadata holds the class names, index i for logit i. Inside Azure ML the
-    registry is the workspace's.
+    code, and takes any batch size; its metadata holds the class names, index i for logit i. It is saved locally and
+    uploaded as plain artifacts, not with `log_model`: MLflow 3's `log_model` creates a "logged model" through REST
+    routes that Azure ML's tracking does not serve (404). Inside Azure ML the registry is the workspace's.
 
         python -m scripts.train fit --config configs/penguins.yaml --register_model penguins-classifier
     """
+    import tempfile
+
     import mlflow
+    from mlflow import MlflowClient
     from mlflow.models import infer_signature
 
     network, example = network.eval().cpu(), example[:8].cpu()
     with torch.no_grad():
         logits = network(example)
-    mlflow.set_tracking_uri(tracking_uri)
-    with mlflow.start_run(run_id=run_id):  # the finished run of this fit, reopened for the model
-        info = mlflow.pytorch.log_model(
+    client = MlflowClient(tracking_uri)
+    with tempfile.TemporaryDirectory() as folder:
+        mlflow.pytorch.save_model(
             network,
-            name="model",
-            registered_model_name=name,
+            f"{folder}/model",
             signature=infer_signature(example.numpy(), logits.numpy()),
             input_example=example.numpy(),
             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],  # what loading a pt2 program needs
             metadata={"class_names": list(class_names)},
         )
-    return str(info.registered_model_version)
+        client.log_artifacts(run_id, f"{folder}/model", "model")
+    mlflow.set_tracking_uri(tracking_uri)  # register_model's client, and the registry's, follow it
+    try:
+        version = mlflow.register_model(f"runs:/{run_id}/model", name)
+    finally:
+        mlflow.set_tracking_uri(None)
+    return str(version.version)
