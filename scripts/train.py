@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import warnings
@@ -22,6 +23,7 @@ from urllib.parse import urlparse
 import lightning as L
 import torch
 from jsonargparse import ArgumentError
+from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -33,7 +35,9 @@ from lightning_modules.classifier import ClassificationModule
 from lightning_modules.throughput import EpochThroughput
 from lightning_modules.transfer_net import WeightsError
 from scripts.export import test_inputs
-from scripts.tracking import register_model
+from scripts.tracking import credentials_out_of_uri, register_model
+from strategies.checkpoint_io import RankZeroCheckpointIO
+from strategies.launch_check import check_launch
 from strategies.mpi_environment import LaunchError
 
 OUTPUTS = Path("outputs")  # Azure ML uploads ./outputs of every job
@@ -63,6 +67,8 @@ class TrackConfig(SaveConfigCallback):
     """Writes the resolved config beside the checkpoints and logs it (file and parameters) to MLflow."""
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "predict":  # no run to file it under: it would overwrite outputs/config.yaml
+            return
         text = self.parser.dump(self.config, skip_none=False)
         path = run_dir(trainer) / "config.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -105,6 +111,9 @@ class TemplateCLI(LightningCLI):
             # The checkpoint holds every weight: fetching or reading ImageNet's first would be wasted
             # (and fail offline, on a machine whose torch.hub cache lacks them).
             network_args.weights, network_args.weights_path, network_args.weights_url = "none", None, None
+        if self.subcommand == "predict":
+            # Its output is a CSV on stdout (`predict > out.csv`): no progress bar there. It records nothing: no run.
+            config.trainer.enable_progress_bar, config.trainer.logger = False, False
         logger = config.trainer.logger
         if getattr(logger, "class_path", None) not in MLFLOW_LOGGERS:
             return
@@ -112,6 +121,10 @@ class TemplateCLI(LightningCLI):
         args = logger.init_args
         if args.tracking_uri is None:
             args.tracking_uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if args.tracking_uri is not None:
+            args.tracking_uri = credentials_out_of_uri(args.tracking_uri)
+            if "MLFLOW_TRACKING_URI" in os.environ:  # what MLflow itself and processes started from this one read
+                os.environ["MLFLOW_TRACKING_URI"] = credentials_out_of_uri(os.environ["MLFLOW_TRACKING_URI"])
         if args.tracking_uri is None:
             outputs = Path(config.trainer.default_root_dir or OUTPUTS)
             outputs.mkdir(parents=True, exist_ok=True)
@@ -128,6 +141,13 @@ class TemplateCLI(LightningCLI):
             # queue them instead (penguins on a loopback server: 37 s -> 25 s); ending the run drains
             # the queue. Local sqlite stays synchronous: there the queue's threads only add GIL contention.
             args.synchronous = False
+
+    def instantiate_trainer(self, **kwargs) -> L.Trainer:
+        trainer = super().instantiate_trainer(**kwargs)
+        check_launch(trainer.num_devices, trainer.num_nodes)
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # a user's own plugin is left alone
+            trainer.strategy.checkpoint_io = RankZeroCheckpointIO(trainer.strategy)
+        return trainer
 
     def before_fit(self) -> None:
         checkpoint = self.trainer.checkpoint_callback
@@ -212,13 +232,41 @@ def cli_main(args: list[str] | None = None, cli_class: type[TemplateCLI] = Templ
     )
 
 
-def config_error_line(error: ArgumentError) -> str:
-    """jsonargparse explains a bad nested option over many lines: keep the key, the class and the complaint."""
-    lines = [line.strip(" -") for line in str(error).splitlines() if line.strip(" -")]
-    for i, line in enumerate(lines[:-1]):
-        if line.startswith("Problem with given class_path"):
-            return f"{lines[0]} {line.removeprefix('Problem with given ')} {lines[i + 1]}"
+def config_error_line(error: ArgumentError, args: list[str]) -> str:
+    """jsonargparse explains a bad option over many lines; this keeps the culprit, what was given and what fits."""
+    text = str(error)
+    if text.startswith("Problems parsing config"):  # a YAML syntax error, in one of the --config files
+        return yaml_error_line(args) or text.splitlines()[0]
+    lines = [line.strip(" -") for line in text.splitlines() if line.strip(" -")]
+    keys = re.findall(r'Parser key "([^"]+)"', text)
+    given = re.search(r"(?:Given value|Got value): (.*?)(?:\. Got value: |\n|$)", text)
+    if keys and given:
+        # A class's own option (data: a datamodule's, model.optimizer: the optimizer's) is reported by its own name.
+        key = f"{keys[0]}.init_args.{'.'.join(keys[1:])}" if len(keys) > 1 else keys[0]
+        expected = sorted({name for name in re.findall(r"Expected a <class '([\w.]+)'>", text) if name != "NoneType"})
+        wanted = f"; give {' or '.join(expected)}" if expected else ""
+        return f"{key}: {given.group(1).strip()!r} is not a valid value{wanted}"
+    if "unrecognized arguments" in text or "does not accept" in text:
+        return f"{lines[0]} (check the name against --print_config)"
     return lines[0]
+
+
+def yaml_error_line(args: list[str]) -> str | None:
+    """The first --config file that is not valid YAML, with the line and column of the mistake."""
+    import yaml
+
+    paths = [value for option, value in zip(args, args[1:]) if option == "--config"]
+    paths += [arg.split("=", 1)[1] for arg in args if arg.startswith("--config=")]
+    for path in paths:
+        try:
+            yaml.safe_load(Path(path).read_text())
+        except OSError:
+            continue
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            return f"{path}{where}: not valid YAML ({getattr(error, 'problem', None) or error}); fix the file there"
+    return None
 
 
 def main(args: list[str] | None = None) -> None:
@@ -230,7 +278,7 @@ def main(args: list[str] | None = None) -> None:
         # finished to a shell or a scheduler. 143 (128 + SIGTERM) is what dying of the signal reports.
         sys.exit(128 + signal.SIGTERM)
     except ArgumentError as error:
-        sys.exit(f"error: {config_error_line(error)} (check the name against --print_config)")
+        sys.exit(f"error: {config_error_line(error, sys.argv[1:] if args is None else args)}")
     except Exception as error:
         # jsonargparse wraps what a class raises while it is built: look for ours in the chain.
         cause: BaseException | None = error

@@ -89,10 +89,11 @@ def test_predict_prints_one_species_per_row(fitted, train_cli, tmp_path):
     )
     result = train_cli("predict", "--config", "configs/penguins.yaml", "--ckpt_path", best, "--data.predict_path", new)
     assert result.returncode == 0, result.stderr[-2000:]
-    rows = result.stdout.strip().splitlines()[-3:]
-    assert rows[0] == "input,class,probability"
+    rows = result.stdout.splitlines()  # stdout is the CSV alone (`predict > out.csv`): no progress bar, no run URL
+    assert rows[0] == "input,class,probability" and len(rows) == 3
     assert [r.split(",")[0] for r in rows[1:]] == ["line 2", "line 4"]  # line 3 has no measurements
     assert all(r.split(",")[1] in ("Adelie", "Gentoo", "Chinstrap") for r in rows[1:])
+    assert not (tmp_path / "outputs").exists()  # predict records nothing: no MLflow run, no config.yaml
 
 
 def test_the_course_example_penguin_is_a_gentoo(fitted, train_cli):

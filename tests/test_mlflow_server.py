@@ -5,45 +5,13 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
 
-from tests.conftest import REPO, free_port, run_module
-
-
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
-    """One real server per test session (it takes 25-55 s to start here), stopped by PID."""
-    folder = tmp_path_factory.mktemp("mlflow-server")
-    port = free_port()
-    command = [
-        str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
-        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-    ]  # fmt: skip
-    log = open(folder / "server.log", "w")  # noqa: SIM115 (open for the whole session, closed below)
-    server = subprocess.Popen(command, cwd=folder, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                if response.status == 200:
-                    break
-        except OSError:
-            pass
-        if server.poll() is not None or time.monotonic() > deadline:
-            server.kill()
-            pytest.fail(f"mlflow server did not start: {(folder / 'server.log').read_text()[-2000:]}")
-        time.sleep(1)
-    yield url
-    server.terminate()
-    server.wait(timeout=30)
-    log.close()
+from tests.conftest import REPO, run_module
 
 
 @pytest.mark.slow
@@ -83,3 +51,27 @@ def test_plot_of_the_newest_local_run(train_cli, tmp_path):
 def test_make_mlflow_ui_serves_on_loopback_only():
     dry = subprocess.run(["make", "-n", "mlflow-ui"], cwd=REPO, capture_output=True, text=True)
     assert "mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db --host 127.0.0.1" in dry.stdout
+
+
+@pytest.mark.slow
+def test_a_password_in_the_tracking_uri_reaches_the_server_and_nothing_a_run_writes(
+    azure_tracking, train_cli, tmp_path
+):
+    import base64
+
+    secret = "s3cret-Pa55"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": azure_tracking.url.replace("://", f"://alice:{secret}@")}
+    env.pop("MLFLOW_RUN_ID", None)
+    args = ["--trainer.max_epochs", 2, "--trainer.logger.init_args.experiment_name", "credentials"]
+    result = train_cli("fit", "--config", "configs/penguins.yaml", *args, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"Basic {base64.b64encode(f'alice:{secret}'.encode()).decode()}" in azure_tracking.authorizations
+    assert secret not in result.stdout + result.stderr
+    written = [path for path in (tmp_path / "outputs").rglob("*") if path.is_file()]
+    assert written and not [path for path in written if secret.encode() in path.read_bytes()]
+    client = MlflowClient(azure_tracking.url)
+    (run,) = client.search_runs([client.get_experiment_by_name("credentials").experiment_id])
+    assert run.data.params["trainer.logger.init_args.tracking_uri"] == azure_tracking.url
+    assert secret not in repr(run.data.params) + repr(run.data.tags)
+    artifacts = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / "artifacts")))
+    assert not [path for path in artifacts.rglob("*") if path.is_file() and secret.encode() in path.read_bytes()]
