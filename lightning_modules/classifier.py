@@ -22,6 +22,10 @@ from torchmetrics.classification import MulticlassAccuracy
 from lightning_modules.schedules import warmup_poly_factor
 
 
+class OptimizerError(ValueError):
+    """The configured optimizer refused its arguments; the message names them."""
+
+
 class ClassificationModule(L.LightningModule):
     """
     Args:
@@ -145,7 +149,10 @@ class ClassificationModule(L.LightningModule):
 
     def configure_optimizers(self):
         trainable = [p for p in self.parameters() if p.requires_grad]  # frozen backbones stay out
-        optimizer = self.optimizer_factory(trainable)
+        try:
+            optimizer = self.optimizer_factory(trainable)
+        except (ValueError, TypeError) as error:  # torch.optim's own checks, e.g. "Invalid learning rate: -0.1"
+            raise OptimizerError(f"model.optimizer: {error}; correct its init_args (see --print_config)") from None
         if self.hparams.scale_lr_by_world_size:
             for group in optimizer.param_groups:
                 group["lr"] *= self.trainer.world_size

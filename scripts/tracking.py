@@ -1,5 +1,6 @@
 """The MLflow logger the configs name: Lightning's, sending metrics in batches instead of per call, epoch
-metrics at step = epoch.
+metrics at step = epoch, and keeping the store to runs that measured something; the checks of a tracking URI
+before a run starts; model registration.
 
 Lightning's MLFlowLogger makes one `log_batch` call per `log_metrics`: a few of them per epoch.
 Each costs ~7 ms of SQLAlchemy on the local sqlite store (the penguin recipe's whole epoch is
@@ -12,18 +13,27 @@ or is interrupted: Lightning calls `finalize` then), 1,000 per request, MLflow's
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import socket
 import time
 from collections.abc import Mapping, MutableMapping
+from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import torch
 from lightning.fabric.utilities.logger import _add_prefix
 from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 MAX_METRICS_PER_REQUEST = 1000  # MLflow's log_batch limit
+HOST_TAG, PID_TAG = "template.host", "template.pid"  # the process a run of ours belongs to, for finding killed ones
+
+
+class TrackingError(Exception):
+    """A tracking URI that cannot work (a file store, a server that does not answer); the message says what to do."""
 
 
 class BufferedMLFlowLogger(MLFlowLogger):
@@ -37,10 +47,20 @@ class BufferedMLFlowLogger(MLFlowLogger):
             `train_loss_step`) keeps it. False: Lightning's optimizer step, and `epoch` as a metric.
             A step-level `self.log(..., on_step=True)` would share its epoch's step: send those directly.
         *args, **kwargs: Lightning's `MLFlowLogger` (experiment_name, tracking_uri, run_id, log_model, ...).
+
+    Runs it creates carry the host and process id as tags. When it creates a run, runs of this experiment still
+    RUNNING whose process on this host is gone (killed with SIGKILL, a lost machine) are ended as KILLED. A run it
+    created that fails before any metric was measured (a bad option met at set-up, a crash in the first step) is
+    deleted: the store keeps runs that trained or evaluated. A run handed over (`run_id`, Azure ML's job run) is never
+    deleted.
     """
 
     def __init__(self, *args, flush_every_s: float = 5.0, epoch_as_step: bool = True, **kwargs) -> None:
+        self._given_run_id = kwargs.get("run_id")
+        kwargs["tags"] = {**(kwargs.get("tags") or {}), HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
         super().__init__(*args, **kwargs)
+        self.measured = False  # any metric logged: a run worth keeping
+        self.started = False  # its run exists: created here or handed over
         self.flush_every_s = flush_every_s
         self.epoch_as_step = epoch_as_step
         self._pending: list = []
@@ -59,6 +79,7 @@ class BufferedMLFlowLogger(MLFlowLogger):
                 continue
             key = re.sub("[^a-zA-Z0-9_/. -]+", "", key)  # the characters MLflow accepts, as Lightning does
             self._pending.append(Metric(key=key, value=float(value), timestamp=timestamp_ms, step=step or 0))
+            self.measured = True
         if len(self._pending) >= MAX_METRICS_PER_REQUEST or time.monotonic() - self._last_flush >= self.flush_every_s:
             self.flush()
 
@@ -71,11 +92,79 @@ class BufferedMLFlowLogger(MLFlowLogger):
             self.experiment.log_batch(run_id=self.run_id, metrics=chunk, **self._log_batch_kwargs)
         self._last_flush = time.monotonic()
 
+    @property
+    @rank_zero_experiment
+    def experiment(self):
+        client = super().experiment
+        if not self.started:
+            self.started = True
+            if self._given_run_id is None:
+                self.end_killed_runs(client)
+        return client
+
+    def end_killed_runs(self, client) -> None:
+        """Ends as KILLED the runs of this experiment left RUNNING by a process of this host that is gone."""
+        host = socket.gethostname().replace("'", "")
+        running = client.search_runs(
+            [self.experiment_id], f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{host}'", max_results=100
+        )
+        for run in running:
+            pid = run.data.tags.get(PID_TAG, "")
+            if run.info.run_id != self.run_id and pid.isdigit() and not process_alive(int(pid)):
+                client.set_terminated(run.info.run_id, "KILLED")
+
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:
         if self._initialized:
             self.flush()
         super().finalize(status)
+        if status == "failed" and self._initialized and not self.measured and self._given_run_id is None:
+            from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+            artifact_uri = self.experiment.get_run(self.run_id).info.artifact_uri
+            get_artifact_repository(artifact_uri).delete_artifacts()
+            if artifact_uri.startswith("file:"):  # the run's own folder in a local artifact store
+                with contextlib.suppress(OSError):
+                    Path(urlsplit(artifact_uri).path).parent.rmdir()
+            self.experiment.delete_run(self.run_id)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def check_tracking_uri(uri: str, source: str, timeout_s: float = 5.0) -> None:
+    """Raises TrackingError when `uri` (named by `source`, e.g. MLFLOW_TRACKING_URI) cannot track this run: a plain-file
+    store, or a server that does not answer within `timeout_s` (MLflow itself would retry for minutes)."""
+    import urllib.error
+    import urllib.request
+
+    scheme = urlsplit(uri).scheme
+    if scheme in ("file", "") or (len(scheme) == 1 and uri[1:3] in (":\\", ":/")):  # file:, a path, C:\...
+        raise TrackingError(
+            f"{source} {uri}: a plain-file MLflow store (in maintenance mode in MLflow 3, and it cannot hold this "
+            "config's parameters); use sqlite:///path/to/mlflow.db, a server's http:// URL, or unset it for "
+            "outputs/mlflow.db"
+        )
+    if scheme not in ("http", "https"):
+        return  # sqlite, azureml (Azure ML's own plugin), databricks: their clients say what is wrong
+    request = urllib.request.Request(f"{uri.rstrip('/')}/api/2.0/mlflow/experiments/get-by-name?experiment_name=_")
+    try:
+        urllib.request.urlopen(request, timeout=timeout_s).close()
+    except urllib.error.HTTPError:
+        return  # it answered (401, 404...): the server is there; MLflow reports what it says
+    except (OSError, ValueError) as error:
+        reason = getattr(error, "reason", error)
+        raise TrackingError(
+            f"{source} {uri}: the tracking server does not answer ({reason}); start it, correct the URI, or unset "
+            "MLFLOW_TRACKING_URI to track to outputs/mlflow.db"
+        ) from None
 
 
 def credentials_out_of_uri(uri: str, environ: MutableMapping[str, str] = os.environ) -> str:

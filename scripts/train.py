@@ -12,10 +12,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
+import time
 import warnings
 from pathlib import Path
 from urllib.parse import urlparse
@@ -24,6 +28,7 @@ import lightning as L
 import torch
 from jsonargparse import ArgumentError
 from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -31,12 +36,18 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from datamodules.errors import DataError
 from lightning_modules.checkpoint import BestAndLastCheckpoint
-from lightning_modules.classifier import ClassificationModule
+from lightning_modules.classifier import ClassificationModule, OptimizerError
 from lightning_modules.throughput import EpochThroughput
 from lightning_modules.transfer_net import WeightsError
 from scripts.export import test_inputs
-from scripts.tracking import credentials_out_of_uri, register_model
-from strategies.checkpoint_io import RankZeroCheckpointIO
+from scripts.tracking import (
+    BufferedMLFlowLogger,
+    TrackingError,
+    check_tracking_uri,
+    credentials_out_of_uri,
+    register_model,
+)
+from strategies.checkpoint_io import CheckpointError, RankZeroCheckpointIO, check_checkpoint_file
 from strategies.launch_check import check_launch
 from strategies.mpi_environment import LaunchError
 
@@ -81,6 +92,17 @@ class TrackConfig(SaveConfigCallback):
             trainer.logger.log_hyperparams(params)
             trainer.logger.experiment.log_artifact(trainer.logger.run_id, str(path))
 
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        # A run that failed before measuring anything leaves no folder (its logger deletes its MLflow run).
+        logger = trainer.logger
+        if not (isinstance(logger, BufferedMLFlowLogger) and trainer.is_global_zero and logger.started):
+            return
+        folder = run_dir(trainer)
+        if not logger.measured and not any(folder.glob("checkpoints/*")):
+            shutil.rmtree(folder, ignore_errors=True)
+            with contextlib.suppress(OSError):  # the experiment's folder, when this was its only run
+                folder.parent.rmdir()
+
 
 class TemplateCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -104,6 +126,14 @@ class TemplateCLI(LightningCLI):
             help="fit: log the best checkpoint's network as the run's MLflow model, registered under this name",
         )  # fmt: skip
 
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        ckpt_path = subcommand and self.config[subcommand].get("ckpt_path")
+        if ckpt_path and ckpt_path not in ("best", "last", "hpc", "registry"):
+            # LightningCLI reads the checkpoint's hyperparameters next, with a bare torch.load: check the file first.
+            check_checkpoint_file(ckpt_path)
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
         network_args = config.model.network.get("init_args") or {}
@@ -114,33 +144,10 @@ class TemplateCLI(LightningCLI):
         if self.subcommand == "predict":
             # Its output is a CSV on stdout (`predict > out.csv`): no progress bar there. It records nothing: no run.
             config.trainer.enable_progress_bar, config.trainer.logger = False, False
+        check_trainer(config.trainer)
         logger = config.trainer.logger
-        if getattr(logger, "class_path", None) not in MLFLOW_LOGGERS:
-            return
-        # Azure ML hands its tracking server and the job's run over in these two variables.
-        args = logger.init_args
-        if args.tracking_uri is None:
-            args.tracking_uri = os.environ.get("MLFLOW_TRACKING_URI")
-        if args.tracking_uri is not None:
-            args.tracking_uri = credentials_out_of_uri(args.tracking_uri)
-            if "MLFLOW_TRACKING_URI" in os.environ:  # what MLflow itself and processes started from this one read
-                os.environ["MLFLOW_TRACKING_URI"] = credentials_out_of_uri(os.environ["MLFLOW_TRACKING_URI"])
-        if args.tracking_uri is None:
-            outputs = Path(config.trainer.default_root_dir or OUTPUTS)
-            outputs.mkdir(parents=True, exist_ok=True)
-            args.tracking_uri = f"sqlite:///{outputs / 'mlflow.db'}"
-            if args.artifact_location is None:  # else MLflow puts artifacts in ./mlruns
-                args.artifact_location = (outputs / "mlartifacts").resolve().as_uri()
-        if args.run_id is None:
-            args.run_id = os.environ.get("MLFLOW_RUN_ID")
-        scheme = urlparse(args.tracking_uri).scheme
-        if scheme == "sqlite":
-            open_sqlite_store(args.tracking_uri)
-        if args.synchronous is None and scheme not in ("sqlite", "file", ""):
-            # A server (or Azure ML's tracking) costs a network round trip per logged batch of metrics:
-            # queue them instead (penguins on a loopback server: 37 s -> 25 s); ending the run drains
-            # the queue. Local sqlite stays synchronous: there the queue's threads only add GIL contention.
-            args.synchronous = False
+        if getattr(logger, "class_path", None) in MLFLOW_LOGGERS:
+            set_up_tracking(logger.init_args, Path(config.trainer.default_root_dir or OUTPUTS), self.subcommand)
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         trainer = super().instantiate_trainer(**kwargs)
@@ -184,6 +191,61 @@ class TemplateCLI(LightningCLI):
         print("input,class,probability")
         for name, (label, probability) in zip(names, rows):
             print(f"{name},{label},{probability:.4f}")
+
+
+class ConfigError(Exception):
+    """Trainer options this machine cannot run; the message names the option and what to give."""
+
+
+def check_trainer(trainer: dict) -> None:
+    """Stops before anything starts when the Trainer's device or output folder cannot work here."""
+    if str(trainer.accelerator) in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ConfigError(
+            f"--trainer.accelerator {trainer.accelerator}: torch sees no GPU on this machine; give "
+            "--trainer.accelerator cpu (or leave out configs/trainer/gpu.yaml)"
+        )
+    outputs = Path(trainer.default_root_dir or OUTPUTS)
+    try:
+        outputs.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=outputs):
+            pass
+    except OSError as error:
+        raise ConfigError(
+            f"{outputs}: cannot write there ({error.strerror or error}); give --trainer.default_root_dir a folder "
+            "you can write"
+        ) from None
+
+
+def set_up_tracking(args, outputs: Path, subcommand: str) -> None:
+    """The MLflow logger's store, run and name: what Azure ML hands over (MLFLOW_TRACKING_URI, MLFLOW_RUN_ID), the
+    user's server, or outputs/mlflow.db; checked before the run starts."""
+    from_environment = os.environ.get("MLFLOW_TRACKING_URI")
+    if args.tracking_uri is None:  # Lightning's logger defaults to MLFLOW_TRACKING_URI as it was at import
+        args.tracking_uri = from_environment
+    given = args.tracking_uri == from_environment
+    source = "MLFLOW_TRACKING_URI" if given else "--trainer.logger.init_args.tracking_uri"
+    if args.tracking_uri is not None:
+        args.tracking_uri = credentials_out_of_uri(args.tracking_uri)
+        if "MLFLOW_TRACKING_URI" in os.environ:  # what MLflow itself and processes started from this one read
+            os.environ["MLFLOW_TRACKING_URI"] = credentials_out_of_uri(os.environ["MLFLOW_TRACKING_URI"])
+        check_tracking_uri(args.tracking_uri, source)
+    else:
+        args.tracking_uri = f"sqlite:///{outputs / 'mlflow.db'}"
+        if args.artifact_location is None:  # else MLflow puts artifacts in ./mlruns
+            args.artifact_location = (outputs / "mlartifacts").resolve().as_uri()
+    if args.run_id is None:
+        args.run_id = os.environ.get("MLFLOW_RUN_ID")
+    if args.run_id is None and args.run_name is None:
+        # MLflow draws names from `random`, which the seed fixes: every run of a config would be named alike.
+        args.run_name = f"{subcommand}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}"
+    scheme = urlparse(args.tracking_uri).scheme
+    if scheme == "sqlite":
+        open_sqlite_store(args.tracking_uri)
+    if args.synchronous is None and scheme != "sqlite":
+        # A server (or Azure ML's tracking) costs a network round trip per logged batch of metrics: queue them
+        # instead; ending the run drains the queue. Local sqlite stays synchronous: there the queue's threads only
+        # add GIL contention.
+        args.synchronous = False
 
 
 def open_sqlite_store(tracking_uri: str) -> None:
@@ -269,6 +331,19 @@ def yaml_error_line(args: list[str]) -> str | None:
     return None
 
 
+# What a user's config, data, checkpoint, weights, launch or tracking can cause: each says what to give instead.
+USER_ERRORS = (
+    DataError,
+    WeightsError,
+    LaunchError,
+    CheckpointError,
+    ConfigError,
+    TrackingError,
+    OptimizerError,
+    MisconfigurationException,
+)
+
+
 def main(args: list[str] | None = None) -> None:
     """Mistakes in the user's config, data, weights files or launch end in one line on stderr and exit status 1."""
     try:
@@ -282,7 +357,7 @@ def main(args: list[str] | None = None) -> None:
     except Exception as error:
         # jsonargparse wraps what a class raises while it is built: look for ours in the chain.
         cause: BaseException | None = error
-        while cause is not None and not isinstance(cause, (DataError, WeightsError, LaunchError)):
+        while cause is not None and not isinstance(cause, USER_ERRORS):
             cause = cause.__cause__ or cause.__context__
         if cause is None:
             raise

@@ -3,19 +3,52 @@
 Lightning reads a checkpoint in every process (`trainer.test(ckpt_path="best")` after fit, `--ckpt_path` to resume),
 but only global rank 0 writes checkpoints, to its own node's disk: on an Azure ML cluster every other node then stops
 with "Checkpoint file not found". Here rank 0 reads the file and the strategy broadcasts it (torch.distributed or
-Horovod); an error reading it is raised in every process. scripts.train installs it for every Trainer:
+Horovod); an error reading it is raised in every process, as a CheckpointError naming the file. scripts.train
+installs it for every Trainer:
 
     python -m scripts.train test --config configs/penguins.yaml --config configs/trainer/ddp.yaml --ckpt_path best.ckpt
 """
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.strategies import Strategy
+
+
+class CheckpointError(Exception):
+    """A checkpoint that is missing or unreadable; the message names it and what to give."""
+
+
+def check_checkpoint_file(path: str | Path) -> None:
+    """Raises CheckpointError unless `path` is a file in torch.save's format (a zip archive)."""
+    if not Path(path).is_file():
+        raise CheckpointError(
+            f"{path}: no such checkpoint; give --ckpt_path a .ckpt that fit wrote (outputs/<exp>/<run>/checkpoints/)"
+        )
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(
+            f"{path}: not a checkpoint this can read (not torch.save's zip format, or cut short); give a .ckpt "
+            "written by scripts.train fit"
+        )
+
+
+def read(io: TorchCheckpointIO, path: str | Path, map_location: Any, weights_only: bool | None) -> dict[str, Any]:
+    try:
+        return TorchCheckpointIO.load_checkpoint(io, path, map_location=map_location, weights_only=weights_only)
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{path}: no such checkpoint; give --ckpt_path a .ckpt that fit wrote (outputs/<exp>/<run>/checkpoints/)"
+        ) from None
+    except Exception as error:  # torch.load's: a truncated zip, not a pickle, a file of another program
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointError(
+            f"{path}: not a checkpoint this can read ({reason}); give a .ckpt written by scripts.train fit"
+        ) from None
 
 
 class RankZeroCheckpointIO(TorchCheckpointIO):
@@ -30,11 +63,11 @@ class RankZeroCheckpointIO(TorchCheckpointIO):
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
         if self.strategy.world_size == 1:
-            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+            return read(self, path, map_location, weights_only)
         loaded: tuple[dict | None, BaseException | None] = (None, None)
         if self.strategy.is_global_zero:
             try:  # on the CPU: the broadcast pickles it, and Lightning moves the state to each process's device
-                loaded = (super().load_checkpoint(path, map_location="cpu", weights_only=weights_only), None)
+                loaded = (read(self, path, "cpu", weights_only), None)
             except Exception as error:
                 loaded = (None, error)
         checkpoint, error = self.strategy.broadcast(loaded, src=0)
