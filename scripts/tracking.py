@@ -23,7 +23,6 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import torch
-from lightning.fabric.utilities.logger import _add_prefix
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
@@ -39,14 +38,16 @@ class TrackingError(Exception):
 class BufferedMLFlowLogger(MLFlowLogger):
     """
     Args:
-        flush_every_s: seconds between sends; 0 sends every call, as Lightning's logger does.
-            What a crash (not an exception: a kill) can lose, and how stale the MLflow UI may be.
+        flush_every_s: most seconds between sends; 0 sends every call, as Lightning's logger does. scripts.train
+            also sends at every epoch's start, so a fit killed and resumed from its last.ckpt loses no metric.
         epoch_as_step: metrics whose step Lightning picks (it adds their `epoch` then: every
             `self.log` flush) are logged at step = epoch, so curves of runs with other batch sizes or
             process counts line up; a metric sent with its own step (ClassificationModule's
             `train_loss_step`) keeps it. False: Lightning's optimizer step, and `epoch` as a metric.
             A step-level `self.log(..., on_step=True)` would share its epoch's step: send those directly.
-        *args, **kwargs: Lightning's `MLFlowLogger` (experiment_name, tracking_uri, run_id, log_model, ...).
+        *args, **kwargs: Lightning's `MLFlowLogger` (experiment_name, tracking_uri, run_id, ...); `log_model`
+            true uploads the newest best.ckpt and last.ckpt as the run's artifacts `best/` and `last/` when the
+            run ends or fails (Lightning's logger would upload those of one checkpoint callback only).
 
     Runs it creates carry the host and process id as tags. When it creates a run, runs of this experiment still
     RUNNING whose process on this host is gone (killed with SIGKILL, a lost machine) are ended as KILLED. A run it
@@ -58,7 +59,13 @@ class BufferedMLFlowLogger(MLFlowLogger):
     def __init__(self, *args, flush_every_s: float = 5.0, epoch_as_step: bool = True, **kwargs) -> None:
         self._given_run_id = kwargs.get("run_id")
         kwargs["tags"] = {**(kwargs.get("tags") or {}), HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
+        self.metric_prefix = kwargs.get("prefix", "")
+        synchronous = kwargs.get("synchronous")
+        self._log_batch_options = {} if synchronous is None else {"synchronous": synchronous}
+        self.upload_checkpoints = bool(kwargs.pop("log_model", False))
         super().__init__(*args, **kwargs)
+        self._checkpoint_callbacks: list = []
+        self._uploaded: set[tuple[str, float]] = set()  # (path, mtime) of checkpoints already uploaded
         self.measured = False  # any metric logged: a run worth keeping
         self.started = False  # its run exists: created here or handed over
         self.flush_every_s = flush_every_s
@@ -74,7 +81,9 @@ class BufferedMLFlowLogger(MLFlowLogger):
             metrics = dict(metrics)
             step = int(metrics.pop("epoch"))
         timestamp_ms = int(time.time() * 1000)
-        for key, value in _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR).items():
+        for key, value in metrics.items():
+            if self.metric_prefix:
+                key = f"{self.metric_prefix}{self.LOGGER_JOIN_CHAR}{key}"
             if isinstance(value, str):  # Lightning's logger drops these too; MLflow metrics are numbers
                 continue
             key = re.sub("[^a-zA-Z0-9_/. -]+", "", key)  # the characters MLflow accepts, as Lightning does
@@ -89,7 +98,7 @@ class BufferedMLFlowLogger(MLFlowLogger):
         pending, self._pending = self._pending, []
         for start in range(0, len(pending), MAX_METRICS_PER_REQUEST):
             chunk = pending[start : start + MAX_METRICS_PER_REQUEST]
-            self.experiment.log_batch(run_id=self.run_id, metrics=chunk, **self._log_batch_kwargs)
+            self.experiment.log_batch(run_id=self.run_id, metrics=chunk, **self._log_batch_options)
         self._last_flush = time.monotonic()
 
     @property
@@ -113,12 +122,26 @@ class BufferedMLFlowLogger(MLFlowLogger):
             if run.info.run_id != self.run_id and pid.isdigit() and not process_alive(int(pid)):
                 client.set_terminated(run.info.run_id, "KILLED")
 
+    def after_save_checkpoint(self, checkpoint_callback) -> None:
+        if self.upload_checkpoints and checkpoint_callback not in self._checkpoint_callbacks:
+            self._checkpoint_callbacks.append(checkpoint_callback)
+
+    def upload_newest_checkpoints(self) -> None:
+        for callback in self._checkpoint_callbacks:
+            for path in {callback.best_model_path, callback.last_model_path} - {""}:
+                if not Path(path).is_file() or (path, Path(path).stat().st_mtime) in self._uploaded:
+                    continue
+                self.experiment.log_artifact(self.run_id, path, Path(path).stem)
+                self._uploaded.add((path, Path(path).stat().st_mtime))
+
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:
-        if self._initialized:
-            self.flush()
+        if not self.started:
+            return
+        self.flush()
+        self.upload_newest_checkpoints()
         super().finalize(status)
-        if status == "failed" and self._initialized and not self.measured and self._given_run_id is None:
+        if status == "failed" and not self.measured and self._given_run_id is None:
             from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
             artifact_uri = self.experiment.get_run(self.run_id).info.artifact_uri

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import re
 import shutil
@@ -29,16 +30,17 @@ import torch
 from jsonargparse import ArgumentError
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from datamodules.errors import DataError
-from lightning_modules.checkpoint import BestAndLastCheckpoint
 from lightning_modules.classifier import ClassificationModule, OptimizerError
 from lightning_modules.throughput import EpochThroughput
 from lightning_modules.transfer_net import WeightsError
+from scripts.checkpoints import add_checkpoint_arguments, keep_run_id, resume_from, saved_run_id
 from scripts.export import test_inputs
 from scripts.tracking import (
     BufferedMLFlowLogger,
@@ -48,12 +50,11 @@ from scripts.tracking import (
     register_model,
 )
 from strategies.checkpoint_io import CheckpointError, RankZeroCheckpointIO, check_checkpoint_file
-from strategies.launch_check import check_launch
+from strategies.launch_check import check_launch, launched_rank
 from strategies.mpi_environment import LaunchError
 
 OUTPUTS = Path("outputs")  # Azure ML uploads ./outputs of every job
 MLFLOW_LOGGER = "scripts.tracking.BufferedMLFlowLogger"
-MLFLOW_LOGGERS = (MLFLOW_LOGGER, "lightning.pytorch.loggers.MLFlowLogger")  # both get the set-up below
 
 
 def run_dir(trainer: L.Trainer) -> Path:
@@ -75,7 +76,8 @@ def flatten(config: dict, prefix: str = "") -> dict[str, object]:
 
 
 class TrackConfig(SaveConfigCallback):
-    """Writes the resolved config beside the checkpoints and logs it (file and parameters) to MLflow."""
+    """The run's record: the resolved config beside the checkpoints and in MLflow (file and parameters), metrics
+    sent at every epoch's start, and no record at all of a run that failed before measuring anything."""
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "predict":  # no run to file it under: it would overwrite outputs/config.yaml
@@ -89,8 +91,19 @@ class TrackConfig(SaveConfigCallback):
 
             params = flatten(yaml.safe_load(text))
             params.pop("config", None)  # the paths of the YAML files: the artifact says it all
-            trainer.logger.log_hyperparams(params)
+            # A resumed run (--checkpoint_dir, a restarted Azure ML job) has its parameters; MLflow refuses changes
+            # (a longer max_epochs, say): those are in the config.yaml logged below, which replaces the first one.
+            logged = trainer.logger.experiment.get_run(trainer.logger.run_id).data.params
+            trainer.logger.log_hyperparams({key: value for key, value in params.items() if key not in logged})
             trainer.logger.experiment.log_artifact(trainer.logger.run_id, str(path))
+            if stage == "fit":
+                keep_run_id(trainer, self.config.get("checkpoint_dir"), trainer.logger.run_id)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # The last epoch's metrics are all logged by now, and its last.ckpt written: send them, so that a fit killed
+        # in this epoch and resumed from that checkpoint has its run's metrics up to it.
+        if isinstance(trainer.logger, BufferedMLFlowLogger):
+            trainer.logger.flush()
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         # A run that failed before measuring anything leaves no folder (its logger deletes its MLflow run).
@@ -107,16 +120,7 @@ class TrackConfig(SaveConfigCallback):
 class TemplateCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
-        parser.add_lightning_class_args(BestAndLastCheckpoint, "checkpoint")
-        parser.set_defaults(
-            {
-                "checkpoint.monitor": "val_loss",
-                "checkpoint.filename": "best",
-                "checkpoint.save_last": True,
-                # best.ckpt and last.ckpt: each at most a minute behind during fit, exact at its end
-                "checkpoint.write_every_s": 60.0,
-            }
-        )
+        add_checkpoint_arguments(parser)
         parser.add_lightning_class_args(EpochThroughput, "throughput")
         parser.add_argument(
             "--test_after_fit", type=bool, default=True, help="fit: test the best checkpoint at the end"
@@ -130,8 +134,9 @@ class TemplateCLI(LightningCLI):
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         ckpt_path = subcommand and self.config[subcommand].get("ckpt_path")
-        if ckpt_path and ckpt_path not in ("best", "last", "hpc", "registry"):
+        if ckpt_path and ckpt_path not in ("best", "last", "hpc", "registry") and launched_rank() == 0:
             # LightningCLI reads the checkpoint's hyperparameters next, with a bare torch.load: check the file first.
+            # Rank 0 only: on other nodes it need not exist (rank 0 reads it for all: strategies/checkpoint_io.py).
             check_checkpoint_file(ckpt_path)
 
     def before_instantiate_classes(self) -> None:
@@ -141,13 +146,20 @@ class TemplateCLI(LightningCLI):
             # The checkpoint holds every weight: fetching or reading ImageNet's first would be wasted
             # (and fail offline, on a machine whose torch.hub cache lacks them).
             network_args.weights, network_args.weights_path, network_args.weights_url = "none", None, None
+        if self.subcommand == "fit" and (last := resume_from(config)):
+            config.ckpt_path = str(last)
+            rank_zero_print(f"resuming from {last}")
         if self.subcommand == "predict":
             # Its output is a CSV on stdout (`predict > out.csv`): no progress bar there. It records nothing: no run.
             config.trainer.enable_progress_bar, config.trainer.logger = False, False
-        check_trainer(config.trainer)
+        check_trainer(config.trainer, writes=self.subcommand != "predict")
         logger = config.trainer.logger
-        if getattr(logger, "class_path", None) in MLFLOW_LOGGERS:
-            set_up_tracking(logger.init_args, Path(config.trainer.default_root_dir or OUTPUTS), self.subcommand)
+        if is_mlflow_logger(logger):
+            args = logger.init_args
+            set_up_tracking(args, Path(config.trainer.default_root_dir or OUTPUTS), self.subcommand)
+            if self.subcommand == "fit" and args.run_id is None:  # a resumed fit goes on in its own run
+                args.run_id = existing_run(args.tracking_uri, saved_run_id(config.checkpoint_dir))
+                args.run_name = None if args.run_id else args.run_name
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         trainer = super().instantiate_trainer(**kwargs)
@@ -172,7 +184,7 @@ class TemplateCLI(LightningCLI):
         if self.config.fit.register_model and checkpoint.best_model_path and self.trainer.is_global_zero:
             self.register_best(self.config.fit.register_model, checkpoint)
 
-    def register_best(self, name: str, checkpoint: BestAndLastCheckpoint) -> None:
+    def register_best(self, name: str, checkpoint: ModelCheckpoint) -> None:
         logger = self.trainer.logger
         state = torch.load(checkpoint.best_model_path, map_location="cpu", weights_only=False)["state_dict"]
         self.model.load_state_dict(state)
@@ -193,18 +205,32 @@ class TemplateCLI(LightningCLI):
             print(f"{name},{label},{probability:.4f}")
 
 
+def is_mlflow_logger(logger) -> bool:
+    """Whether the config's logger is Lightning's MLFlowLogger or a subclass (ours, a user's): those get the tracking
+    set-up, Azure ML's run handover included."""
+    class_path = getattr(logger, "class_path", None)
+    if not class_path:
+        return False
+    module, _, name = class_path.rpartition(".")
+    logger_class = getattr(importlib.import_module(module), name, None)
+    return isinstance(logger_class, type) and issubclass(logger_class, MLFlowLogger)
+
+
 class ConfigError(Exception):
     """Trainer options this machine cannot run; the message names the option and what to give."""
 
 
-def check_trainer(trainer: dict) -> None:
-    """Stops before anything starts when the Trainer's device or output folder cannot work here."""
+def check_trainer(trainer: dict, writes: bool) -> None:
+    """Stops before anything starts when the Trainer's device, or the output folder of a run that `writes`, cannot
+    work here."""
     if str(trainer.accelerator) in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ConfigError(
             f"--trainer.accelerator {trainer.accelerator}: torch sees no GPU on this machine; give "
             "--trainer.accelerator cpu (or leave out configs/trainer/gpu.yaml)"
         )
     outputs = Path(trainer.default_root_dir or OUTPUTS)
+    if not writes:
+        return
     try:
         outputs.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=outputs):
@@ -248,6 +274,19 @@ def set_up_tracking(args, outputs: Path, subcommand: str) -> None:
         args.synchronous = False
 
 
+def existing_run(tracking_uri: str, run_id: str | None) -> str | None:
+    """`run_id` if that run is in the store at `tracking_uri` (a --checkpoint_dir may have come from another store)."""
+    if run_id is None:
+        return None
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return run_id if MlflowClient(tracking_uri).get_run(run_id).info.lifecycle_stage == "active" else None
+    except MlflowException:
+        return None
+
+
 def open_sqlite_store(tracking_uri: str) -> None:
     """Opens (and, if new, creates) the sqlite MLflow store before anything else does, one process at a time.
 
@@ -274,6 +313,8 @@ def cli_main(args: list[str] | None = None, cli_class: type[TemplateCLI] = Templ
     warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     # ClassificationModule's epoch metrics are already reduced over all processes (torchmetrics' compute).
     warnings.filterwarnings("ignore", r"It is recommended to use `self.log\('\w+', ..., sync_dist=True\)`")
+    # best.ckpt's callback comes first: `ckpt_path="best"` takes it, as Lightning says at length.
+    warnings.filterwarnings("ignore", r".*configured with multiple `ModelCheckpoint`")
     # ClassificationModule logs train_loss_step every log_every_n_steps global steps, across epochs too.
     warnings.filterwarnings("ignore", r"The number of training batches .* is smaller than the logging interval")
     return cli_class(

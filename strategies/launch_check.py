@@ -30,3 +30,11 @@ def check_launch(num_devices: int, num_nodes: int, environ: Mapping[str, str] = 
         f"num_nodes {num_nodes}: give --trainer.devices {per_node or started // nodes} --trainer.num_nodes {nodes} "
         "(devices: processes per node)"
     )
+
+
+def launched_rank(environ: Mapping[str, str] = os.environ) -> int:
+    """This process's global rank as the launcher set it (torchrun / Azure ML's pytorch, mpirun, horovodrun), or 0."""
+    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK"):
+        if environ.get(name, "").isdigit():
+            return int(environ[name])
+    return 0
