@@ -7,7 +7,10 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,7 @@ import requests
 import urllib3
 import yaml
 
-from scripts.submit import SubmitError, build_job, main, submit, workspace_client
+from scripts.submit import BASE_IMAGE, GPU_IMAGE, SubmitError, build_job, main, submit, workspace_client
 from tests.conftest import REPO, run_module
 
 WORKSPACE = (
@@ -25,6 +28,8 @@ WORKSPACE = (
 STUDIO = "https://ml.azure.com/runs/fake"
 BLOB_STORE = "https://account.blob.core.windows.net/container"  # the workspace's default datastore, in the fake
 HOROVOD = "configs/trainer/horovod.yaml"
+DISCOVERY = "https://westeurope.api.azureml.ms/discovery"
+RUN_HISTORY = "https://westeurope.api.azureml.ms"
 
 
 @pytest.fixture(autouse=True)
@@ -145,6 +150,10 @@ class FakeAzureML(requests.Session):
         super().__init__()
         self.requests: list[tuple[str, str, dict | None]] = []
         self.blobs: dict[str, bytes] = {}  # path in the blob container -> content
+        self.logs = {"logs/std_log.txt": b"Epoch 0: val_loss 0.9\ntest_acc: 0.9804\n"}  # a job's log, as a blob
+        self.jobs: dict[str, dict] = {}  # name -> the job as PUT
+        self.final_status = "Completed"  # what a followed job ends as
+        self.details_asked = 0
 
     def request(self, method, url, data=None, **kwargs):
         if url.startswith(BLOB_STORE):
@@ -173,6 +182,23 @@ class FakeAzureML(requests.Session):
         elif method == "PUT" and re.search(r"/jobs/[^/]+$", path):
             status, answer = 201, {"id": path, "name": path.rsplit("/", 1)[1], **sent}
             answer["properties"] |= {"status": "Starting", "services": {"Studio": {"endpoint": STUDIO}}}
+            self.jobs[answer["name"]] = answer
+        elif method == "GET" and re.search(r"/jobs/[^/]+$", path) and path.rsplit("/", 1)[1] in self.jobs:
+            status, answer = 200, json.loads(json.dumps(self.jobs[path.rsplit("/", 1)[1]]))
+            answer["properties"]["status"] = self.final_status if self.details_asked else "Running"
+        elif method == "GET" and path.endswith("/workspaces/ws"):
+            status, answer = 200, {"id": path, "name": "ws", "location": "westeurope", "properties": {
+                "discoveryUrl": DISCOVERY, "workspaceId": "00000000-0000-0000-0000-00000000000a",
+                "mlFlowTrackingUri": f"azureml://westeurope.api.azureml.ms/mlflow/v1.0{WORKSPACE}"}}  # fmt: skip
+        elif method == "GET" and url == DISCOVERY:
+            status, answer = 200, {"api": RUN_HISTORY, "catalog": RUN_HISTORY, "experimentation": RUN_HISTORY}
+        elif method == "GET" and url.startswith(RUN_HISTORY) and path.endswith("/details"):
+            self.details_asked += 1  # first Running with its log so far, then the job's end
+            running = self.details_asked == 1
+            status, answer = 200, {
+                "runId": path.split("/runs/")[1].split("/")[0], "status": "Running" if running else self.final_status,
+                "logFiles": {"user_logs/std_log.txt": f"{BLOB_STORE}/logs/std_log.txt?sas"},
+            }  # fmt: skip
         return http_response(method, url, status, json.dumps(answer).encode(), {"Content-Type": "application/json"})
 
     def blob_request(self, method, url, data):
@@ -183,6 +209,8 @@ class FakeAzureML(requests.Session):
         if method == "PUT":
             self.blobs[name] = data.read() if hasattr(data, "read") else data
             return http_response(method, url, 201, headers=written)
+        if method == "GET" and name in self.logs:
+            return http_response(method, url, 200, self.logs[name], {"Content-Type": "text/plain"})
         return http_response(method, url, 404, headers={"x-ms-error-code": "BlobNotFound"})  # nothing uploaded before
 
 
@@ -308,3 +336,135 @@ def test_submitting_from_another_folder_says_where_to_run_it(tmp_path, monkeypat
     assert exit.value.code == (
         "error: environment.yml is not in this folder: run from the repository's root (the job's code)"
     )
+
+
+def fake_client(azure: FakeAzureML, credential=None):
+    from azure.ai.ml import MLClient
+    from azure.core.pipeline.transport import RequestsTransport
+
+    return MLClient(credential or FakeCredential(), "00000000-0000-0000-0000-000000000000", "rg", "ws",
+                    transport=RequestsTransport(session=azure))  # fmt: skip
+
+
+@pytest.mark.parametrize(("final", "code"), [("Completed", 0), ("Failed", 1)])
+def test_stream_follows_the_jobs_logs_and_exits_with_its_status(final, code, monkeypatch, capsys):
+    # The SDK's own streaming, over the fake: the job, the workspace's discovery, run history, the log blob.
+    azure = FakeAzureML()
+    azure.final_status = final
+    answer = lambda _, method, url, *a, **k: azure.request(method, url, *a, **k)  # noqa: E731
+    monkeypatch.setattr(requests.Session, "request", answer)
+    monkeypatch.setattr("azure.ai.ml.operations._job_ops_helper._wait_before_polling", lambda seconds: 0)
+    client = fake_client(azure)
+    monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: client)
+    if code:
+        with pytest.raises(SystemExit) as exit:
+            main(["configs/penguins.yaml", "--compute", "cpu-cluster", "--stream", "true"])
+        assert re.fullmatch(r"error: job \S+ ended Failed; its logs are above and in the studio", exit.value.code)
+    else:
+        main(["configs/penguins.yaml", "--compute", "cpu-cluster", "--stream", "true"])
+    out = capsys.readouterr().out
+    assert "test_acc: 0.9804" in out  # the job's log, streamed
+    assert (re.search(r"job \S+ completed", out) is not None) == (code == 0)
+
+
+def test_an_azure_login_that_fails_is_one_line(monkeypatch):
+    from azure.core.exceptions import ClientAuthenticationError
+
+    class NoLogin(FakeCredential):
+        def get_token(self, *scopes, **options):
+            raise ClientAuthenticationError("DefaultAzureCredential failed to retrieve a token ... (124 lines)")
+
+        get_token_info = get_token
+
+    client = fake_client(FakeAzureML(), NoLogin())
+    monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: client)
+    with pytest.raises(SystemExit) as exit:
+        main(["configs/penguins.yaml", "--compute", "cpu-cluster"])
+    assert exit.value.code == (
+        "error: not signed in to Azure: run `az login` (or set AZURE_CLIENT_ID, AZURE_TENANT_ID and "
+        "AZURE_CLIENT_SECRET for a service principal), then submit again"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--distribution", "tf"], "--distribution: 'tf' is not a valid value; give pytorch, mpi"),
+        (["--nodes", "two"], "--nodes: 'two' is not a valid value; give int"),
+        (["--presets+", "configs/trainer/ddp_mpi.yaml"], "--presets configs/trainer/ddp_mpi.yaml: submit adds it"),
+        (["--presets+", "configs/trainer/ddp.yaml"], "--presets configs/trainer/ddp.yaml: submit adds it itself"),
+        (["--processes_per_node", "4", "--train_args", "--trainer.devices 2"],
+         "--train_args --trainer.devices: the job's processes decide it; give --processes_per_node"),
+        (["--train_args=--trainer.num_nodes=3"], "--train_args --trainer.num_nodes=3: the job's processes decide it"),
+        (["--train_args", "--trainer.strategy ddp"], "--train_args --trainer.strategy: the job's processes decide"),
+        (["--inputs+", "data.init_args.data_dir=azureml:mnist:1,mode=copy"], "--inputs data.init_args.data_dir="),
+        (["--inputs+", "data.init_args.data_dir=azureml:mnist:1,type=folder"], "--inputs data.init_args.data_dir="),
+        (["--inputs+", "data.init_args.path=configs,type=uri_file"], "--inputs data.init_args.path=configs"),
+        (["--dry_run", "true", "--stream", "true"], "--stream follows a submitted job: leave out --dry_run"),
+        (["--workspace", "ws"], "name the workspace with all three of --subscription_id --resource_group"),
+    ],
+)  # fmt: skip
+def test_a_mistake_is_one_line_before_the_azure_sdk_is_imported(args, line):
+    command = ["-X", "importtime", "-m", "scripts.submit", "configs/penguins.yaml", "--compute", "c", *args]
+    result = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    messages = [text for text in result.stderr.splitlines() if not text.startswith("import time:")]
+    assert len(messages) == 1 and messages[0].startswith(f"error: {line}"), messages
+    imported = [text.rsplit("|", 1)[-1].strip() for text in result.stderr.splitlines() if text.startswith("import")]
+    assert not [name for name in imported if name.startswith("azure")]  # ~4 s of imports not paid for a typo
+
+
+@pytest.mark.parametrize(
+    ("presets", "train_args", "image"),
+    [
+        ([], "", BASE_IMAGE),
+        (["configs/trainer/gpu.yaml"], "", GPU_IMAGE),
+        ([], "--trainer.accelerator gpu", GPU_IMAGE),
+        (["configs/trainer/gpu.yaml"], "--trainer.accelerator=cpu", BASE_IMAGE),
+    ],
+)
+def test_the_image_follows_the_accelerator_in_the_dry_run_yaml(presets, train_args, image, tmp_path):
+    from azure.ai.ml import load_job
+
+    text = submit("configs/mnist.yaml", "c", presets, 2, 2, train_args=train_args, dry_run=True)
+    (tmp_path / "job.yml").write_text(text)
+    assert load_job(tmp_path / "job.yml").environment.image == image
+
+
+def test_gpu_image_and_torch_pins_stay_in_step():
+    """GPU_IMAGE gives the InfiniBand stack and Open MPI; torch brings CUDA 13 and NCCL from PyPI, which the README's
+    driver requirement (R580+) is for: a torch of another CUDA major needs the requirement and this test changed."""
+    import torch
+
+    assert torch.version.cuda.split(".")[0] == "13"
+    assert "R580" in (REPO / "README.md").read_text()
+    pins = yaml.safe_load((REPO / "environment.yml").read_text())["dependencies"][-1]["pip"]
+    assert f"torch=={torch.__version__.split('+')[0]}" in pins
+
+
+def test_the_yaml_file_runs_from_anywhere_its_code_is_this_repository(tmp_path, monkeypatch, capsys):
+    from azure.ai.ml import load_job
+
+    target = tmp_path / "jobs" / "mnist.yml"
+    target.parent.mkdir()
+    submit("configs/mnist.yaml", "gpu", ["configs/trainer/gpu.yaml"], 2, 4, dry_run=True, yaml_file=str(target))
+    assert yaml.safe_load(target.read_text())["code"] == os.path.relpath(REPO, target.parent)
+    assert yaml.safe_load(submit("configs/mnist.yaml", "gpu", dry_run=True))["code"] == "."  # for job.yml at the root
+    monkeypatch.chdir(tmp_path)  # `az ml job create -f jobs/mnist.yml` from another folder
+    assert Path(load_job(target).code).resolve() == REPO
+
+
+def test_inputs_have_their_type_and_mode(tmp_path):
+    (tmp_path / "penguins.csv").write_text("x\n")
+    inputs = [
+        "data.init_args.data_dir=azureml:mnist-v1.0:1",  # a folder unless told: no guess from '.0'
+        f"data.init_args.path={tmp_path / 'penguins.csv'},mode=download",
+        "model.network.init_args.weights_path=azureml://datastores/w/paths/resnet.pth,type=uri_file,mode=direct",
+    ]
+    job = build_job(["configs/penguins.yaml"], "cpu", inputs=inputs)
+    found = {name: (given.type, given.mode) for name, given in job.inputs.items()}
+    assert found == {
+        "data_dir": ("uri_folder", "ro_mount"),
+        "path": ("uri_file", "download"),
+        "weights_path": ("uri_file", "direct"),
+    }
