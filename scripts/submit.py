@@ -10,7 +10,9 @@ Every check of the arguments runs before the Azure SDK is imported; each mistake
 folder (less `.amlignore`), builds `environment.yml` on Azure ML's Open MPI image (its CUDA one with InfiniBand for
 configs that run on GPUs) and runs `python -m scripts.train fit --config TASK [--config PRESET ...]` in every
 process. Azure ML hands the job's MLflow run over (MLFLOW_TRACKING_URI, MLFLOW_RUN_ID), so metrics, config and
-checkpoints land in the job; ./outputs is uploaded too. Several processes add configs/trainer/ddp.yaml with
+checkpoints land in the job; ./outputs is uploaded too. Checkpoints go to the job output `checkpoints`, mounted
+read-write: a job on low-priority nodes that Azure ML preempts and restarts resumes from its last.ckpt
+(scripts/checkpoints.py). Several processes add configs/trainer/ddp.yaml with
 distribution `pytorch` (Azure ML starts one process per device with torch.distributed's variables) or
 configs/trainer/ddp_mpi.yaml with `mpi` (mpirun), and the devices and nodes to match. A Horovod config
 (configs/trainer/horovod.yaml) runs under `mpi` on the image strategies/horovod.Dockerfile builds. The YAML of
@@ -195,6 +197,8 @@ def plan_job(
             parts.append(f"--config {PRESETS[distribution]}")
         parts += [f"--trainer.devices {processes_per_node}", f"--trainer.num_nodes {nodes}"]
         launch, shape = distribution, f"{nodes} x {processes_per_node} {distribution}"
+    # A job output mounted read-write outlives the node: a job restarted after preemption resumes from it.
+    parts.append("--checkpoint_dir ${{outputs.checkpoints}}")
     job_inputs = [parse_input(item) for item in inputs or []]
     names: set[str] = set()
     for job_input in job_inputs:
@@ -222,7 +226,7 @@ def build_job(
 ):
     """The azure.ai.ml command job that runs `scripts.train fit` on `configs`; see `submit` for the arguments."""
     plan = plan_job(configs, nodes, processes_per_node, distribution, inputs, train_args, image or BASE_IMAGE)
-    from azure.ai.ml import Input, MpiDistribution, PyTorchDistribution, command
+    from azure.ai.ml import Input, MpiDistribution, Output, PyTorchDistribution, command
     from azure.ai.ml.entities import BuildContext, Environment
 
     if plan.horovod:
@@ -244,6 +248,7 @@ def build_job(
         instance_count=nodes,
         distribution=launch,
         inputs=job_inputs or None,
+        outputs={"checkpoints": Output(type="uri_folder", mode="rw_mount")},
         experiment_name=experiment or experiment_of(configs),
         display_name=f"{tasks}: fit, {plan.shape}",
     )

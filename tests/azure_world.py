@@ -73,10 +73,10 @@ class Process:
     stderr: str
 
 
-def run_job(
+def start_job(
     folders: list[Path], distribution: str, per_node: int, args: list[str], tracking: dict | None = None
-) -> list[Process]:
-    """`python -m scripts.train ARGS` in every process of a job over these node folders, as Azure ML starts it."""
+) -> list[tuple[int, int, subprocess.Popen]]:
+    """Starts `python -m scripts.train ARGS` in every process of a job over these node folders, as Azure ML does."""
     port = free_port()
     base = {key: value for key, value in os.environ.items() if not LAUNCH_VARIABLES.match(key)}
     started = []
@@ -87,16 +87,27 @@ def run_job(
             command = [sys.executable, "-m", "scripts.train", *args]
             popen = subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             started.append((node, local_rank, popen))
+    return started
+
+
+def wait_job(started: list[tuple[int, int, subprocess.Popen]], timeout_s: int = 600) -> list[Process]:
     finished = []
     for node, local_rank, popen in started:
         try:
-            out, err = popen.communicate(timeout=600)
+            out, err = popen.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             for _, _, other in started:
                 other.kill()
             raise
         finished.append(Process(node, local_rank, popen.returncode, out.decode(), err.decode()))
     return finished
+
+
+def run_job(
+    folders: list[Path], distribution: str, per_node: int, args: list[str], tracking: dict | None = None
+) -> list[Process]:
+    """`python -m scripts.train ARGS` in every process of a job over these node folders, to its end."""
+    return wait_job(start_job(folders, distribution, per_node, args, tracking))
 
 
 class AzureTrackingProxy(http.server.ThreadingHTTPServer):

@@ -8,15 +8,17 @@ import importlib.util
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from mlflow import MlflowClient
 
-from tests.azure_world import LAUNCH_VARIABLES, node_checkouts, run_job
+from tests.azure_world import LAUNCH_VARIABLES, node_checkouts, run_job, start_job, wait_job
 
 pytestmark = pytest.mark.slow
 
@@ -175,3 +177,37 @@ def test_two_nodes_resume_from_a_checkpoint_only_the_first_node_has(tmp_path):
     assert resumed != last
     # 240 rows over 2 processes of batch 20: 6 steps an epoch; 2 epochs read back, 1 more trained
     assert torch.load(resumed, weights_only=False)["global_step"] == 6 * EPOCHS
+
+
+def test_a_preempted_job_started_again_resumes_from_its_rw_mount_output_in_its_run(tmp_path, azure_tracking):
+    """Low-priority nodes: Azure ML sends every process SIGTERM, then runs the same job again, with the same run and
+    the same `checkpoints` output (mounted read-write on every node, an absolute path, outliving the nodes)."""
+    folders = node_checkouts(tmp_path, 2)
+    mount = tmp_path / "mnt" / "azureml" / "checkpoints"
+    run_id, tracking = job_run(azure_tracking, "preempted")
+    args = fit("--config", "configs/trainer/ddp.yaml", "--trainer.accelerator", "cpu", "--trainer.devices", "1",
+               "--trainer.num_nodes", "2", "--checkpoint_dir", str(mount), "--data.init_args.batch_size", "4",
+               "--trainer.callbacks", "[]")  # fmt: skip
+    args[args.index("--trainer.max_epochs") + 1] = str(EPOCHS * 4)
+    started = start_job(folders, "pytorch", 1, args, tracking)
+    deadline = time.monotonic() + 180
+    while not (mount / "last.ckpt").is_file() or torch.load(mount / "last.ckpt", weights_only=False)["epoch"] < 2:
+        assert time.monotonic() < deadline and all(p.poll() is None for *_, p in started), "no third epoch"
+        time.sleep(0.05)
+    for *_, popen in started:
+        popen.send_signal(signal.SIGTERM)
+    assert all(process.returncode != 0 for process in wait_job(started))  # preempted: not a success
+    stopped_at = torch.load(mount / "last.ckpt", weights_only=False)["epoch"]
+    assert stopped_at < EPOCHS * 4 - 1
+
+    again = run_job(folders, "pytorch", 1, args, tracking)
+    for process in again:
+        assert process.returncode == 0, f"node {process.node}: {process.stderr[-3000:]}"
+    assert f"resuming from {mount / 'last.ckpt'}" in again[0].stdout
+    assert re.findall(r"^test_acc: ", "".join(p.stdout for p in again), re.M) == ["test_acc: "]
+    final = torch.load(mount / "last.ckpt", weights_only=False)
+    assert (final["epoch"], final["global_step"]) == (EPOCHS * 4 - 1, EPOCHS * 4 * 30)  # 120 rows a rank, batch 4
+    client = MlflowClient(azure_tracking.url)
+    assert client.get_run(run_id).info.status == "FINISHED"
+    steps = {m.step for m in client.get_metric_history(run_id, "val_loss")}
+    assert sorted(steps) == list(range(EPOCHS * 4))  # one run, its metrics continued

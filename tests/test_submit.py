@@ -39,7 +39,10 @@ def at_repo_root(monkeypatch):
 
 def test_one_process_runs_the_train_command_in_the_tasks_experiment():
     job = build_job(["configs/penguins.yaml"], "cpu-cluster")
-    assert job.command == "python -m scripts.train fit --config configs/penguins.yaml"
+    assert job.command == (
+        "python -m scripts.train fit --config configs/penguins.yaml --checkpoint_dir ${{outputs.checkpoints}}"
+    )
+    assert (job.outputs["checkpoints"].type, job.outputs["checkpoints"].mode) == ("uri_folder", "rw_mount")
     assert (job.compute, job.resources.instance_count, job.distribution) == ("cpu-cluster", 1, None)
     assert job.experiment_name == "penguins"  # the config's logger's, so local and Azure runs sit side by side
     assert Path(job.code).resolve() == REPO
@@ -54,7 +57,7 @@ def test_several_processes_run_ddp_with_devices_and_nodes_that_match_the_job(dis
     job = build_job(["configs/mnist.yaml", "configs/trainer/gpu.yaml"], "gpu", 2, 4, distribution)
     assert job.command == (
         "python -m scripts.train fit --config configs/mnist.yaml --config configs/trainer/gpu.yaml "
-        f"--config {preset} --trainer.devices 4 --trainer.num_nodes 2"
+        f"--config {preset} --trainer.devices 4 --trainer.num_nodes 2 --checkpoint_dir ${{{{outputs.checkpoints}}}}"
     )
     assert (job.distribution.type, job.distribution.process_count_per_instance) == (kind, 4)
     assert job.resources.instance_count == 2
@@ -70,7 +73,7 @@ def test_horovod_runs_under_mpi_on_the_image_its_dockerfile_builds_from_only_the
     job = build_job(["configs/penguins.yaml", "configs/trainer/horovod.yaml"], "cpu", 2, 2, "mpi")
     assert job.command == (  # no DDP preset: the config's Horovod strategy joins mpirun's processes
         "python -m scripts.train fit --config configs/penguins.yaml --config configs/trainer/horovod.yaml "
-        "--trainer.devices 2 --trainer.num_nodes 2"
+        "--trainer.devices 2 --trainer.num_nodes 2 --checkpoint_dir ${{outputs.checkpoints}}"
     )
     assert (job.distribution.type, job.distribution.process_count_per_instance) == ("mpi", 2)
     build = job.environment.build
