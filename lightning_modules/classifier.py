@@ -78,7 +78,10 @@ class ClassificationModule(L.LightningModule):
         self.collected: dict[str, dict[str, list]] = {}
 
     def _distributed(self) -> bool:
-        return self._trainer is not None and self.trainer.world_size > 1
+        try:
+            return self.trainer.world_size > 1
+        except RuntimeError:  # not attached to a Trainer (metrics computed by hand): nothing to sync with
+            return False
 
     def _gather_metric_state(self, state: torch.Tensor, group=None) -> list[torch.Tensor]:
         return list(self.trainer.strategy.all_gather(state).unbind(0))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import urllib.error
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Literal
 
@@ -90,6 +91,14 @@ def state_dict_for(name: str, weights: str, weights_path: str | None, weights_ur
     if name == "efficientnet_lite0" and weights_url is None:
         return torch.load(efficientnet_lite0_file(), map_location="cpu", weights_only=True)
     return download_weights(weights_url or imagenet_url(name))
+
+
+def skip_pretrained_weights(init_args: MutableMapping) -> None:
+    """Makes a TransferNet's init_args (a dict or a parsed config) build it without ImageNet's weights: for when a
+    checkpoint holds every weight (test, predict, resume, export), fetching or reading them would be wasted, and fail
+    offline. Other networks' init_args are left as they are."""
+    if "weights" in init_args:
+        init_args["weights"], init_args["weights_path"], init_args["weights_url"] = "none", None, None
 
 
 class TransferNet(nn.Module):

@@ -35,8 +35,8 @@ from torch import nn
 
 from datamodules.birds import BirdsDataModule, ImageFiles
 from lightning_modules.classifier import ClassificationModule
-from lightning_modules.throughput import EpochThroughput
 from lightning_modules.transfer_net import TransferNet
+from scripts.throughput import EpochThroughput
 
 CLASSES = ("chickens", "turkeys")
 WIDTH, HEIGHT = 500, 375  # the size of the Azure ML tutorial's fowl photos

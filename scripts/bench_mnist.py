@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 from datamodules.mnist import MEAN, STD, MNISTDataModule
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.mnist_net import MNISTNet
-from lightning_modules.throughput import EpochThroughput
+from scripts.throughput import EpochThroughput
 
 BATCH = 128
 OPTIMIZER = partial(torch.optim.SGD, lr=0.03, momentum=0.5)

@@ -23,6 +23,7 @@ import torch
 
 from datamodules.errors import DataError
 from lightning_modules.classifier import ClassificationModule
+from lightning_modules.transfer_net import skip_pretrained_weights
 
 TOLERANCE = 1e-4  # float32 kernels of ONNX Runtime and PyTorch differ around 1e-6 on these nets
 
@@ -47,9 +48,9 @@ def load(checkpoint: Path) -> tuple[ClassificationModule, L.LightningDataModule]
     importlib.import_module(class_path.rsplit(".", 1)[0])
     network = saved["hyper_parameters"].get("network")
     overrides = {}
-    if isinstance(network, dict) and "weights" in network.get("init_args", {}):
-        # The checkpoint holds every weight: skip fetching ImageNet's (as `scripts.train` does with --ckpt_path).
-        init_args = {**network["init_args"], "weights": "none", "weights_path": None, "weights_url": None}
+    if isinstance(network, dict) and network.get("init_args"):
+        init_args = dict(network["init_args"])
+        skip_pretrained_weights(init_args)
         overrides["network"] = {**network, "init_args": init_args}
     model = ClassificationModule.load_from_checkpoint(checkpoint, map_location="cpu", **overrides)
     datamodule = L.LightningDataModule.load_from_checkpoint(checkpoint)

@@ -38,10 +38,10 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from datamodules.errors import DataError
 from lightning_modules.classifier import ClassificationModule, OptimizerError
-from lightning_modules.throughput import EpochThroughput
-from lightning_modules.transfer_net import WeightsError
+from lightning_modules.transfer_net import WeightsError, skip_pretrained_weights
 from scripts.checkpoints import add_checkpoint_arguments, keep_run_id, resume_from, saved_run_id
 from scripts.export import test_inputs
+from scripts.throughput import EpochThroughput
 from scripts.tracking import (
     BufferedMLFlowLogger,
     TrackingError,
@@ -141,11 +141,8 @@ class TemplateCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
-        network_args = config.model.network.get("init_args") or {}
-        if config.get("ckpt_path") and "weights" in network_args:
-            # The checkpoint holds every weight: fetching or reading ImageNet's first would be wasted
-            # (and fail offline, on a machine whose torch.hub cache lacks them).
-            network_args.weights, network_args.weights_path, network_args.weights_url = "none", None, None
+        if config.get("ckpt_path") and config.model.network.get("init_args"):
+            skip_pretrained_weights(config.model.network.init_args)
         if self.subcommand == "fit" and (last := resume_from(config)):
             config.ckpt_path = str(last)
             rank_zero_print(f"resuming from {last}")

@@ -97,7 +97,7 @@ class HorovodStrategy(ParallelStrategy):
         super().setup(trainer)  # model to its device, optimizers built
         if not trainer.training:
             return
-        optimizers = [o._optimizer if isinstance(o, LightningOptimizer) else o for o in self.optimizers]
+        optimizers = [o.optimizer if isinstance(o, LightningOptimizer) else o for o in self.optimizers]
         # Every process starts from rank 0's weights and optimizer state (a resumed run's included).
         self.hvd.broadcast_parameters(self.lightning_module.state_dict(), root_rank=0)
         for optimizer in optimizers:

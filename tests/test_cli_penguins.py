@@ -144,7 +144,8 @@ def test_print_config_shows_the_resolved_recipe(train_cli):
     assert config["trainer"]["max_epochs"] == 100
     assert config["data"]["init_args"]["batch_size"] == 20
     assert config["model"]["optimizer"]["init_args"]["lr"] == 0.001
-    assert config["checkpoint"]["save_last"] is True
+    assert (config["checkpoint"]["monitor"], config["checkpoint"]["filename"]) == ("val_loss", "best")
+    assert (config["last_checkpoint"]["monitor"], config["last_checkpoint"]["filename"]) == (None, "last")
 
 
 @pytest.mark.parametrize(
