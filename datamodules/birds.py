@@ -126,7 +126,8 @@ class BirdsDataModule(L.LightningDataModule):
     def labelled(self, split_dir: Path) -> dict[str, list[Path]]:
         """The split's images by class; its classes must be the model's."""
         images = list_images(split_dir)
-        reference = "data.init_args.classes" if self.hparams.classes is not None else self.split_dir("train")
+        given = "data.init_args.classes (the checkpoint's, at validate, test and predict)"
+        reference = given if self.hparams.classes is not None else self.split_dir("train")
         check_same_classes(reference, self.class_names, split_dir, sorted(images))
         return images
 

@@ -73,10 +73,14 @@ def decode(path: Path, grey: bool = False) -> tuple[torch.Tensor | None, str | N
     from torchvision.io import ImageReadMode, decode_image
 
     try:
-        image = decode_image(str(path), mode=ImageReadMode.GRAY if grey else ImageReadMode.RGB)
+        # Phone photos are stored sideways with an EXIF orientation that says how to turn them upright.
+        mode = ImageReadMode.GRAY if grey else ImageReadMode.RGB
+        image = decode_image(str(path), mode=mode, apply_exif_orientation=True)
     except RuntimeError as error:
         # torchvision prefixes "function, source.cpp:line, ": keep the reason.
         return None, re.sub(r"^\w+, \S+:\d+, ", "", str(error).splitlines()[0])
+    if image.dtype == torch.uint16:  # a 16-bit PNG: scale to 8 bits as its 8-bit version holds it (65535 -> 255)
+        image = ((image.to(torch.int32) * 255 + 32767) // 65535).to(torch.uint8)
     if image.ndim != 3 or min(image.shape[1:]) == 0:
         return None, f"decodes to shape {tuple(image.shape)}, not one image"
     return image, None

@@ -70,6 +70,7 @@ def read_penguins(path: str | Path | None, need_species: bool = True):
         options = " or ".join(", ".join(s[n] for n in wanted) for s in SCHEMAS.values())
         raise DataError(f"{where}: missing columns; a penguin CSV needs {options}")
     table = frame[[schema[name] for name in wanted]].set_axis(wanted, axis=1)
+    table.attrs["columns"] = schema  # the file's own column names, for messages
 
     for column in FEATURES[1:]:
         numbers = pd.to_numeric(table[column], errors="coerce")
@@ -92,13 +93,27 @@ def read_penguins(path: str | Path | None, need_species: bool = True):
         )
     table["island"] = table["island"].map(ISLANDS.index)
     if need_species:
-        # palmerpenguins names the species, the course numbers them 0/1/2.
-        table["species"] = table["species"].map(
-            lambda s: SPECIES.index(s) if s in SPECIES else int(s) if str(s) in "012" else -1
-        )
+        table["species"] = table["species"].map(species_index)
         if (table["species"] < 0).any():
-            raise DataError(f"{where}: column {schema['species']} must hold {', '.join(SPECIES)} or 0/1/2")
+            row = int((table["species"] < 0).idxmax())
+            value = frame[schema["species"]][row]
+            raise DataError(
+                f"{where}: line {row + 2}: {schema['species']} '{value}' is none of {', '.join(SPECIES)} or 0/1/2; "
+                "fix or remove that row"
+            )
     return table
+
+
+def species_index(value) -> int:
+    """0, 1 or 2 for a species named (palmerpenguins) or numbered (the course; pandas reads 1 as 1.0 in a column
+    with an empty cell); -1 for anything else."""
+    if isinstance(value, str):
+        value = value.strip()
+        return SPECIES.index(value) if value in SPECIES else int(value) if value in ("0", "1", "2") else -1
+    try:
+        return int(value) if float(value) in (0.0, 1.0, 2.0) else -1
+    except (TypeError, ValueError):
+        return -1
 
 
 def stratified_split(
@@ -116,6 +131,23 @@ def stratified_split(
         parts[2].append(rows[n_val : n_val + n_test])
     train, val, test = (torch.cat(p).sort().values for p in parts)
     return train, val, test
+
+
+def check_splits(where: str, labels: torch.Tensor, split_rows: tuple[torch.Tensor, ...]) -> None:
+    """Refuses data a test accuracy would mislead on: one species only, or a species missing from a split."""
+    present = [SPECIES[i] for i in labels.unique().tolist()]
+    if len(present) < 2:
+        raise DataError(
+            f"{where}: every complete row is {present[0]}; a classifier needs rows of at least two species "
+            f"({', '.join(SPECIES)})"
+        )
+    for name, rows in zip(("training", "validation", "test"), split_rows):
+        missing = sorted(set(present) - {SPECIES[i] for i in labels[rows].unique().tolist()})
+        if missing:
+            raise DataError(
+                f"{where}: {len(labels)} complete rows leave no {', '.join(missing)} in the {name} split; give more "
+                "rows of each species (or change data.init_args.val_fraction / test_fraction)"
+            )
 
 
 class PenguinDataModule(InMemoryDataModule):
@@ -151,27 +183,60 @@ class PenguinDataModule(InMemoryDataModule):
                 raise DataError(f"{path}: no such file; give data.init_args.{option} an existing CSV")
         self.save_hyperparameters()
 
-    def features(self, table) -> torch.Tensor:
-        values = torch.tensor(table[list(FEATURES)].to_numpy(dtype="float32"))
-        if self.hparams.preprocessing == "course":
-            return values / COURSE_SCALE
-        return (values - self.mean) / self.std
-
     def setup(self, stage: str) -> None:
         table = read_penguins(self.hparams.csv_path)
         labels = torch.tensor(table["species"].to_numpy(), dtype=torch.long)
         fractions = (self.hparams.val_fraction, self.hparams.test_fraction)
         self.split_rows = stratified_split(labels, fractions, self.hparams.seed)
+        check_splits(self.hparams.csv_path or "palmerpenguins", labels, self.split_rows)
         raw = torch.tensor(table[list(FEATURES)].to_numpy(dtype="float32"))
         train_rows = raw[self.split_rows[0]]
-        self.mean, self.std = train_rows.mean(0), train_rows.std(0).clamp_min(1e-6)
-        inputs = self.features(table)
-        for name, rows in zip(("train", "val", "test"), self.split_rows):
-            self.splits[name] = (inputs[rows], labels[rows])
+        self.seen = {  # what the training split looks like: the model's inputs are scaled by it and judged against it
+            "mean": train_rows.mean(0), "std": train_rows.std(0).clamp_min(1e-6),
+            "low": train_rows.min(0).values, "high": train_rows.max(0).values,
+        }  # fmt: skip
+        self.raw = {name: (raw[rows], labels[rows]) for name, rows in zip(("train", "val", "test"), self.split_rows)}
         if stage == "predict":
             if self.hparams.predict_path is None:
                 raise DataError("predict needs data.init_args.predict_path: a CSV of penguins")
             table = read_penguins(self.hparams.predict_path, need_species=False)
-            self.splits["predict"] = (self.features(table),)
+            self.raw["predict"] = (torch.tensor(table[list(FEATURES)].to_numpy(dtype="float32")),)
+            self.predict_table = table
             # read_penguins drops incomplete rows: name each kept row by its line in the file.
             self.predict_names = [f"line {i + 2}" for i in table.index]
+
+    def state_dict(self) -> dict:
+        """Saved in every checkpoint: the training split's statistics, which predict, test and export then use."""
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state: dict) -> None:
+        # Lightning calls it after setup, before the dataloaders: inputs are scaled as the checkpoint's model was.
+        self.seen = state["seen"]
+
+    def features(self, raw: torch.Tensor) -> torch.Tensor:
+        if self.hparams.preprocessing == "course":
+            return raw / COURSE_SCALE
+        return (raw - self.seen["mean"]) / self.seen["std"]
+
+    def batches(self, split: str, shuffle: bool = False):
+        raw, *labels = self.raw[split]
+        if split == "predict":
+            self.check_ranges(raw)
+        self.splits[split] = (self.features(raw), *labels)
+        return super().batches(split, shuffle)
+
+    def check_ranges(self, raw: torch.Tensor) -> None:
+        """Refuses measurements far outside the training split's (most likely another unit, as the course's
+        scaled example: flipper 20, mass 50): the model would answer with confidence, and wrongly."""
+        low, high = self.seen["low"], self.seen["high"]
+        margin = (high - low) / 2
+        outside = (raw < low - margin) | (raw > high + margin)
+        outside[:, 0] = False  # the island index is checked by name when read
+        if outside.any():
+            row, column = (int(i) for i in outside.nonzero()[0])
+            name = self.predict_table.attrs["columns"][FEATURES[column]]
+            raise DataError(
+                f"{self.hparams.predict_path}: {self.predict_names[row]}: {name} {raw[row, column].item():g} is far "
+                f"outside what the model was trained on ({low[column].item():g} to {high[column].item():g}); "
+                "give millimetres and grams, as in the training data"
+            )

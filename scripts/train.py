@@ -141,8 +141,20 @@ class TemplateCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
+        if self.subcommand in ("validate", "test", "predict") and not config.get("ckpt_path"):
+            raise ConfigError(
+                f"{self.subcommand} needs --ckpt_path: the .ckpt a fit wrote (outputs/<exp>/<run>/checkpoints/"
+                "best.ckpt; `make evaluate` and `make predict` find the newest); without it the network is untrained"
+            )
         if config.get("ckpt_path") and config.model.network.get("init_args"):
             skip_pretrained_weights(config.model.network.init_args)
+        if self.subcommand != "fit" and config.get("ckpt_path"):
+            # LightningCLI has read the checkpoint's hyperparameters into model: its class names are the truth. A
+            # datamodule that takes `classes` gets them (predict labels with them; test checks its folders have them).
+            classes, data_args = config.model.get("class_names"), config.data.get("init_args") or {}
+            self.checkpoint_classes = list(classes or [])
+            if classes and "classes" in data_args:
+                data_args["classes"] = list(classes)
         if self.subcommand == "fit" and (last := resume_from(config)):
             config.ckpt_path = str(last)
             rank_zero_print(f"resuming from {last}")
@@ -190,7 +202,23 @@ class TemplateCLI(LightningCLI):
         version = register_model(tracking_uri, logger.run_id, self.model.network, example, self.model.class_names, name)
         print(f"registered model: {name} version {version}")
 
+    def check_classes(self) -> None:
+        """The data's classes must be the checkpoint's, in its order: else every label would mean another class."""
+        trained, given = self.checkpoint_classes, list(self.datamodule.class_names)
+        if trained and trained != given:
+            raise ConfigError(
+                f"--ckpt_path {self.config[self.subcommand].ckpt_path}: trained on classes {trained}, but the data has "
+                f"{given}; give the checkpoint of this task, or data of its classes"
+            )
+
+    def before_validate(self) -> None:
+        self.check_classes()
+
+    def before_test(self) -> None:
+        self.check_classes()
+
     def before_predict(self) -> None:
+        self.check_classes()
         if self.trainer.world_size > 1:  # each process would predict, and print, its own share of the rows
             sys.exit("error: predict runs in one process: give --trainer.devices 1 --trainer.num_nodes 1")
 

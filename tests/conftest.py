@@ -14,9 +14,19 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+import torch
+from torchvision.io import write_jpeg, write_png
+
+from datamodules.mnist import FILES as MNIST_FILES
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+MNIST = SHARED_DATA / "mnist"  # the four original idx .gz files, where CI has them
+needs_mnist = pytest.mark.skipif(
+    not all((MNIST / f"{name}.gz").is_file() for name in MNIST_FILES),
+    reason=f"needs the four MNIST idx .gz files in {MNIST} (CI has them)",
+)
+CLASSES = ("chickens", "turkeys")  # the bird folders tests make
 
 
 def run_module(
@@ -113,3 +123,23 @@ def azure_tracking(mlflow_server):
     yield proxy
     proxy.shutdown()
     proxy.server_close()
+
+
+def write_images(folder: Path, count: int, channel: int, size: tuple[int, int] = (64, 64), start: int = 0) -> None:
+    """`count` noisy images, JPEG and PNG in turn, with colour `channel` saturated so classes can be told apart."""
+    folder.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(channel * 100 + start)
+    for i in range(start, start + count):
+        image = torch.randint(0, 256, (3, *size), dtype=torch.uint8, generator=generator)
+        image[channel] = 255
+        if i % 2:
+            write_jpeg(image, str(folder / f"{i}.jpg"))
+        else:
+            write_png(image, str(folder / f"{i}.png"))
+
+
+def bird_folders(root: Path, splits=("train", "val"), count: int = 6) -> Path:
+    for split in splits:
+        for channel, name in enumerate(CLASSES):
+            write_images(root / split / name, count, channel)
+    return root

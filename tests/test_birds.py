@@ -17,7 +17,6 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import BackboneFinetuning
-from torchvision.io import write_jpeg, write_png
 
 from datamodules.birds import BirdsDataModule
 from datamodules.errors import DataError
@@ -28,29 +27,7 @@ from lightning_modules.transfer_net import (
     WeightsError,
     efficientnet_lite0_file,
 )
-from tests.conftest import run_module
-
-CLASSES = ("chickens", "turkeys")
-
-
-def write_images(folder: Path, count: int, channel: int, size: tuple[int, int] = (64, 64), start: int = 0) -> None:
-    """`count` noisy images, JPEG and PNG in turn, with colour `channel` saturated so classes can be told apart."""
-    folder.mkdir(parents=True, exist_ok=True)
-    generator = torch.Generator().manual_seed(channel * 100 + start)
-    for i in range(start, start + count):
-        image = torch.randint(0, 256, (3, *size), dtype=torch.uint8, generator=generator)
-        image[channel] = 255
-        if i % 2:
-            write_jpeg(image, str(folder / f"{i}.jpg"))
-        else:
-            write_png(image, str(folder / f"{i}.png"))
-
-
-def bird_folders(root: Path, splits=("train", "val"), count: int = 6) -> Path:
-    for split in splits:
-        for channel, name in enumerate(CLASSES):
-            write_images(root / split / name, count, channel)
-    return root
+from tests.conftest import CLASSES, bird_folders, run_module, write_images
 
 
 def datamodule(data_dir: Path, **kwargs) -> BirdsDataModule:

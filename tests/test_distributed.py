@@ -20,8 +20,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from tests.conftest import REPO, free_port, run_module
-from tests.test_mnist import SHARED, needs_mnist
+from tests.conftest import MNIST, REPO, bird_folders, free_port, needs_mnist, run_module
 
 pytestmark = pytest.mark.slow
 
@@ -212,8 +211,6 @@ def test_horovod_with_other_devices_than_processes_is_one_line(tmp_path):
 
 def test_birds_dataloaders_are_sharded_by_lightning_under_ddp(tmp_path):
     """Birds read a folder through DataLoaders (Lightning gives them a DistributedSampler), not in-memory batches."""
-    from tests.test_birds import bird_folders
-
     data = bird_folders(tmp_path / "data", count=8)
     args = [
         "fit", "--config", "configs/birds.yaml", *DDP, "--trainer.max_epochs", "1",
@@ -234,7 +231,7 @@ def test_mnist_in_memory_batches_are_sharded_by_rank_under_ddp(tmp_path):
     """MNIST's batches are slices of tensors (no DataLoader for Lightning to shard): each rank takes its own half."""
     args = [
         "fit", "--config", "configs/mnist.yaml", *DDP, "--trainer.max_epochs", "1",
-        "--trainer.default_root_dir", str(tmp_path), "--data.init_args.data_dir", str(SHARED),
+        "--trainer.default_root_dir", str(tmp_path), "--data.init_args.data_dir", str(MNIST),
         "--trainer.limit_train_batches", "0.05", "--trainer.limit_val_batches", "0.05",
         "--trainer.limit_test_batches", "0.05",
     ]  # fmt: skip
@@ -278,8 +275,6 @@ def test_two_nodes_under_torchrun_train_as_one_and_only_the_first_node_writes(tm
 
 def test_birds_dataloaders_are_sharded_under_horovod(tmp_path):
     """Horovod's ranks come from Horovod, not torch.distributed: Lightning's DistributedSampler must still shard."""
-    from tests.test_birds import bird_folders
-
     data = bird_folders(tmp_path / "data", count=8)
     args = [
         "fit", "--config", "configs/birds.yaml", *HOROVOD, "--trainer.devices", "2", "--trainer.max_epochs", "1",

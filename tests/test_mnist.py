@@ -20,13 +20,9 @@ import yaml
 
 from datamodules.errors import DataError
 from datamodules.mnist import FILES, MNISTDataModule, parse_idx, read_idx
-from tests.conftest import SHARED_DATA, run_module
+from tests.conftest import MNIST, needs_mnist, run_module
 
-SHARED = SHARED_DATA / "mnist"
-needs_mnist = pytest.mark.skipif(
-    not all((SHARED / f"{name}.gz").is_file() for name in FILES),
-    reason=f"needs the four MNIST idx .gz files in {SHARED} (CI has them)",
-)
+SHARED = MNIST
 
 
 def test_parse_idx_rejects_bad_magic_and_truncation(tmp_path: Path) -> None:

@@ -1,0 +1,57 @@
+"""Images decode as an upright 8-bit picture would: 16-bit PNGs scaled to 8 bits (not divided as if 8-bit), JPEGs
+turned by their EXIF orientation (phone photos are stored sideways), and folders that mix them batch together."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from datamodules.birds import BirdsDataModule
+from datamodules.image_folder import read_image
+
+
+def picture(height: int = 40, width: int = 56) -> np.ndarray:
+    """A smooth, asymmetric picture (JPEG keeps it well; rotation is visible)."""
+    y, x = np.mgrid[0:height, 0:width]
+    return np.stack([x * 255 // width, y * 255 // height, (x + y) * 255 // (width + height)], -1).astype(np.uint8)
+
+
+def test_a_16_bit_png_decodes_as_its_8_bit_version(tmp_path: Path):
+    rgb8 = picture()
+    Image.fromarray(rgb8).save(tmp_path / "rgb8.png")
+    grey16 = rgb8[..., 0].astype(np.uint16) * 257  # 255 -> 65535: the same picture with 16 bits a sample
+    Image.fromarray(grey16).save(tmp_path / "grey16.png")
+    Image.fromarray(rgb8[..., 0]).save(tmp_path / "grey8.png")
+    assert read_image(tmp_path / "grey16.png").dtype == torch.uint8
+    assert torch.equal(read_image(tmp_path / "grey16.png"), read_image(tmp_path / "grey8.png"))
+    assert torch.equal(read_image(tmp_path / "grey16.png", grey=True), read_image(tmp_path / "grey8.png", grey=True))
+
+
+def test_a_jpeg_with_an_exif_orientation_decodes_upright(tmp_path: Path):
+    upright = picture()
+    Image.fromarray(upright).save(tmp_path / "upright.jpg", quality=95)
+    stored = Image.fromarray(np.rot90(upright, k=-1).copy())  # how a phone stores a portrait photo...
+    exif = Image.Exif()
+    exif[0x0112] = 8  # ...with "rotate 90 degrees counter-clockwise to view"
+    stored.save(tmp_path / "phone.jpg", quality=95, exif=exif)
+    decoded, expected = read_image(tmp_path / "phone.jpg"), read_image(tmp_path / "upright.jpg")
+    assert decoded.shape == expected.shape == (3, 40, 56)
+    assert (decoded.int() - expected.int()).abs().float().mean() < 3  # JPEG's own loss, not a turned picture
+
+
+def test_a_folder_mixing_8_and_16_bit_images_batches(tmp_path: Path):
+    for split in ("train", "val"):
+        for name, channel in (("chickens", 0), ("turkeys", 1)):
+            folder = tmp_path / split / name
+            folder.mkdir(parents=True)
+            for i in range(2):
+                image = picture()[..., channel]
+                Image.fromarray(image).save(folder / f"{i}-8.png")
+                Image.fromarray(image.astype(np.uint16) * 257).save(folder / f"{i}-16.png")
+    data = BirdsDataModule(str(tmp_path), batch_size=8, image_size=32, num_workers=0)
+    data.setup("fit")
+    images, labels = next(iter(data.train_dataloader()))
+    assert images.dtype == torch.uint8 and images.shape == (8, 3, 32, 32) and labels.shape == (8,)
