@@ -102,6 +102,8 @@ class BirdsDataModule(L.LightningDataModule):
             )
 
     def prepare_data(self) -> None:
+        if self.hparams.classes is not None and self.trainer is not None and self.trainer.predicting:
+            return  # the classes are known (the checkpoint's): predicting needs no training data, nor its download
         self.fetch()
 
     def split_dir(self, split: str) -> Path | None:
