@@ -23,7 +23,7 @@ MNIST_DIR ?= data/mnist
 COMPUTE ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install horovod train validate evaluate predict export plot submit bench mlflow-ui lint format test clean
+.PHONY: help install horovod horovod-gpu test-fast train validate evaluate predict export plot submit bench mlflow-ui lint format test clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -41,6 +41,9 @@ install: $(VENV)/installed ## create .venv with the pinned packages (pyproject.t
 
 horovod: $(VENV)/installed ## build Horovod 0.28.1 for CPUs into .venv (~4 min once; needs cmake, g++, libopenmpi-dev)
 	$(PY) -m scripts.build_horovod
+
+horovod-gpu: $(VENV)/installed ## build Horovod 0.28.1 with CUDA and NCCL into .horovod-gpu/ (PYTHONPATH=.horovod-gpu; no GPU needed)
+	$(PY) -m scripts.build_horovod --gpu --target .horovod-gpu
 
 train: $(VENV)/installed ## fit configs/TASK.yaml (penguins, mnist, mnist_tutorial, birds), test its best checkpoint
 	$(PY) -m scripts.train fit --config $(CONFIG) $(ARGS)
@@ -89,6 +92,10 @@ format: $(VENV)/installed ## ruff format and fix in place
 test: $(VENV)/installed ## lint, then every test (the slow ones too)
 	$(MAKE) lint
 	$(PY) -m pytest -q $(ARGS)
+
+test-fast: $(VENV)/installed ## lint, then the tests not marked slow: the edit loop
+	$(MAKE) lint
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 clean: ## remove outputs/ (runs, checkpoints, the MLflow store)
 	rm -rf outputs mlruns

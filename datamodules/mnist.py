@@ -19,6 +19,7 @@ import math
 import struct
 import urllib.error
 import urllib.request
+import zlib
 from pathlib import Path
 
 import torch
@@ -46,7 +47,7 @@ def unzip(raw: bytes, where: Path | str) -> bytes:
         return raw
     try:
         return gzip.decompress(raw)
-    except (OSError, EOFError) as error:
+    except (OSError, EOFError, zlib.error) as error:  # zlib.error: a damaged deflate stream
         raise DataError(f"{where}: broken gzip data ({error}); delete it and download it again") from None
 
 

@@ -56,6 +56,7 @@ INPUT_MODES = ("ro_mount", "download", "direct", "eval_mount", "eval_download")
 PRESETS = {"pytorch": "configs/trainer/ddp.yaml", "mpi": "configs/trainer/ddp_mpi.yaml"}
 DEFAULT_EXPERIMENT = "lightning-template"  # scripts.train's default logger's
 HOROVOD_DOCKERFILE = Path("strategies/horovod.Dockerfile")
+HOROVOD_GPU_DOCKERFILE = Path("strategies/horovod_gpu.Dockerfile")  # Horovod with CUDA and NCCL, on GPU_IMAGE
 HOROVOD_CONTEXT = Path("outputs/horovod-image")  # the Dockerfile and the files it COPYs, what Azure ML builds from
 
 
@@ -80,20 +81,21 @@ def experiment_of(configs: list[str]) -> str:
     return DEFAULT_EXPERIMENT
 
 
-def horovod_build_context() -> Path:
-    """HOROVOD_CONTEXT, made a Docker build context: HOROVOD_DOCKERFILE (as Dockerfile) and the files of this
-    folder it COPYs, at their paths.
+def horovod_build_context(gpu: bool = False) -> Path:
+    """HOROVOD_CONTEXT (-gpu), made a Docker build context: the Horovod Dockerfile (as Dockerfile) and the files of
+    this folder it COPYs, at their paths.
 
     Azure ML builds an environment again whenever its context changes: with the whole repository as the
     context, every code change would rebuild the conda environment and Horovod (tens of minutes)."""
-    folder = HOROVOD_CONTEXT
+    dockerfile = HOROVOD_GPU_DOCKERFILE if gpu else HOROVOD_DOCKERFILE
+    folder = HOROVOD_CONTEXT.with_name(HOROVOD_CONTEXT.name + ("-gpu" if gpu else ""))
     shutil.rmtree(folder, ignore_errors=True)
-    for line in HOROVOD_DOCKERFILE.read_text().splitlines():
+    for line in dockerfile.read_text().splitlines():
         if line.startswith("COPY "):
             for source in line.split()[1:-1]:
                 (folder / source).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(source, folder / source)
-    shutil.copy(HOROVOD_DOCKERFILE, folder / "Dockerfile")
+    shutil.copy(dockerfile, folder / "Dockerfile")
     return folder
 
 
@@ -184,12 +186,11 @@ def plan_job(
     accelerator = dict(re.findall(r"--trainer\.(accelerator)[= ](\S+)", train_args)).get("accelerator", accelerator)
     gpu = accelerator in GPU_ACCELERATORS
     if horovod:
-        if gpu:
-            raise SubmitError(f"Horovod's image ({HOROVOD_DOCKERFILE}) is built for CPUs; on GPUs use DDP instead")
         if several and distribution != "mpi":
             raise SubmitError("Horovod's processes are started by mpirun: add --distribution mpi")
         if image != BASE_IMAGE:
-            raise SubmitError(f"--image: Horovod jobs run on the image {HOROVOD_DOCKERFILE} builds; edit its FROM")
+            dockerfile = HOROVOD_GPU_DOCKERFILE if gpu else HOROVOD_DOCKERFILE
+            raise SubmitError(f"--image: Horovod jobs run on the image {dockerfile} builds; edit its FROM")
     parts = ["python -m scripts.train fit", *(f"--config {path}" for path in configs)]
     launch, shape = None, "1 process"
     if several:
@@ -230,7 +231,8 @@ def build_job(
     from azure.ai.ml.entities import BuildContext, Environment
 
     if plan.horovod:
-        environment = Environment(build=BuildContext(path=str(horovod_build_context()), dockerfile_path="Dockerfile"))
+        context = horovod_build_context(plan.gpu)
+        environment = Environment(build=BuildContext(path=str(context), dockerfile_path="Dockerfile"))
     else:
         environment = Environment(image=image or (GPU_IMAGE if plan.gpu else BASE_IMAGE), conda_file="environment.yml")
     launch = None

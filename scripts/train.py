@@ -162,6 +162,9 @@ class TemplateCLI(LightningCLI):
             # Its output is a CSV on stdout (`predict > out.csv`): no progress bar there. It records nothing: no run.
             config.trainer.enable_progress_bar, config.trainer.logger = False, False
         check_trainer(config.trainer, writes=self.subcommand != "predict")
+        batch_size = (config.data.get("init_args") or {}).get("batch_size")
+        if isinstance(batch_size, int) and batch_size < 1:
+            raise ConfigError(f"data.init_args.batch_size {batch_size}: give 1 or more (samples per step and process)")
         logger = config.trainer.logger
         if is_mlflow_logger(logger):
             args = logger.init_args

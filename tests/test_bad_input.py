@@ -45,6 +45,20 @@ def trained(tmp_path_factory) -> dict[str, Path]:
 BIRD_OPTIONS = ["--data.init_args.image_size", "32", "--data.init_args.num_workers", "0"]
 
 
+def damaged_mnist(folder: Path) -> None:
+    """The four MNIST files, gzipped, the training images' deflate stream damaged past its header."""
+    import gzip
+
+    from datamodules.mnist import FILES
+
+    folder.mkdir()
+    for name in FILES:
+        data = gzip.compress(b"\x00" * 64, mtime=0)
+        if name == "train-images-idx3-ubyte":
+            data = data[:10] + b"\xff" + data[11:]  # the first deflate block's type: 3, which does not exist
+        (folder / f"{name}.gz").write_bytes(data)
+
+
 def checksums(folder: Path) -> dict[str, str]:
     return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
 
@@ -112,6 +126,13 @@ CASES = [
      "error: data.init_args.classes (the checkpoint's, at validate, test and predict) and {other_birds}/train have "
      "different classes: ['chickens'] only in data.init_args.classes (the checkpoint's, at validate, test and "
      "predict); ['ducks', 'geese'] only in {other_birds}/train; give both the same"),
+    ("batch-size-0", ["fit", "--data.init_args.batch_size", "0"], {},
+     "error: data.init_args.batch_size 0: give 1 or more (samples per step and process)"),
+    ("batch-size-negative-birds", ["fit", "--config", "configs/birds.yaml", "--data.init_args.batch_size", "-4"], {},
+     "error: data.init_args.batch_size -4: give 1 or more (samples per step and process)"),
+    ("mnist-gz-damaged", ["fit", "--config", "configs/mnist.yaml", "--data.init_args.data_dir", "{user}/mnist"], {},
+     "error: {user}/mnist/train-images-idx3-ubyte.gz: broken gzip data (Error -3 while decompressing data: invalid "
+     "block type); delete it and download it again"),
     ("torchrun-devices", ["fit", "--config", "configs/trainer/ddp.yaml", "--trainer.accelerator", "cpu",
                           "--trainer.devices", "1"], {"WORLD_SIZE": "2", "LOCAL_RANK": "0", "RANK": "0",
                                                      "LOCAL_WORLD_SIZE": "2", "MASTER_PORT": "{port}"},
@@ -128,6 +149,7 @@ def test_a_mistake_is_one_line_exit_1_and_nothing_recorded_or_overwritten(reques
                        ("one_species.csv", ONE_SPECIES), ("not_a_species.csv", NOT_A_SPECIES),
                        ("five_rows.csv", FIVE_ROWS)):  # fmt: skip
         (user / name).write_text(text)
+    damaged_mnist(user / "mnist")
     values = {"user": user, "port": free_port()}
     if any("_ckpt}" in arg or "birds}" in arg for arg in args):
         values |= request.getfixturevalue("trained")
@@ -137,7 +159,8 @@ def test_a_mistake_is_one_line_exit_1_and_nothing_recorded_or_overwritten(reques
     given = [arg.format(**values) for arg in args]
     if "--trainer.default_root_dir" not in given:
         given += ["--trainer.default_root_dir", str(tmp_path / "outputs")]
-    config = [] if "configs/birds.yaml" in given else ["--config", "configs/penguins.yaml"]
+    task_given = any(arg in given for arg in ("configs/birds.yaml", "configs/mnist.yaml"))
+    config = [] if task_given else ["--config", "configs/penguins.yaml"]
     result = run_module("scripts.train", given[0], *config, *given[1:], env=environ)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr

@@ -309,10 +309,6 @@ def test_the_workspace_comes_from_config_json_or_all_three_ids(tmp_path, monkeyp
             "Horovod's processes are started by mpirun: add --distribution mpi",
         ),
         (
-            ["configs/mnist.yaml", "--compute", "c", "--presets", f"[{HOROVOD}, configs/trainer/gpu.yaml]"],
-            "Horovod's image (strategies/horovod.Dockerfile) is built for CPUs; on GPUs use DDP instead",
-        ),
-        (
             ["configs/penguins.yaml", "--compute", "c", "--presets+", "configs/trainer/horovod.yaml", "--image", "x"],
             "--image: Horovod jobs run on the image strategies/horovod.Dockerfile builds; edit its FROM",
         ),
@@ -471,3 +467,16 @@ def test_inputs_have_their_type_and_mode(tmp_path):
         "path": ("uri_file", "download"),
         "weights_path": ("uri_file", "direct"),
     }
+
+
+def test_horovod_on_gpus_builds_the_gpu_dockerfile_on_the_gpu_image(horovod_context, tmp_path):
+    job = build_job(["configs/mnist.yaml", HOROVOD, "configs/trainer/gpu.yaml"], "gpu", 2, 4, "mpi")
+    context = horovod_context.with_name("horovod-image-gpu")
+    assert Path(job.environment.build.path) == context
+    sent = sorted(str(path.relative_to(context)) for path in context.rglob("*") if path.is_file())
+    assert sent == ["Dockerfile", "environment.yml", "scripts/build_horovod.py"]
+    dockerfile = (context / "Dockerfile").read_text()
+    assert dockerfile == (REPO / "strategies/horovod_gpu.Dockerfile").read_text()
+    assert f"FROM {GPU_IMAGE}" in dockerfile  # the CUDA Open MPI image with InfiniBand
+    assert "RUN python /build/scripts/build_horovod.py --gpu" in dockerfile  # the build `make horovod-gpu` runs
+    assert "--trainer.devices 4 --trainer.num_nodes 2" in job.command and job.distribution.type == "mpi"
