@@ -204,6 +204,11 @@ class PenguinDataModule(InMemoryDataModule):
             self.predict_table = table
             # read_penguins drops incomplete rows: name each kept row by its line in the file.
             self.predict_names = [f"line {i + 2}" for i in table.index]
+        self.scale()
+
+    def scale(self) -> None:
+        """Each split's inputs as the model takes them, from its raw measurements and `seen`."""
+        self.splits = {name: (self.features(raw), *labels) for name, (raw, *labels) in self.raw.items()}
 
     def state_dict(self) -> dict:
         """Saved in every checkpoint: the training split's statistics, which predict, test and export then use."""
@@ -212,18 +217,17 @@ class PenguinDataModule(InMemoryDataModule):
     def load_state_dict(self, state: dict) -> None:
         # Lightning calls it after setup, before the dataloaders: inputs are scaled as the checkpoint's model was.
         self.seen = state["seen"]
+        if hasattr(self, "raw"):
+            self.scale()
 
     def features(self, raw: torch.Tensor) -> torch.Tensor:
         if self.hparams.preprocessing == "course":
             return raw / COURSE_SCALE
         return (raw - self.seen["mean"]) / self.seen["std"]
 
-    def batches(self, split: str, shuffle: bool = False):
-        raw, *labels = self.raw[split]
-        if split == "predict":
-            self.check_ranges(raw)
-        self.splits[split] = (self.features(raw), *labels)
-        return super().batches(split, shuffle)
+    def predict_dataloader(self):
+        self.check_ranges(self.raw["predict"][0])  # against the checkpoint's training data, restored by now
+        return super().predict_dataloader()
 
     def check_ranges(self, raw: torch.Tensor) -> None:
         """Refuses measurements far outside the training split's (most likely another unit, as the course's

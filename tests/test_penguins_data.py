@@ -46,11 +46,8 @@ def test_palmerpenguins_schema_csv(tmp_path):
 
 def test_course_scaling_matches_the_course_example():
     data = PenguinDataModule()
-    table = pd.DataFrame(
-        {"island": [ISLANDS.index("Biscoe")], "culmen_length": [50.4], "culmen_depth": [15.3]}
-        | {"flipper_length": [200.0], "body_mass": [5000.0]}
-    )
-    assert torch.allclose(data.features(table), torch.tensor([[1.0, 50.4, 15.3, 20.0, 50.0]]))
+    measured = torch.tensor([[ISLANDS.index("Biscoe"), 50.4, 15.3, 200.0, 5000.0]])  # island, culmen, flipper, mass
+    assert torch.allclose(data.features(measured), torch.tensor([[1.0, 50.4, 15.3, 20.0, 50.0]]))
     assert COURSE_SCALE.tolist() == [1, 1, 1, 10, 100]
 
 
@@ -110,7 +107,7 @@ def test_predict_reads_a_csv_without_species(tmp_path):
         ("Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass,Species\nDream,x,1,2,3,0\n", "non-numeric"),
         ("Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass,Species\nDream,,1,2,3,0\n", "no row has all"),
         ("Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass,Species\nAtlantis,1,1,2,3,0\n", "unknown island"),
-        ("Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass,Species\nDream,1,1,2,3,Emperor\n", "must hold"),
+        ("Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass,Species\nDream,1,1,2,3,Emperor\n", "Emperor. is none"),
     ],
 )
 def test_bad_csv_names_the_file_and_the_fix(tmp_path, content, message):
