@@ -3,10 +3,10 @@ metrics at step = epoch, and keeping the store to runs that measured something; 
 before a run starts; model registration.
 
 Lightning's MLFlowLogger makes one `log_batch` call per `log_metrics`: a few of them per epoch.
-Each costs ~7 ms of SQLAlchemy on the local sqlite store (the penguin recipe's whole epoch is
-~25 ms) and a network round trip on a tracking server or inside Azure ML. This one keeps the
-metrics and sends them every `flush_every_s` seconds and when the run ends (also when it fails
-or is interrupted: Lightning calls `finalize` then), 1,000 per request, MLflow's limit.
+Each costs ~7 ms of SQLAlchemy on the local sqlite store and a network round trip on a tracking
+server or inside Azure ML. This one keeps the metrics and sends them at most every `flush_every_s`
+seconds, at every epoch's start (scripts.train) and when the run ends (also when it fails or is
+interrupted: Lightning calls `finalize` then), 1,000 per request, MLflow's limit.
 
     python -m scripts.train fit --config configs/penguins.yaml --trainer.logger.init_args.flush_every_s 0
 """
