@@ -84,8 +84,9 @@ def test_torchrun_starts_the_same_command_with_one_run_one_set_of_files_one_repo
 
 
 def test_predict_refuses_several_processes_in_one_line(tmp_path):
+    torch.save({"hyper_parameters": {}}, tmp_path / "any.ckpt")  # predict needs one; it stops before reading it
     result = run_module(
-        "scripts.train", "predict", "--config", "configs/penguins.yaml", *DDP,
+        "scripts.train", "predict", "--config", "configs/penguins.yaml", *DDP, "--ckpt_path", tmp_path / "any.ckpt",
         "--trainer.default_root_dir", str(tmp_path), "--data.init_args.predict_path", "configs/examples/penguins.csv",
     )  # fmt: skip
     assert result.returncode == 1

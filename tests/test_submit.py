@@ -450,7 +450,8 @@ def test_the_yaml_file_runs_from_anywhere_its_code_is_this_repository(tmp_path, 
     assert yaml.safe_load(target.read_text())["code"] == os.path.relpath(REPO, target.parent)
     assert yaml.safe_load(submit("configs/mnist.yaml", "gpu", dry_run=True))["code"] == "."  # for job.yml at the root
     monkeypatch.chdir(tmp_path)  # `az ml job create -f jobs/mnist.yml` from another folder
-    assert Path(load_job(target).code).resolve() == REPO
+    job = load_job(target)  # a relative code path is the YAML file's folder's, wherever az runs
+    assert (target.parent / job.code).resolve() == REPO
 
 
 def test_inputs_have_their_type_and_mode(tmp_path):
