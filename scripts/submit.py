@@ -273,9 +273,13 @@ def job_yaml(job, folder: Path = Path(".")) -> str:
     return yaml.safe_dump(data, sort_keys=False)
 
 
-def workspace_client(subscription_id: str | None, resource_group: str | None, workspace: str | None):
+def check_workspace_ids(subscription_id: str | None, resource_group: str | None, workspace: str | None) -> None:
     if (subscription_id or resource_group or workspace) and not (subscription_id and resource_group and workspace):
         raise SubmitError("name the workspace with all three of --subscription_id --resource_group --workspace")
+
+
+def workspace_client(subscription_id: str | None, resource_group: str | None, workspace: str | None):
+    check_workspace_ids(subscription_id, resource_group, workspace)
     from azure.ai.ml import MLClient
     from azure.identity import DefaultAzureCredential
 
@@ -349,8 +353,7 @@ def submit(
         raise SubmitError("give the compute cluster to run on: --compute NAME")
     if stream and dry_run:
         raise SubmitError("--stream follows a submitted job: leave out --dry_run")
-    if (subscription_id or resource_group or workspace) and not (subscription_id and resource_group and workspace):
-        raise SubmitError("name the workspace with all three of --subscription_id --resource_group --workspace")
+    check_workspace_ids(subscription_id, resource_group, workspace)  # before the SDK import build_job makes
     configs = [task, *(presets or [])]
     job = build_job(configs, compute, nodes, processes_per_node, distribution, inputs, train_args, experiment, image)
     if dry_run:

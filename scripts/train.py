@@ -256,9 +256,9 @@ def check_trainer(trainer: dict, writes: bool) -> None:
             f"--trainer.accelerator {trainer.accelerator}: torch sees no GPU on this machine; give "
             "--trainer.accelerator cpu (or leave out configs/trainer/gpu.yaml)"
         )
-    outputs = Path(trainer.default_root_dir or OUTPUTS)
     if not writes:
         return
+    outputs = Path(trainer.default_root_dir or OUTPUTS)
     try:
         outputs.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=outputs):

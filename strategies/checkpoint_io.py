@@ -38,12 +38,9 @@ def check_checkpoint_file(path: str | Path) -> None:
 
 
 def read(io: TorchCheckpointIO, path: str | Path, map_location: Any, weights_only: bool | None) -> dict[str, Any]:
+    check_checkpoint_file(path)
     try:
         return TorchCheckpointIO.load_checkpoint(io, path, map_location=map_location, weights_only=weights_only)
-    except FileNotFoundError:
-        raise CheckpointError(
-            f"{path}: no such checkpoint; give --ckpt_path a .ckpt that fit wrote (outputs/<exp>/<run>/checkpoints/)"
-        ) from None
     except Exception as error:  # torch.load's: a truncated zip, not a pickle, a file of another program
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise CheckpointError(
