@@ -76,6 +76,7 @@ class ClassificationModule(L.LightningModule):
             self.metrics[f"{split}_loss"] = MeanMetric(**sync)
             self.metrics[f"{split}_acc"] = MulticlassAccuracy(num_classes, average="micro", validate_args=False, **sync)
         self.collected: dict[str, dict[str, list]] = {}
+        self.train_epoch_metrics: dict | None = None  # the newest epoch's, with its epoch and step
 
     def _distributed(self) -> bool:
         try:
@@ -127,22 +128,47 @@ class ClassificationModule(L.LightningModule):
         probabilities, indices = F.softmax(self(batch[0]), dim=1).max(dim=1)
         return [(self.class_names[i], p) for i, p in zip(indices.tolist(), probabilities.tolist())]
 
-    def _log_epoch(self, split: str) -> None:
+    def _epoch_metrics(self, split: str) -> dict[str, float] | None:
         """`<split>_loss` (mean over samples) and `<split>_acc` of the epoch, over all processes."""
         collected = self.collected.pop(split, None)
-        if collected is None:
-            return
+        if collected is None and not self._distributed():
+            return None
         loss, accuracy = self.metrics[f"{split}_loss"], self.metrics[f"{split}_acc"]
-        sizes = torch.tensor(collected["sizes"], dtype=torch.float32, device=self.device)
-        loss.update(torch.stack(collected["losses"]), sizes)
-        accuracy.update(torch.cat(collected["classes"]), torch.cat(collected["labels"]))
-        self.log_dict({f"{split}_loss": loss.compute(), f"{split}_acc": accuracy.compute()}, prog_bar=True)
+        if collected is not None:  # else this process's evaluation shard was empty; it still takes part in the sync
+            sizes = torch.tensor(collected["sizes"], dtype=torch.float32, device=self.device)
+            loss.update(torch.stack(collected["losses"]), sizes)
+            accuracy.update(torch.cat(collected["classes"]), torch.cat(collected["labels"]))
+        values = {f"{split}_loss": loss.compute().item(), f"{split}_acc": accuracy.compute().item()}
         loss.reset()
         accuracy.reset()
+        return values
+
+    def _log_epoch(self, split: str) -> None:
+        values = self._epoch_metrics(split)
+        if values is not None:
+            self.log_dict(values, prog_bar=True)
 
     # Lightning's tracking hands epoch metrics over with their epoch: BufferedMLFlowLogger logs them at step = epoch.
     def on_train_epoch_end(self) -> None:
-        self._log_epoch("train")
+        values = self._epoch_metrics("train")
+        if values is not None:
+            self.log_dict(values, prog_bar=True)
+            self.train_epoch_metrics = {"epoch": self.current_epoch, "step": self.global_step - 1, "values": values}
+
+    # Lightning writes an epoch's checkpoints before it logs the epoch's training metrics: they travel in the
+    # checkpoint, and a fit resumed from it sends them (BufferedMLFlowLogger drops those its run has already).
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.train_epoch_metrics is not None:
+            checkpoint["train_epoch_metrics"] = self.train_epoch_metrics
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.train_epoch_metrics = checkpoint.get("train_epoch_metrics")
+
+    def on_train_start(self) -> None:
+        if self.train_epoch_metrics is not None:  # read back from the checkpoint this fit resumes from
+            record = self.train_epoch_metrics
+            for logger in self.loggers:
+                logger.log_metrics({**record["values"], "epoch": record["epoch"]}, step=record["step"])
 
     def on_validation_epoch_end(self) -> None:
         self._log_epoch("val")

@@ -34,6 +34,10 @@ def add_checkpoint_arguments(parser: LightningArgumentParser) -> None:
             "checkpoint.enable_version_counter": False,  # a resumed fit rewrites best.ckpt, not best-v1.ckpt
             "last_checkpoint.filename": "last",  # no monitor, save_top_k 1: the newest epoch, one file
             "last_checkpoint.enable_version_counter": False,
+            # At the epoch's very end whatever the validation schedule, after the module's own epoch end (its
+            # training metrics then travel in the checkpoint: lightning_modules/classifier.py).
+            "checkpoint.save_on_train_epoch_end": True,
+            "last_checkpoint.save_on_train_epoch_end": True,
         }
     )
     parser.add_argument(

@@ -8,15 +8,35 @@ import lightning as L
 
 
 class EpochThroughput(L.Callback):
+    """Logs `train_samples_per_sec`: the epoch's training samples over the time from its start to its last batch's
+    end (validation is not counted). The newest epoch's travels in checkpoints, which Lightning writes before it logs
+    it: a fit resumed from one sends it (as ClassificationModule does its training metrics)."""
+
+    def __init__(self) -> None:
+        self.samples, self.seconds, self.started = 0, 0.0, time.perf_counter()
+        self.record: dict | None = None  # the newest epoch's rate, with its epoch and step
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.record is not None:  # read back from the checkpoint this fit resumes from
+            for logger in trainer.loggers:
+                logger.log_metrics({"train_samples_per_sec": self.record["rate"], "epoch": self.record["epoch"]},
+                                   step=self.record["step"])  # fmt: skip
+
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.samples = 0
-        self.started = self.last_batch_end = time.perf_counter()
+        self.samples, self.seconds, self.started = 0, 0.0, time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        self.samples += len(batch[0])
-        self.last_batch_end = time.perf_counter()  # so validation time is not counted
+        self.samples += len(batch[0]) * trainer.world_size  # every rank gets an equal share of the data
+        self.seconds = time.perf_counter() - self.started
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        seconds = max(self.last_batch_end - self.started, 1e-9)
-        # Every rank gets an equal share of the data, so the total is this rank's times world size.
-        pl_module.log("train_samples_per_sec", self.samples * trainer.world_size / seconds)
+        if self.samples:
+            rate = self.samples / max(self.seconds, 1e-9)
+            pl_module.log("train_samples_per_sec", rate)
+            self.record = {"epoch": trainer.current_epoch, "step": trainer.global_step - 1, "rate": rate}
+
+    def state_dict(self) -> dict:
+        return {"record": self.record}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.record = state_dict["record"]

@@ -5,7 +5,7 @@ before a run starts; model registration.
 Lightning's MLFlowLogger makes one `log_batch` call per `log_metrics`: a few of them per epoch.
 Each costs ~7 ms of SQLAlchemy on the local sqlite store and a network round trip on a tracking
 server or inside Azure ML. This one keeps the metrics and sends them at most every `flush_every_s`
-seconds, at every epoch's start (scripts.train) and when the run ends (also when it fails or is
+seconds, before every last.ckpt (scripts/checkpoints.py) and when the run ends (also when it fails or is
 interrupted: Lightning calls `finalize` then), 1,000 per request, MLflow's limit.
 
     python -m scripts.train fit --config configs/penguins.yaml --trainer.logger.init_args.flush_every_s 0
@@ -38,8 +38,8 @@ class TrackingError(Exception):
 class BufferedMLFlowLogger(MLFlowLogger):
     """
     Args:
-        flush_every_s: most seconds between sends; 0 sends every call, as Lightning's logger does. scripts.train
-            also sends at every epoch's start, so a fit killed and resumed from its last.ckpt loses no metric.
+        flush_every_s: most seconds between sends; 0 sends every call, as Lightning's logger does. Everything is
+            also sent before last.ckpt is written (scripts/checkpoints.py), so a fit resumed from it loses no metric.
         epoch_as_step: metrics whose step Lightning picks (it adds their `epoch` then: every
             `self.log` flush) are logged at step = epoch, so curves of runs with other batch sizes or
             process counts line up; a metric sent with its own step (ClassificationModule's
@@ -72,6 +72,7 @@ class BufferedMLFlowLogger(MLFlowLogger):
         self.epoch_as_step = epoch_as_step
         self._pending: list = []
         self._last_flush = time.monotonic()
+        self._recorded: dict[str, int] = {}  # a continued run's last step of each metric it already has
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
@@ -87,19 +88,26 @@ class BufferedMLFlowLogger(MLFlowLogger):
             if isinstance(value, str):  # Lightning's logger drops these too; MLflow metrics are numbers
                 continue
             key = re.sub("[^a-zA-Z0-9_/. -]+", "", key)  # the characters MLflow accepts, as Lightning does
+            if (step or 0) <= self._recorded.get(key, -1):  # trained again after a resume: the run has it already
+                continue
             self._pending.append(Metric(key=key, value=float(value), timestamp=timestamp_ms, step=step or 0))
             self.measured = True
         if len(self._pending) >= MAX_METRICS_PER_REQUEST or time.monotonic() - self._last_flush >= self.flush_every_s:
             self.flush()
 
     @rank_zero_only
-    def flush(self) -> None:
-        """Sends every pending metric now."""
+    def flush(self, wait: bool = False) -> None:
+        """Sends every pending metric now; `wait`: also waits until the store has every metric sent so far (sending
+        to a server is asynchronous)."""
         pending, self._pending = self._pending, []
         for start in range(0, len(pending), MAX_METRICS_PER_REQUEST):
             chunk = pending[start : start + MAX_METRICS_PER_REQUEST]
             self.experiment.log_batch(run_id=self.run_id, metrics=chunk, **self._log_batch_options)
         self._last_flush = time.monotonic()
+        if wait and self._log_batch_options.get("synchronous") is False:
+            import mlflow
+
+            mlflow.flush_async_logging()
 
     @property
     @rank_zero_experiment
@@ -109,6 +117,8 @@ class BufferedMLFlowLogger(MLFlowLogger):
             self.started = True
             if self._given_run_id is None:
                 self.end_killed_runs(client)
+            else:
+                self._recorded = recorded_steps(client, self.run_id)
         return client
 
     def end_killed_runs(self, client) -> None:
@@ -150,6 +160,13 @@ class BufferedMLFlowLogger(MLFlowLogger):
                 with contextlib.suppress(OSError):
                     Path(urlsplit(artifact_uri).path).parent.rmdir()
             self.experiment.delete_run(self.run_id)
+
+
+def recorded_steps(client, run_id: str) -> dict[str, int]:
+    """The last step of each metric `run_id` has. A fit resumed from last.ckpt (a restarted Azure ML job) trains
+    again what came after that checkpoint, and may have sent some of it before it stopped: no step is logged twice."""
+    metrics = client.get_run(run_id).data.metrics
+    return {key: max(m.step for m in client.get_metric_history(run_id, key)) for key in metrics}
 
 
 def process_alive(pid: int) -> bool:

@@ -65,10 +65,12 @@ def run_dir(trainer: L.Trainer) -> Path:
     return Path(trainer.default_root_dir) / str(logger.name) / str(logger.version)
 
 
-def flatten(config: dict, prefix: str = "") -> dict[str, object]:
+def flatten(config: dict | list, prefix: str = "") -> dict[str, object]:
+    """`{"a": {"b": [{"c": 1}]}}` -> `{"a.b.0.c": 1}`: the config as MLflow parameters."""
     flat: dict[str, object] = {}
-    for key, value in config.items():
-        if isinstance(value, dict) and value:
+    items = config.items() if isinstance(config, dict) else enumerate(config)
+    for key, value in items:
+        if isinstance(value, dict | list) and value:
             flat.update(flatten(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
@@ -77,7 +79,7 @@ def flatten(config: dict, prefix: str = "") -> dict[str, object]:
 
 class TrackConfig(SaveConfigCallback):
     """The run's record: the resolved config beside the checkpoints and in MLflow (file and parameters), metrics
-    sent at every epoch's start, and no record at all of a run that failed before measuring anything."""
+    sent before each epoch's checkpoints, and no record at all of a run that failed before measuring anything."""
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "predict":  # no run to file it under: it would overwrite outputs/config.yaml
@@ -88,22 +90,26 @@ class TrackConfig(SaveConfigCallback):
         path.write_text(text)
         if isinstance(trainer.logger, MLFlowLogger):
             import yaml
+            from mlflow.entities import Param
 
             params = flatten(yaml.safe_load(text))
             params.pop("config", None)  # the paths of the YAML files: the artifact says it all
             # A resumed run (--checkpoint_dir, a restarted Azure ML job) has its parameters; MLflow refuses changes
             # (a longer max_epochs, say): those are in the config.yaml logged below, which replaces the first one.
-            logged = trainer.logger.experiment.get_run(trainer.logger.run_id).data.params
-            trainer.logger.log_hyperparams({key: value for key, value in params.items() if key not in logged})
+            client, run_id = trainer.logger.experiment, trainer.logger.run_id
+            logged = client.get_run(run_id).data.params
+            new = [Param(key, str(value)[:500]) for key, value in params.items() if key not in logged]
+            for start in range(0, len(new), 100):  # MLflow's most parameters a request
+                client.log_batch(run_id, params=new[start : start + 100])
             trainer.logger.experiment.log_artifact(trainer.logger.run_id, str(path))
             if stage == "fit":
                 keep_run_id(trainer, self.config.get("checkpoint_dir"), trainer.logger.run_id)
 
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # The last epoch's metrics are all logged by now, and its last.ckpt written: send them, so that a fit killed
-        # in this epoch and resumed from that checkpoint has its run's metrics up to it.
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        # Called while a checkpoint is made, before it is written: a fit resumed from it has every metric logged so
+        # far. What Lightning logs after an epoch's checkpoints, the epoch's training metrics, travels in them.
         if isinstance(trainer.logger, BufferedMLFlowLogger):
-            trainer.logger.flush()
+            trainer.logger.flush(wait=True)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         # A run that failed before measuring anything leaves no folder (its logger deletes its MLflow run).

@@ -1,6 +1,7 @@
 """best.ckpt and last.ckpt (Lightning's ModelCheckpoint twice: scripts/checkpoints.py) through the real CLI: last.ckpt
 is the end of every finished epoch, also after SIGTERM or SIGKILL; a fit started again with its --checkpoint_dir
-resumes bit for bit and goes on in its MLflow run, as a preempted Azure ML job restarted with the same command."""
+resumes bit for bit and goes on in its MLflow run, every epoch's metrics there once, as a preempted Azure ML job
+restarted with the same command."""
 
 from __future__ import annotations
 
@@ -61,10 +62,8 @@ def test_last_is_the_final_epoch_and_best_the_lowest_val_loss(never_stopped, tmp
     assert best["epoch"] == min(history, key=history.get)
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
-def test_a_fit_stopped_mid_epoch_and_started_again_ends_as_one_that_never_stopped(never_stopped, tmp_path, stop):
-    folder = tmp_path / "checkpoints"  # an Azure ML job's rw_mount output: it outlives the process and the node
-    command = [sys.executable, "-m", "scripts.train", *fit(tmp_path, folder)]
+def stop_by_signal(command: list[str], folder: Path, stop: signal.Signals) -> None:
+    """Runs `command` and sends it `stop` some way into an epoch after the third."""
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
@@ -76,6 +75,26 @@ def test_a_fit_stopped_mid_epoch_and_started_again_ends_as_one_that_never_stoppe
         assert process.wait(timeout=60) == (128 + stop if stop == signal.SIGTERM else -stop)
     finally:
         process.kill()
+
+
+# Where a stop can come: SIGTERM and SIGKILL wherever they land in an epoch; and exactly where the run's record and
+# last.ckpt part: when validation ends (its metrics logged, not sent), and at the epoch's end before its checkpoints
+# (the previous epoch's training metrics, which Lightning logged after that epoch's checkpoints, not sent).
+STOPS = ["sigterm", "sigkill", "on_validation_end", "on_train_epoch_end"]
+
+
+@pytest.mark.parametrize("stop", STOPS)
+def test_a_fit_stopped_and_started_again_ends_as_one_that_never_stopped_with_every_metric_once(
+    never_stopped, tmp_path, stop
+):
+    folder = tmp_path / "checkpoints"  # an Azure ML job's rw_mount output: it outlives the process and the node
+    command = [sys.executable, "-m", "scripts.train", *fit(tmp_path, folder)]
+    if stop in ("sigterm", "sigkill"):
+        stop_by_signal(command, folder, signal.SIGTERM if stop == "sigterm" else signal.SIGKILL)
+    else:
+        killer = f"[{{class_path: tests.stopping.KillAt, init_args: {{hook: {stop}, epoch: 3}}}}]"
+        killed = subprocess.run([*command, "--trainer.callbacks", killer], cwd=REPO, capture_output=True, timeout=300)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     stopped = load(folder / "last.ckpt")
     assert 2 <= stopped["epoch"] < EPOCHS - 1
     assert stopped["global_step"] == (stopped["epoch"] + 1) * STEPS  # an epoch's end, not a step within one
@@ -91,4 +110,6 @@ def test_a_fit_stopped_mid_epoch_and_started_again_ends_as_one_that_never_stoppe
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])  # one run, continued
     assert run.info.status == "FINISHED"
-    assert sorted({m.step for m in client.get_metric_history(run.info.run_id, "val_loss")}) == list(range(EPOCHS))
+    for metric in ("val_loss", "val_acc", "train_loss", "train_acc", "train_samples_per_sec"):
+        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, metric))
+        assert steps == list(range(EPOCHS)), metric  # every epoch's, none lost at the stop, none logged twice
