@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from datamodules.base import ClassificationDataModule, EvaluationShard
 from datamodules.errors import DataError
 from datamodules.image_folder import (
     check_readable,
@@ -51,7 +51,7 @@ class ImageFiles(Dataset):
         return (image,) if self.labels is None else (image, self.labels[index])
 
 
-class BirdsDataModule(L.LightningDataModule):
+class BirdsDataModule(ClassificationDataModule):
     """
     Args:
         data_dir: folder of labelled images: `train/`, `val/` (, `test/`) of class subfolders, or class subfolders.
@@ -82,9 +82,9 @@ class BirdsDataModule(L.LightningDataModule):
         seed: int = 42,
         verify_images: bool = True,
     ) -> None:
-        super().__init__()
+        super().__init__(batch_size, seed)
         if not 0 < val_fraction < 1:
-            raise DataError("data: val_fraction must be between 0 and 1 (exclusive)")
+            raise DataError(f"data.init_args.val_fraction {val_fraction}: give a fraction between 0 and 1 (exclusive)")
         self.save_hyperparameters()
         self.root = Path(data_dir)
         self.splits: dict[str, tuple[list[Path], list[int] | None]] = {}
@@ -147,9 +147,8 @@ class BirdsDataModule(L.LightningDataModule):
             if val_dir is not None:
                 val = self.labelled(val_dir)
             else:
-                seed = self.hparams.seed
                 parts = {
-                    name: seeded_split(paths, self.hparams.val_fraction, seed, train_dir / name)
+                    name: seeded_split(paths, self.hparams.val_fraction, self.seed, train_dir / name)
                     for name, paths in train.items()
                 }
                 train = {name: kept for name, (kept, _) in parts.items()}
@@ -197,10 +196,15 @@ class BirdsDataModule(L.LightningDataModule):
     def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
         files, labels = self.splits[split]
         workers = self.hparams.num_workers
+        dataset = ImageFiles(files, labels, self.transform(train=split == "train"))
+        rank, world_size = self.rank_and_world_size
+        # Training: Lightning's DistributedSampler (shards padded to one length); evaluation: each image once.
+        sampler = EvaluationShard(dataset, rank, world_size) if split in ("val", "test") and world_size > 1 else None
         return DataLoader(
-            ImageFiles(files, labels, self.transform(train=split == "train")),
-            batch_size=self.hparams.batch_size,
+            dataset,
+            batch_size=self.batch_size,
             shuffle=shuffle,
+            sampler=sampler,
             num_workers=workers,
             persistent_workers=workers > 0,
             pin_memory=self.trainer is not None and self.trainer.strategy.root_device.type == "cuda",

@@ -3,7 +3,8 @@
 `InMemoryBatches` stands in for a DataLoader. Every epoch it draws a seeded permutation, keeps
 this rank's share of it (what DistributedSampler would do) and yields slices of the permuted
 tensors, so a batch costs one gather instead of `batch_size` calls to `__getitem__`.
-`InMemoryDataModule` is the base of datamodules whose splits are such tensors (penguins, MNIST).
+`InMemoryDataModule` is the base of datamodules whose splits are such tensors (penguins, MNIST):
+training shards are padded to the same length, evaluation shards hold every row exactly once.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-import lightning as L
 import torch
+
+from datamodules.base import ClassificationDataModule
 
 
 class InMemoryBatches:
@@ -25,6 +27,7 @@ class InMemoryBatches:
         drop_last: bool = False,
         rank: int = 0,
         world_size: int = 1,
+        pad: bool = True,
     ) -> None:
         if not tensors or any(len(t) != len(tensors[0]) for t in tensors):
             raise ValueError("InMemoryBatches needs one or more tensors of the same length")
@@ -35,6 +38,7 @@ class InMemoryBatches:
         self.drop_last = drop_last
         self.rank = rank
         self.world_size = world_size
+        self.pad = pad
         self.epoch = 0
 
     batch_sampler = None  # what Lightning inspects on DataLoaders: there is none here
@@ -50,9 +54,12 @@ class InMemoryBatches:
 
     @property
     def samples_per_rank(self) -> int:
-        # Like DistributedSampler(drop_last=False): every rank gets the same count, padding
-        # by repeating the first indices, so collective ops never wait on a missing batch.
-        return math.ceil(len(self.tensors[0]) / self.world_size)
+        n = len(self.tensors[0])
+        if self.pad:
+            # Like DistributedSampler(drop_last=False): every rank gets the same count, padding by repeating the
+            # first indices, so the gradient all-reduce of a training step never waits on a missing batch.
+            return math.ceil(n / self.world_size)
+        return len(range(self.rank, n, self.world_size))  # evaluation: each row once, shards differ by one at most
 
     def __len__(self) -> int:
         if self.drop_last:
@@ -68,8 +75,8 @@ class InMemoryBatches:
             order = torch.randperm(n, generator=generator)
         else:
             order = torch.arange(n)
-        padded = self.samples_per_rank * self.world_size
-        if padded > n:
+        padded = math.ceil(n / self.world_size) * self.world_size
+        if self.pad and padded > n:
             order = torch.cat([order, order[: padded - n]])
         return order[self.rank :: self.world_size]
 
@@ -86,26 +93,27 @@ class InMemoryBatches:
             yield tuple(t[start : start + self.batch_size] for t in data)
 
 
-class InMemoryDataModule(L.LightningDataModule):
+class InMemoryDataModule(ClassificationDataModule):
     """A datamodule whose `setup` puts each split's tensors in `self.splits[name]` ("train", "val", "test",
-    "predict"); its dataloaders are `InMemoryBatches` of them, sharded by rank. Needs `batch_size` and
-    `seed` among its hyperparameters."""
+    "predict"); its dataloaders are `InMemoryBatches` of them, sharded by rank."""
 
     evaluate_in_one_batch = False  # True: validation, test and predict each take one slice of the whole split
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, batch_size: int, seed: int) -> None:
+        super().__init__(batch_size, seed)
         self.splits: dict[str, tuple[torch.Tensor, ...]] = {}
 
     def batches(self, split: str, shuffle: bool = False) -> InMemoryBatches:
-        one_batch = self.evaluate_in_one_batch and split != "train"
+        training = split == "train"
+        rank, world_size = self.rank_and_world_size
         return InMemoryBatches(
             *self.splits[split],
-            batch_size=len(self.splits[split][0]) if one_batch else self.hparams.batch_size,
+            batch_size=self.batch_size if training or not self.evaluate_in_one_batch else len(self.splits[split][0]),
             shuffle=shuffle,
-            seed=self.hparams.seed,
-            rank=self.trainer.global_rank if self.trainer else 0,
-            world_size=self.trainer.world_size if self.trainer else 1,
+            seed=self.seed,
+            rank=rank,
+            world_size=world_size,
+            pad=training,
         )
 
     def train_dataloader(self) -> InMemoryBatches:

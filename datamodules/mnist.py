@@ -107,9 +107,9 @@ class MNISTDataModule(InMemoryDataModule):
         mirrors: list[str] | None = None,
         seed: int = 42,
     ) -> None:
-        super().__init__()
+        super().__init__(batch_size, seed)
         if not 0 < val_size < 60000:
-            raise DataError("data: val_size must be between 1 and 59999 (MNIST has 60000 training images)")
+            raise DataError(f"data.init_args.val_size {val_size}: give 1 to 59999 (MNIST has 60000 training images)")
         self.save_hyperparameters()
         self.generator: torch.Generator | None = None
 
@@ -203,7 +203,7 @@ class MNISTDataModule(InMemoryDataModule):
     def setup(self, stage: str) -> None:
         if stage in ("fit", "validate"):
             images, labels = self.load("train")
-            order = torch.randperm(len(images), generator=torch.Generator().manual_seed(self.hparams.seed))
+            order = torch.randperm(len(images), generator=torch.Generator().manual_seed(self.seed))
             val, train = order[: self.hparams.val_size], order[self.hparams.val_size :]
             self.split_indices = {"train": train, "val": val}  # rows of the training files
             self.splits["train"] = (images[train], labels[train])
@@ -220,8 +220,8 @@ class MNISTDataModule(InMemoryDataModule):
     def warp(self, images: torch.Tensor) -> torch.Tensor:
         """Every image of the batch rotated, scaled and shifted by its own random amount, in one call."""
         if self.generator is None or self.generator.device != images.device:
-            rank = self.trainer.global_rank if self.trainer else 0
-            self.generator = torch.Generator(images.device).manual_seed(self.hparams.seed + rank)
+            rank, _ = self.rank_and_world_size
+            self.generator = torch.Generator(images.device).manual_seed(self.seed + rank)
         n = len(images)
         uniform = torch.rand(n, 4, generator=self.generator, device=images.device) * 2 - 1  # in [-1, 1)
         angle = uniform[:, 0] * math.radians(self.hparams.rotation)

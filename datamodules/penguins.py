@@ -175,9 +175,12 @@ class PenguinDataModule(InMemoryDataModule):
         preprocessing: Literal["course", "standardize"] = "course",
         seed: int = 42,
     ) -> None:
-        super().__init__()
+        super().__init__(batch_size, seed)
         if not (val_fraction >= 0 and test_fraction >= 0 and val_fraction + test_fraction < 1):
-            raise DataError("data: val_fraction + test_fraction must leave rows to train on")
+            raise DataError(
+                f"data.init_args.val_fraction {val_fraction} + test_fraction {test_fraction}: give fractions of 0 or "
+                "more that leave rows to train on (a sum below 1)"
+            )
         for option, path in (("csv_path", csv_path), ("predict_path", predict_path)):
             if path is not None and not Path(path).is_file():  # fail before any run is created
                 raise DataError(f"{path}: no such file; give data.init_args.{option} an existing CSV")
@@ -187,7 +190,7 @@ class PenguinDataModule(InMemoryDataModule):
         table = read_penguins(self.hparams.csv_path)
         labels = torch.tensor(table["species"].to_numpy(), dtype=torch.long)
         fractions = (self.hparams.val_fraction, self.hparams.test_fraction)
-        self.split_rows = stratified_split(labels, fractions, self.hparams.seed)
+        self.split_rows = stratified_split(labels, fractions, self.seed)
         check_splits(self.hparams.csv_path or "palmerpenguins", labels, self.split_rows)
         raw = torch.tensor(table[list(FEATURES)].to_numpy(dtype="float32"))
         train_rows = raw[self.split_rows[0]]

@@ -18,9 +18,9 @@ import itertools
 import sys
 from pathlib import Path
 
-import lightning as L
 import torch
 
+from datamodules.base import ClassificationDataModule
 from datamodules.errors import DataError
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.transfer_net import skip_pretrained_weights
@@ -32,7 +32,7 @@ class ExportError(Exception):
     """A bad checkpoint, output path or export; the message names the file and what to do."""
 
 
-def load(checkpoint: Path) -> tuple[ClassificationModule, L.LightningDataModule]:
+def load(checkpoint: Path) -> tuple[ClassificationModule, ClassificationDataModule]:
     """The trained module and its datamodule, both rebuilt from the hyperparameters the checkpoint holds."""
     try:
         saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
@@ -53,11 +53,11 @@ def load(checkpoint: Path) -> tuple[ClassificationModule, L.LightningDataModule]
         skip_pretrained_weights(init_args)
         overrides["network"] = {**network, "init_args": init_args}
     model = ClassificationModule.load_from_checkpoint(checkpoint, map_location="cpu", **overrides)
-    datamodule = L.LightningDataModule.load_from_checkpoint(checkpoint)
+    datamodule = ClassificationDataModule.load_from_checkpoint(checkpoint)
     return model, datamodule
 
 
-def test_inputs(datamodule: L.LightningDataModule, batches: int) -> list[torch.Tensor]:
+def test_inputs(datamodule: ClassificationDataModule, batches: int) -> list[torch.Tensor]:
     """The network's inputs of the first `batches` test batches, after the hooks a Trainer would run."""
     datamodule.prepare_data()
     datamodule.setup("test")

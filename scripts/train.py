@@ -36,6 +36,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from datamodules.base import ClassificationDataModule
 from datamodules.errors import DataError
 from lightning_modules.classifier import ClassificationModule, OptimizerError
 from lightning_modules.transfer_net import WeightsError, skip_pretrained_weights
@@ -168,9 +169,6 @@ class TemplateCLI(LightningCLI):
             # Its output is a CSV on stdout (`predict > out.csv`): no progress bar there. It records nothing: no run.
             config.trainer.enable_progress_bar, config.trainer.logger = False, False
         check_trainer(config.trainer, writes=self.subcommand != "predict")
-        batch_size = (config.data.get("init_args") or {}).get("batch_size")
-        if isinstance(batch_size, int) and batch_size < 1:
-            raise ConfigError(f"data.init_args.batch_size {batch_size}: give 1 or more (samples per step and process)")
         logger = config.trainer.logger
         if is_mlflow_logger(logger):
             args = logger.init_args
@@ -233,9 +231,8 @@ class TemplateCLI(LightningCLI):
 
     def after_predict(self) -> None:
         rows = [row for batch in self.trainer.predict_loop.predictions for row in batch]
-        names = getattr(self.datamodule, "predict_names", range(len(rows)))
         print("input,class,probability")
-        for name, (label, probability) in zip(names, rows):
+        for name, (label, probability) in zip(self.datamodule.predict_names, rows):
             print(f"{name},{label},{probability:.4f}")
 
 
@@ -353,7 +350,7 @@ def cli_main(args: list[str] | None = None, cli_class: type[TemplateCLI] = Templ
     warnings.filterwarnings("ignore", r"The number of training batches .* is smaller than the logging interval")
     return cli_class(
         ClassificationModule,
-        L.LightningDataModule,
+        ClassificationDataModule,
         subclass_mode_data=True,
         save_config_callback=TrackConfig,
         save_config_kwargs={"save_to_log_dir": False},

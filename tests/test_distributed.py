@@ -20,7 +20,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from tests.conftest import MNIST, REPO, bird_folders, free_port, needs_mnist, run_module
+from tests.conftest import MNIST, REPO, bird_folders, free_port, needs_mnist, run_module, write_images
 
 pytestmark = pytest.mark.slow
 
@@ -81,18 +81,6 @@ def test_torchrun_starts_the_same_command_with_one_run_one_set_of_files_one_repo
     assert run.data.params["trainer.strategy"] == "ddp"
     (run_dir,) = outputs.glob("*/*/checkpoints")
     assert sorted(p.name for p in run_dir.iterdir()) == ["best.ckpt", "last.ckpt"]
-
-
-def test_predict_refuses_several_processes_in_one_line(tmp_path):
-    torch.save({"hyper_parameters": {}}, tmp_path / "any.ckpt")  # predict needs one; it stops before reading it
-    result = run_module(
-        "scripts.train", "predict", "--config", "configs/penguins.yaml", *DDP, "--ckpt_path", tmp_path / "any.ckpt",
-        "--trainer.default_root_dir", str(tmp_path), "--data.init_args.predict_path", "configs/examples/penguins.csv",
-    )  # fmt: skip
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1] == (
-        "error: predict runs in one process: give --trainer.devices 1 --trainer.num_nodes 1"
-    )
 
 
 MPI = ["--config", "configs/trainer/ddp_mpi.yaml", "--trainer.accelerator", "cpu"]
@@ -287,3 +275,35 @@ def test_birds_dataloaders_are_sharded_under_horovod(tmp_path):
     assert len(re.findall(r"test_acc: ", result.stdout)) == 1
     # 16 training images, batch 4, 2 processes: 2 steps an epoch (4 if each process read every image).
     assert last_checkpoint(tmp_path / "outputs")["global_step"] == 2
+
+
+def validation_metrics(outputs: Path) -> dict[str, float]:
+    """val_loss and val_acc of the one `validate` run under `outputs`."""
+    client = MlflowClient(f"sqlite:///{outputs / 'mlflow.db'}")
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    return {key: run.data.metrics[key] for key in ("val_loss", "val_acc")}
+
+
+@pytest.mark.parametrize("task", ["penguins", "birds"])
+def test_evaluation_on_two_processes_counts_every_item_once(tmp_path, task):
+    """An odd number of validation items (penguins 51 rows in memory, birds 5 images through a DataLoader) on 2
+    processes: the metrics must be those of one process, not of a split padded with a repeated item."""
+    options = ["--config", f"configs/{task}.yaml"]
+    if task == "birds":
+        data = bird_folders(tmp_path / "data", splits=("train",), count=4)
+        write_images(data / "val" / "chickens", 3, channel=0, start=10)
+        write_images(data / "val" / "turkeys", 2, channel=1, start=10)
+        options += ["--data.init_args.data_dir", str(data), "--data.init_args.image_size", "32",
+                    "--data.init_args.num_workers", "0", "--data.init_args.batch_size", "2"]  # fmt: skip
+    fitted = run_module("scripts.train", "fit", *options, "--trainer.max_epochs", "2", "--test_after_fit", "false",
+                        "--trainer.default_root_dir", str(tmp_path / "fit"))  # fmt: skip
+    assert fitted.returncode == 0, fitted.stderr[-3000:]
+    (checkpoint,) = (tmp_path / "fit").glob("*/*/checkpoints/last.ckpt")
+    metrics = {}
+    for processes, extra in (("one", []), ("two", DDP)):
+        outputs = tmp_path / processes
+        result = run_module("scripts.train", "validate", *options, *extra, "--ckpt_path", str(checkpoint),
+                            "--trainer.default_root_dir", str(outputs))  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        metrics[processes] = validation_metrics(outputs)
+    assert metrics["two"] == pytest.approx(metrics["one"], abs=1e-6)

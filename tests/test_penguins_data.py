@@ -81,14 +81,31 @@ def test_training_batches_are_slices_reshuffled_each_epoch():
     assert torch.equal(first.sort(0).values, second.sort(0).values)
 
 
-def test_ranks_get_disjoint_equal_shards():
+def rows_of(loader) -> list[tuple[float, ...]]:
+    return [tuple(row.tolist()) for x, *_ in loader for row in x]
+
+
+def test_ranks_get_disjoint_training_shards_of_one_length_and_evaluation_shards_of_every_row_once():
     data = setup()
-    shards = []
-    for rank in (0, 1):
-        loader = data.train_dataloader()
-        loader.rank, loader.world_size = rank, 2
-        shards.append(torch.cat([y for _, y in loader]))
-    assert len(shards[0]) == len(shards[1]) == 120
+    for split, make in (("train", data.train_dataloader), ("val", data.val_dataloader)):
+        shards = []
+        for rank in (0, 1):
+            loader = make()
+            loader.rank, loader.world_size = rank, 2
+            shards.append(rows_of(loader))
+        every = [tuple(row.tolist()) for row in data.splits[split][0]]
+        assert sorted(shards[0] + shards[1]) == sorted(every), split  # each row once, none repeated, none left out
+        if split == "train":
+            assert len(shards[0]) == len(shards[1]) == 120  # 240 rows: even, so no padding either
+    assert (len(shards[0]), len(shards[1])) == (26, 25)  # 51 validation rows: not padded to 26 + 26
+
+
+def test_an_odd_training_split_pads_the_shorter_shard_so_every_rank_takes_as_many_steps():
+    from datamodules.in_memory import InMemoryBatches
+
+    rows = torch.arange(5.0).unsqueeze(1)
+    shards = [[x[0].item() for (x,) in InMemoryBatches(rows, batch_size=1, rank=r, world_size=2)] for r in (0, 1)]
+    assert shards == [[0.0, 2.0, 4.0], [1.0, 3.0, 0.0]]  # row 0 again: DistributedSampler's padding
 
 
 def test_predict_reads_a_csv_without_species(tmp_path):

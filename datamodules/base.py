@@ -1,0 +1,60 @@
+"""What every task's datamodule gives the rest of the template, stated once: `ClassificationDataModule`.
+
+scripts.train parses `data:` as a subclass of it (a datamodule of your own must derive from it), links its
+`class_names` to the model's, prints `predict_names` beside the answers, and the datamodules below use its batch size
+and seed. `EvaluationShard` makes validation and test under several processes exact.
+
+    python -m scripts.train fit --config configs/penguins.yaml --data.init_args.batch_size 32
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sized
+
+import lightning as L
+from torch.utils.data import DistributedSampler
+
+from datamodules.errors import DataError
+
+
+class ClassificationDataModule(L.LightningDataModule):
+    """
+    Args:
+        batch_size: samples per step and process.
+        seed: of the data's own randomness (the validation split; shuffling is Lightning's seed_everything), the same
+            on every process.
+
+    Subclasses also provide:
+        class_names: label names in index order (logit i is class i), known right after `__init__` (the CLI gives them
+            to the model before `setup`); at validate, test and predict the checkpoint's.
+        predict_names: after `setup("predict")`, one name per input, in order (a file, a CSV line).
+    Batches are `(inputs, labels)`, `(inputs,)` to predict.
+    """
+
+    class_names: list[str]
+    predict_names: list[str]
+
+    def __init__(self, batch_size: int, seed: int) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise DataError(f"data.init_args.batch_size {batch_size}: give 1 or more (samples per step and process)")
+        self.batch_size, self.seed = batch_size, seed
+
+    @property
+    def rank_and_world_size(self) -> tuple[int, int]:
+        """This process's rank and the number of processes (0, 1 without a Trainer)."""
+        return (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+
+
+class EvaluationShard(DistributedSampler):
+    """Rank r of n evaluates items r, r + n, r + 2n, ... of `dataset`: each item once over all processes, so validation
+    and test metrics count every item exactly once. Lightning's own DistributedSampler repeats items to even out the
+    shards; these may differ by one item, which evaluation allows (no step of it waits for the other processes).
+    Being a DistributedSampler, Lightning leaves it in place."""
+
+    def __init__(self, dataset: Sized, rank: int, world_size: int) -> None:
+        super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=False)
+        self.num_samples = len(range(rank, len(dataset), world_size))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, len(self.dataset), self.num_replicas))
