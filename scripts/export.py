@@ -37,7 +37,10 @@ def load(checkpoint: Path) -> tuple[ClassificationModule, ClassificationDataModu
     try:
         saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises several types for files that are not checkpoints
-        raise ExportError(f"{checkpoint}: not a readable checkpoint ({type(error).__name__})") from None
+        raise ExportError(
+            f"{checkpoint}: not a checkpoint this can read ({type(error).__name__}); give a .ckpt written by "
+            "scripts.train fit"
+        ) from None
     class_path = saved.get("datamodule_hyper_parameters", {}).get("_class_path") if isinstance(saved, dict) else None
     if class_path is None or "hyper_parameters" not in saved:
         raise ExportError(

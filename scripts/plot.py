@@ -56,7 +56,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         print(plot_losses(args.run_id, args.tracking_uri, args.output))
     except MlflowException as error:
-        sys.exit(f"error: {args.tracking_uri}: {error.message.splitlines()[0]}")
+        sys.exit(
+            f"error: {args.tracking_uri}: {error.message.splitlines()[0]}; give a run id of this store (`make "
+            "mlflow-ui` lists them), or none for the newest run"
+        )
 
 
 if __name__ == "__main__":

@@ -178,7 +178,10 @@ class TemplateCLI(LightningCLI):
                 args.run_name = None if args.run_id else args.run_name
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
-        trainer = super().instantiate_trainer(**kwargs)
+        try:
+            trainer = super().instantiate_trainer(**kwargs)
+        except ValueError as error:  # the Trainer's own checks of its options (a strategy name that does not exist)
+            raise ConfigError(f"trainer: {str(error).strip().splitlines()[0]}") from None
         check_launch(trainer.num_devices, trainer.num_nodes)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # a user's own plugin is left alone
             trainer.strategy.checkpoint_io = RankZeroCheckpointIO(trainer.strategy)
@@ -371,14 +374,32 @@ def config_error_line(error: ArgumentError, args: list[str]) -> str:
     text = str(error)
     if text.startswith("Problems parsing config"):  # a YAML syntax error, in one of the --config files
         return yaml_error_line(args) or text.splitlines()[0]
+    if missing := re.search(r"File does not exist: '([^']+)'", text):
+        return f"--config {missing[1]}: no such file; give a YAML file such as configs/penguins.yaml"
     lines = [line.strip(" -") for line in text.splitlines() if line.strip(" -")]
     keys = re.findall(r'Parser key "([^"]+)"', text)
+    # A class's own option (data: a datamodule's, model.optimizer: the optimizer's) is reported by its own name.
+    key = f"{keys[0]}.init_args.{'.'.join(keys[1:])}" if len(keys) > 1 else keys[0] if keys else ""
+    class_path = re.search(r"class_path='([\w.]+)'|NestedArg\(key='class_path', val='([\w.]+)'\)", text)
+    if key and (option := re.search(r"Option '(\w+)' is not accepted", text)):  # an argument the class does not take
+        owner = re.search(r"class_path '([\w.]+)'|class_path='([\w.]+)'", text)
+        of = f" ({owner[1] or owner[2]} takes no such argument)" if owner else ""
+        return f"unrecognized arguments: --{key}.init_args.{option[1]}{of} (check the name against --print_config)"
+    unusable = re.search(
+        r"has no attribute|No module named|to be a subclass of|does not correspond to a subclass", text
+    )
+    if key and class_path and unusable:  # a class that cannot be imported, or is not of the kind the option takes
+        name = class_path[1] or class_path[2]
+        if wanted := re.search(r"does not correspond to a subclass of (\w+)", text):
+            return f"{key}: {name} is not a {wanted[1]}; give a class derived from it, as configs/ do"
+        reason = re.search(r"callable class: (.+?)\.*(?: Got value|$)", text, re.M)
+        return f"{key}: {name} cannot be used here ({reason[1] if reason else lines[-1]}); give a class as configs/ do"
     given = re.search(r"(?:Given value|Got value): (.*?)(?:\. Got value: |\n|$)", text)
-    if keys and given:
-        # A class's own option (data: a datamodule's, model.optimizer: the optimizer's) is reported by its own name.
-        key = f"{keys[0]}.init_args.{'.'.join(keys[1:])}" if len(keys) > 1 else keys[0]
-        expected = sorted({name for name in re.findall(r"Expected a <class '([\w.]+)'>", text) if name != "NoneType"})
-        wanted = f"; give {' or '.join(expected)}" if expected else ""
+    if key and given:
+        expected = [name for name in re.findall(r"Expected a <class '([\w.]+)'>", text) if name != "NoneType"]
+        for values in re.findall(r"Expected a typing\.Literal\[(.*)\]", text):  # choices: list them
+            expected += [value.strip().strip("'") for value in values.split(",")]
+        wanted = f"; give {' or '.join(dict.fromkeys(expected))}" if expected else ""
         return f"{key}: {given.group(1).strip()!r} is not a valid value{wanted}"
     if "unrecognized arguments" in text or "does not accept" in text:
         return f"{lines[0]} (check the name against --print_config)"
