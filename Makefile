@@ -19,6 +19,7 @@ NEED_CKPT = @test -n "$(CKPT)" || { echo "error: no checkpoint of $(TASK) under 
 INPUT ?= $(if $(filter penguins,$(TASK)),configs/examples/penguins.csv,)
 RUN ?=
 MLFLOW_PORT ?= 5000
+MLFLOW_STORE ?= outputs/mlflow.db
 MNIST_DIR ?= data/mnist
 COMPUTE ?=
 
@@ -77,9 +78,9 @@ bench: $(VENV)/installed ## time the template against plain PyTorch loops, print
 	$(PY) -m scripts.bench_mnist --data-dir $(MNIST_DIR) --repeats 2
 	$(PY) -m scripts.bench_birds
 
-mlflow-ui: $(VENV)/installed ## the MLflow UI over outputs/mlflow.db on http://127.0.0.1:5000 (MLFLOW_PORT=...)
-	mkdir -p outputs
-	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db --host 127.0.0.1 --port $(MLFLOW_PORT)
+mlflow-ui: $(VENV)/installed ## the MLflow UI over outputs/mlflow.db on http://127.0.0.1:5000 (MLFLOW_PORT=, MLFLOW_STORE=)
+	mkdir -p $(dir $(MLFLOW_STORE))
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(MLFLOW_STORE) --host 127.0.0.1 --port $(MLFLOW_PORT)
 
 lint: $(VENV)/installed ## ruff
 	$(VENV)/bin/ruff check .

@@ -17,6 +17,7 @@ import pytest
 import torch
 from torchvision.io import write_jpeg, write_png
 
+from datamodules.birds import BirdsDataModule
 from datamodules.mnist import FILES as MNIST_FILES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -136,6 +137,11 @@ def write_images(folder: Path, count: int, channel: int, size: tuple[int, int] =
             write_jpeg(image, str(folder / f"{i}.jpg"))
         else:
             write_png(image, str(folder / f"{i}.png"))
+
+
+def birds_data(data_dir: Path, **kwargs) -> BirdsDataModule:
+    """BirdsDataModule of small crops in the test process: 32 px, no workers, batch 4 unless given."""
+    return BirdsDataModule(str(data_dir), **{"image_size": 32, "num_workers": 0, "batch_size": 4, **kwargs})
 
 
 def bird_folders(root: Path, splits=("train", "val"), count: int = 6) -> Path:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
-import re
+import signal
+import socket
 import subprocess
+import sys
+import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
 
-from tests.conftest import REPO, run_module
+from tests.conftest import REPO, free_port, run_module
 
 
 @pytest.mark.slow
@@ -44,13 +48,39 @@ def test_plot_of_the_newest_local_run(train_cli, tmp_path):
     png = tmp_path / "loss.png"
     assert plot.stdout.strip() == str(png) and png.stat().st_size > 5000
 
-    missing = run_module("scripts.plot", "0123abc", "--tracking-uri", uri)
-    assert missing.returncode != 0 and re.search(r"error: .*0123abc", missing.stderr)
 
-
-def test_make_mlflow_ui_serves_on_loopback_only():
-    dry = subprocess.run(["make", "-n", "mlflow-ui"], cwd=REPO, capture_output=True, text=True)
-    assert "mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db --host 127.0.0.1" in dry.stdout
+@pytest.mark.slow
+def test_make_mlflow_ui_shows_the_runs_of_a_store_on_loopback_only(train_cli, tmp_path):
+    result = train_cli("fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", 1)
+    assert result.returncode == 0, result.stderr[-2000:]
+    port, store = free_port(), tmp_path / "outputs" / "mlflow.db"
+    client = MlflowClient(f"sqlite:///{store}")
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    make = ["make", "--no-print-directory", "mlflow-ui", f"MLFLOW_PORT={port}", f"MLFLOW_STORE={store}"]
+    make.append(f"VENV={Path(sys.executable).parent.parent}")
+    ui = subprocess.Popen(make, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        body = json.dumps({"experiment_ids": [run.info.experiment_id]}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/runs/search", body, {"Content-Type": "application/json"}
+        )
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(request, timeout=5) as response:
+                    shown = json.load(response)["runs"]
+                break
+            except OSError:
+                assert ui.poll() is None and time.monotonic() < deadline, "make mlflow-ui did not serve"
+                time.sleep(1)
+        assert [r["info"]["run_id"] for r in shown] == [run.info.run_id]  # the store given, not outputs/mlflow.db
+        address = socket.gethostbyname(socket.gethostname())
+        if not address.startswith("127."):  # this machine's own address answers nothing: loopback only
+            with pytest.raises(OSError), socket.create_connection((address, port), timeout=5):
+                pass
+    finally:
+        os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(timeout=30)
 
 
 @pytest.mark.slow

@@ -1,0 +1,215 @@
+"""Birds' image folders: layouts and their errors (each names the path), archives, crops and batches.
+
+.venv/bin/python -m pytest -q tests/test_birds_data.py
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from datamodules.birds import BirdsDataModule
+from datamodules.errors import DataError
+from tests.conftest import CLASSES, bird_folders, birds_data, write_images
+
+# ---- layouts ---------------------------------------------------------------------------------------------------
+
+
+def test_train_val_folders_give_sorted_classes_and_labels(tmp_path):
+    root = bird_folders(tmp_path / "birds")
+    dm = birds_data(root)
+    assert dm.class_names == list(CLASSES)  # known right after __init__: the CLI links it into the model
+    dm.setup("fit")
+    files, labels = dm.splits["train"]
+    assert len(files) == 12 and all(f.parent.parent == root / "train" for f in files)
+    assert all(CLASSES[label] == f.parent.name for f, label in zip(files, labels))
+    assert {f.parent.parent for f in dm.splits["val"][0]} == {root / "val"}
+    dm.setup("test")
+    assert dm.splits["test"] == dm.splits["val"]  # no test/: the validation images
+
+
+def test_test_folder_is_used_when_present(tmp_path):
+    root = bird_folders(tmp_path / "birds", splits=("train", "val", "test"), count=2)
+    dm = birds_data(root)
+    dm.setup("test")
+    assert {f.parent.parent for f in dm.splits["test"][0]} == {root / "test"}
+
+
+def test_one_folder_is_split_by_a_seeded_fraction_of_each_class(tmp_path):
+    root = tmp_path / "birds"
+    for channel, name in enumerate(CLASSES):
+        write_images(root / name, 10, channel)
+
+    def split(seed: int) -> tuple[set[Path], set[Path]]:
+        dm = birds_data(root, val_fraction=0.3, seed=seed)
+        dm.setup("fit")
+        return set(dm.splits["train"][0]), set(dm.splits["val"][0])
+
+    train, val = split(seed=1)
+    assert not train & val and len(train | val) == 20
+    assert sorted(sum(f.parent.name == name for f in val) for name in CLASSES) == [3, 3]
+    assert split(seed=1) == (train, val)
+    assert split(seed=2)[1] != val
+
+
+# ---- errors: each names the path ----------------------------------------------------------------------------------
+
+
+def test_images_outside_class_folders_are_not_labelled(tmp_path):
+    root = bird_folders(tmp_path / "birds", count=2)
+    write_images(root / "train", 1, 0, start=0)  # train/0.png next to the class folders
+    with pytest.raises(DataError, match="not labelled") as error:
+        birds_data(root).setup("fit")
+    assert str(root / "train") in str(error.value) and "0.png" in str(error.value)
+
+
+def test_train_and_val_with_different_classes(tmp_path):
+    root = bird_folders(tmp_path / "birds", count=2)
+    write_images(root / "val" / "ducks", 2, 2)
+    with pytest.raises(DataError, match="different classes") as error:
+        birds_data(root).setup("fit")
+    message = str(error.value)
+    assert "ducks" in message and str(root / "val") in message and str(root / "train") in message
+
+
+def test_a_class_without_images(tmp_path):
+    root = bird_folders(tmp_path / "birds", count=2)
+    for path in (root / "val" / "turkeys").iterdir():
+        path.unlink()
+    with pytest.raises(DataError, match="no images") as error:
+        birds_data(root).setup("fit")
+    assert str(root / "val" / "turkeys") in str(error.value)
+
+
+def test_a_split_without_class_folders(tmp_path):
+    root = bird_folders(tmp_path / "birds", count=2)
+    shutil.rmtree(root / "val")
+    (root / "val").mkdir()
+    with pytest.raises(DataError, match="no class subfolders") as error:
+        birds_data(root).setup("fit")
+    assert str(root / "val") in str(error.value)
+
+
+def test_missing_data_dir(tmp_path):
+    with pytest.raises(DataError, match="no such folder") as error:
+        _ = birds_data(tmp_path / "nowhere").class_names
+    assert str(tmp_path / "nowhere") in str(error.value)
+
+
+def test_every_unreadable_file_is_reported_at_setup_in_one_error(tmp_path):
+    root = bird_folders(tmp_path / "birds", count=2)
+    good = (root / "train" / "chickens" / "1.jpg").read_bytes()
+    bad = {
+        root / "train" / "chickens" / "truncated.jpg": good[: len(good) // 2],
+        root / "train" / "turkeys" / "text.jpg": b"not an image at all",
+        root / "val" / "chickens" / "empty.png": b"",
+        root / "val" / "turkeys" / "notes.txt": b"a stray file",
+    }
+    for path, data in bad.items():
+        path.write_bytes(data)
+    dm = birds_data(root)
+    with pytest.raises(DataError, match="4 file") as error:
+        dm.setup("fit")
+    assert all(str(path) in str(error.value) for path in bad)
+    assert "truncated" in str(error.value)  # torchvision's reason comes along
+
+
+def test_without_verify_images_a_bad_file_fails_when_its_batch_is_loaded(tmp_path):
+    root = bird_folders(tmp_path / "birds", count=2)
+    broken = root / "train" / "chickens" / "broken.jpg"
+    broken.write_bytes(b"\xff\xd8 not really")
+    dm = birds_data(root, verify_images=False, batch_size=8)
+    dm.setup("fit")  # no decode pass
+    with pytest.raises(DataError, match=f"{re.escape(str(broken))}: not a readable image"):
+        list(dm.train_dataloader())
+
+
+# ---- archives -----------------------------------------------------------------------------------------------------
+
+
+def test_archive_is_extracted_once_when_class_names_are_asked(tmp_path, monkeypatch):
+    source = bird_folders(tmp_path / "fowl_data", count=2)
+    archive = tmp_path / "fowl_data.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for path in sorted(source.rglob("*")):
+            zf.write(path, path.relative_to(tmp_path))  # one top folder, fowl_data/, as the tutorial's zip
+    target = tmp_path / "data" / "birds"
+    dm = birds_data(target, archive=str(archive))
+    assert dm.class_names == list(CLASSES)
+    assert (target / "train" / "chickens" / "0.png").is_file()
+    assert [p.name for p in target.parent.iterdir()] == ["birds"]  # no temporary folder left behind
+
+    def extract(*args, **kwargs):
+        raise AssertionError("extracted a second time")
+
+    monkeypatch.setattr(zipfile.ZipFile, "extractall", extract)
+    dm.prepare_data()
+    birds_data(target, archive=str(archive)).setup("fit")
+
+
+def test_archive_url_is_downloaded_and_extracted(tmp_path, serve):
+    source = bird_folders(tmp_path / "served" / "images", count=2)
+    with tarfile.open(tmp_path / "served" / "birds.tar.gz", "w:gz") as tar:
+        for name in ("train", "val"):  # no top folder this time
+            tar.add(source / name, arcname=name)
+    url = f"{serve(tmp_path / 'served')}/birds.tar.gz"
+    dm = birds_data(tmp_path / "birds", archive=url)
+    dm.prepare_data()
+    assert dm.class_names == list(CLASSES)
+    assert len(list((tmp_path / "birds" / "val").rglob("*.png"))) == 2
+
+
+def test_archive_that_does_not_exist(tmp_path):
+    with pytest.raises(DataError, match="no such archive") as error:
+        _ = birds_data(tmp_path / "birds", archive=str(tmp_path / "missing.zip")).class_names
+    assert str(tmp_path / "missing.zip") in str(error.value)
+    assert not (tmp_path / "birds").exists()
+
+
+# ---- transforms and batches ---------------------------------------------------------------------------------------
+
+
+def test_batches_are_cropped_uint8_then_normalised_on_the_device(tmp_path):
+    root = tmp_path / "birds"
+    for split in ("train", "val"):
+        for channel, name in enumerate(CLASSES):
+            write_images(root / split / name, 3, channel, size=(48, 80))  # not square, not 32
+    write_images(tmp_path / "photos", 3, 0, size=(100, 60))
+    dm = birds_data(root, predict_path=str(tmp_path / "photos"))
+    dm.setup("fit")
+    dm.setup("predict")
+    images, labels = next(iter(dm.train_dataloader()))
+    assert images.shape == (4, 3, 32, 32) and images.dtype == torch.uint8 and labels.dtype == torch.long
+    images, labels = dm.on_after_batch_transfer((images, labels), 0)
+    assert images.dtype == torch.float32 and images.min() < 0 < images.max()
+    (val_images, _) = next(iter(dm.val_dataloader()))
+    assert val_images.shape == (4, 3, 32, 32)
+    (batch,) = [b for b in dm.predict_dataloader()][:1]
+    assert len(batch) == 1 and batch[0].shape == (3, 3, 32, 32)
+    assert dm.predict_names == [str(tmp_path / "photos" / f"{i}.{'jpg' if i % 2 else 'png'}") for i in range(3)]
+
+
+def test_evaluation_crop_is_the_centre(tmp_path):
+    # Resize(256/224 * size) then CenterCrop(size): a centred square survives, its border does not.
+    image = torch.zeros(3, 64, 64, dtype=torch.uint8)
+    image[:, 16:48, 16:48] = 255
+    out = BirdsDataModule(image_size=28).transform(train=False)(image)
+    assert out.shape == (3, 28, 28)
+    assert out[:, 14, 14].min() == 255 and out[:, 0, 0].max() == 0
+
+
+def test_predict_needs_no_training_data_when_classes_are_given(tmp_path):
+    write_images(tmp_path / "photos", 2, 0)
+    (tmp_path / "photos" / ".DS_Store").write_bytes(b"junk")  # hidden files are skipped
+    dm = birds_data(tmp_path / "nowhere", classes=["turkeys", "chickens"], predict_path=str(tmp_path / "photos"))
+    assert dm.class_names == ["turkeys", "chickens"]
+    dm.setup("predict")
+    assert [Path(name).name for name in dm.predict_names] == ["0.png", "1.jpg"]
+    with pytest.raises(DataError, match="no such folder"):
+        dm.setup("fit")
