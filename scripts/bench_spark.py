@@ -1,0 +1,90 @@
+"""What the fit costs on Spark against torchrun, for the same 2 DDP processes on this machine, side by side:
+
+    python -m scripts.bench_spark [--epochs 30] [--rounds 2] [--master "local-cluster[2,1,1024]"]
+
+Both run the penguin recipe (batch 20 per process) as a user types it, in rounds that alternate the two:
+- torchrun: `torchrun --standalone --nproc_per_node 2 -m scripts.train fit ... --trainer.devices 2`;
+- spark:    `python -m scripts.spark fit ... --num_processes 2 --master MASTER` (a local-cluster master by default:
+            each task in an executor process of its own, as on a cluster; the Spark start is part of its wall time).
+Printed per launcher, best of the rounds: the command's wall time, the time of an epoch once training (from the
+timestamps of the MLflow run's per-epoch val_loss) and the rest (start-up, the final test, shutdown), with Spark's
+ratios to torchrun's measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def fit_args(outputs: Path, epochs: int) -> list[str]:
+    return [
+        "fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", str(epochs),
+        "--trainer.default_root_dir", str(outputs), "--trainer.callbacks", "[]",  # no early stop: every epoch runs
+    ]  # fmt: skip
+
+
+def torchrun(outputs: Path, epochs: int, master: str) -> list[str]:
+    ddp = ["--config", "configs/trainer/ddp.yaml", "--trainer.accelerator", "cpu", "--trainer.devices", "2"]
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "scripts.train"]
+    return [sys.executable, *launcher, *fit_args(outputs, epochs), *ddp]
+
+
+def spark(outputs: Path, epochs: int, master: str) -> list[str]:
+    (fit, *args) = fit_args(outputs, epochs)
+    return [sys.executable, "-m", "scripts.spark", fit, "--num_processes", "2", "--master", master, *args]
+
+
+def epoch_seconds(outputs: Path) -> float:
+    """Seconds per epoch of the run in `outputs`: from the first epoch's val_loss to the last one's."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{outputs / 'mlflow.db'}")
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    history = sorted(client.get_metric_history(run.info.run_id, "val_loss"), key=lambda m: m.step)
+    return (history[-1].timestamp - history[0].timestamp) / 1000 / (len(history) - 1)
+
+
+def measure(command, epochs: int, master: str) -> tuple[float, float]:
+    """(wall s, s per epoch) of one run of `command` in a fresh outputs folder."""
+    with tempfile.TemporaryDirectory() as folder:
+        outputs = Path(folder) / "outputs"
+        started = time.perf_counter()
+        result = subprocess.run(command(outputs, epochs, master), cwd=REPOSITORY, capture_output=True, text=True)
+        wall = time.perf_counter() - started
+        if result.returncode != 0:
+            sys.exit(f"error: {command.__name__} failed: {result.stderr.strip().splitlines()[-1:]}")
+        return wall, epoch_seconds(outputs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--master", default="local-cluster[2,1,1024]")
+    options = parser.parse_args()
+    best: dict[str, tuple[float, float]] = {}
+    for _ in range(options.rounds):
+        for command in (torchrun, spark):
+            wall, epoch = measure(command, options.epochs, options.master)
+            old = best.get(command.__name__, (float("inf"), float("inf")))
+            best[command.__name__] = (min(old[0], wall), min(old[1], epoch))
+    print(f"penguins fit, 2 DDP processes (gloo), {options.epochs} epochs, best of {options.rounds} rounds")
+    reference_wall, reference_epoch = best["torchrun"]
+    for name, (wall, epoch) in best.items():
+        rest = wall - epoch * options.epochs
+        label = "torchrun --standalone" if name == "torchrun" else f"scripts.spark ({options.master})"
+        print(
+            f"  {label:42s} wall {wall:6.1f} s {wall / reference_wall:5.2f}x   epoch {epoch * 1000:6.1f} ms "
+            f"{epoch / reference_epoch:5.2f}x   start-up, test and shutdown {rest:5.1f} s"
+        )
+
+
+if __name__ == "__main__":
+    main()
