@@ -10,20 +10,23 @@ Every option but --num_processes and --master is scripts.train's. The Spark sess
 Databricks or Synapse notebook or job, spark-submit) or, run with plain python, a new one on --master (default
 local[N]: N processes on this machine). The config is checked here first, so a typo costs no cluster time.
 
-Each task runs `scripts.train fit` from this checkout's path and this working directory, which every node must have
-at the same path (a Databricks Git folder does; locally it is this folder), with the Trainer's devices x num_nodes set
-from N and the GPUs Spark gives a task: 1 x N on CPUs; on GPUs, spark.task.resource.gpu.amount (g) processes per
-task: g x N/g. Rank 0 alone tracks (Databricks' MLflow there, else what scripts.train uses) and writes files. This
-process prints rank 0's `test_acc`, or the error of the task that failed in one line and exits 1.
+Each task runs `scripts.train fit` with the Trainer's devices x num_nodes set from N and the GPUs Spark gives a task
+(1 x N on CPUs; with spark.task.resource.gpu.amount g, g processes per task: g x N/g). A node that has this checkout
+at the driver's path (this machine, a Databricks Git folder) runs it from the driver's working directory; any other
+node runs the code and configs the driver sends with the tasks. Data paths must be readable where the tasks run.
+Rank 0 alone tracks (Databricks' MLflow there, else what scripts.train uses) and writes files. This process prints
+rank 0's `test_acc`, or the error of the task that failed in one line and exits 1.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
 import sys
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +38,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 TASK_FAILED = "spark task failed on rank"
 TASK_FAILED_LINE = re.compile(rf"{TASK_FAILED} (\d+): (.*)")
 LAUNCH_OPTIONS = ("--trainer.devices", "--trainer.num_nodes")  # set here from --num_processes and the GPUs
+CODE_FOLDERS = ("configs", "datamodules", "lightning_modules", "strategies", "scripts")  # what a task needs to fit
 
 
 class SparkFitError(Exception):
@@ -149,10 +153,12 @@ def plan_launch(trainer, num_processes: int, task_gpus: int) -> Launch:
 def task_gpus(spark) -> int:
     """GPUs Spark gives each task (spark.task.resource.gpu.amount); TorchDistributor reads it as a whole number."""
     amount = spark.conf.get("spark.task.resource.gpu.amount", "0") or "0"
-    try:
-        return int(float(amount)) if float(amount) >= 1 else 0
-    except ValueError:
-        raise SparkFitError(f"spark.task.resource.gpu.amount {amount}: give a whole number of GPUs per task") from None
+    if not amount.isdigit():  # a fraction (several tasks per GPU) is TorchDistributor's ValueError
+        raise SparkFitError(
+            f"spark.task.resource.gpu.amount {amount}: TorchDistributor runs whole GPUs per task; set 1 (one process "
+            "per GPU) in the Spark config of the cluster that trains"
+        )
+    return int(amount)
 
 
 def local_slots(master: str) -> int | None:
@@ -262,21 +268,46 @@ def failure_line(error: Exception, failures: list[tuple[int, str]]) -> str:
     return f"the Spark fit failed: {line.strip()} (the tasks' output is above, and in the executors' logs)"
 
 
-def start_in_task(repository: str, workdir: str, args: list[str], environment: dict[str, str]):
-    """What TorchDistributor runs in every process of every task: this checkout's code, as the executor has it.
-    Pickled by value (the executor's Python does not know this module until the checkout is on its path)."""
+def pack_code(repository: Path = REPOSITORY) -> bytes:
+    """This checkout's code and configs, zipped (~100 KB), for nodes that have no checkout at the driver's path."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for folder in CODE_FOLDERS:
+            for path in sorted((repository / folder).rglob("*")):
+                if path.is_file() and "__pycache__" not in path.parts:
+                    archive.write(path, path.relative_to(repository).as_posix())
+    return buffer.getvalue()
+
+
+def start_in_task(repository: str, workdir: str, code: bytes, args: list[str], environment: dict[str, str]):
+    """What TorchDistributor runs in every process of every task. Pickled by value: the executor's Python knows no
+    module of this checkout until its folder is on the path.
+
+    The checkout at the driver's path when this node has it (this machine, a Databricks Git folder); else the `code`
+    the driver sent (a Synapse pool, YARN, Kubernetes), unpacked once per node into the task's folder, which Spark
+    removes with the application. The working directory is the driver's, or its place in the unpacked checkout.
+    """
+    import hashlib
+    import io
     import os
+    import shutil
     import sys
+    import tempfile
+    import zipfile
 
     if not os.path.isfile(os.path.join(repository, "scripts", "spark.py")):
-        rank = os.environ.get("RANK", "?")
-        print(
-            f"{TASK_FAILED} {rank}: this node has no checkout at {repository}: put the repository at the same path on "
-            "every node (a Databricks Git folder is)",
-            file=sys.stderr,
-            flush=True,
-        )
-        raise SystemExit(1)
+        unpacked = os.path.abspath(f"lightning-template-code-{hashlib.sha256(code).hexdigest()[:16]}")
+        if not os.path.isdir(unpacked):
+            staging = tempfile.mkdtemp(dir=os.path.dirname(unpacked))
+            zipfile.ZipFile(io.BytesIO(code)).extractall(staging)
+            try:
+                os.rename(staging, unpacked)
+            except OSError:  # another process of this task unpacked it first
+                shutil.rmtree(staging, ignore_errors=True)
+        inside = os.path.relpath(workdir, repository)
+        if not os.path.isdir(workdir):
+            workdir = os.path.join(unpacked, inside if not inside.startswith("..") else ".")
+        repository = unpacked
     sys.path.insert(0, repository)
     from scripts.spark import fit_in_task
 
@@ -288,11 +319,6 @@ def fit_in_task(workdir: str, args: list[str], environment: dict[str, str]) -> d
     os.environ.update(environment)
     rank = int(os.environ.get("RANK", "0"))
     try:
-        if not os.path.isdir(workdir):
-            raise SystemExit(
-                f"this node has no folder {workdir}: run from a folder every node has (the repository's root in a "
-                "Databricks Git folder)"
-            )
         os.chdir(workdir)
         from scripts.train import main
 
@@ -358,7 +384,8 @@ def fit_on_spark(argv: list[str], spark=None) -> dict:
         errors = TaskErrors(sys.stderr)
         sys.stderr = errors
         try:
-            result = distributor.run(start_in_task, str(REPOSITORY), os.getcwd(), task_args, environment)
+            code = pack_code()
+            result = distributor.run(start_in_task, str(REPOSITORY), os.getcwd(), code, task_args, environment)
         except Exception as error:
             raise SparkFitError(failure_line(error, errors.failures)) from None
         finally:
