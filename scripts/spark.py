@@ -29,9 +29,15 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jsonargparse import Namespace
 
 if __package__ in (None, ""):  # run as a file (a Databricks job's Python script task): the checkout is the package root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    if Path.cwd() == Path(__file__).resolve().parent:  # Databricks runs a script from its own folder: code runs from
+        os.chdir(Path(__file__).resolve().parents[1])  # the repository's root, as everywhere else
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 # What a failing task prints, one line, for this process to report; TorchDistributor streams task output here.
@@ -90,9 +96,10 @@ def split_options(argv: list[str]) -> tuple[int, str | None, list[str]]:
     return int(number), values.get("--master") or None, rest[1:]
 
 
-def resolve_trainer(args: list[str]) -> dict:
+def resolve_trainer(args: list[str]) -> Namespace:
     """The `fit` config as scripts.train parses it (a bad option is one line here, before Spark runs anything); nothing
     is built, no data read."""
+    import logging
     import warnings
 
     from jsonargparse import ArgumentError
@@ -108,6 +115,9 @@ def resolve_trainer(args: list[str]) -> dict:
             raise Parsed(self.config[self.subcommand])
 
     warnings.filterwarnings("ignore", "LightningCLI's args parameter")  # sys.argv is scripts.spark's, args its part
+    seed_log = logging.getLogger("lightning.fabric.utilities.seed")  # the tasks seed; here it would be noise
+    level = seed_log.level
+    seed_log.setLevel(logging.WARNING)
     try:
         cli_main(["fit", *args], cli_class=ParseOnly)
     except Parsed as parsed:
@@ -116,14 +126,19 @@ def resolve_trainer(args: list[str]) -> dict:
         raise SparkFitError(config_error_line(error, args)) from None
     except USER_ERRORS as error:  # a --ckpt_path that is not a checkpoint, say
         raise SparkFitError(str(error).strip()) from None
+    finally:
+        seed_log.setLevel(level)
     raise SparkFitError("the config did not parse")  # --help and --print_config exit before this
 
 
-def plan_launch(trainer, num_processes: int, task_gpus: int) -> Launch:
-    """Devices x num_nodes, accelerator and strategy for N processes on tasks that Spark gives `task_gpus` GPUs each."""
-    accelerator = str(trainer.accelerator)
-    strategy = trainer.strategy if isinstance(trainer.strategy, str) else (trainer.strategy or {}).get("class_path")
-    if "horovod" in str(strategy).lower():
+def strategy_name(trainer) -> str:
+    """The Trainer's strategy as given: a name ("auto", "ddp") or a class path."""
+    return trainer.strategy if isinstance(trainer.strategy, str) else str((trainer.strategy or {}).get("class_path"))
+
+
+def check_launcher(trainer) -> None:
+    """Refuses what Spark's torch.distributed processes cannot run: Horovod, mpirun's environment, other devices."""
+    if "horovod" in strategy_name(trainer).lower():
         raise SparkFitError(
             "configs/trainer/horovod.yaml: TorchDistributor starts torch.distributed processes; Horovod needs "
             "horovodrun or mpirun: leave the Horovod preset out (DDP trains the same weights)"
@@ -133,8 +148,14 @@ def plan_launch(trainer, num_processes: int, task_gpus: int) -> Launch:
             "configs/trainer/ddp_mpi.yaml: Spark starts the processes with torch.distributed's variables, not mpirun; "
             "leave the preset out"
         )
-    if accelerator not in ("auto", "cpu", "gpu", "cuda"):
-        raise SparkFitError(f"--trainer.accelerator {accelerator}: Spark tasks train on cpu or gpu")
+    if str(trainer.accelerator) not in ("auto", "cpu", "gpu", "cuda"):
+        raise SparkFitError(f"--trainer.accelerator {trainer.accelerator}: Spark tasks train on cpu or gpu")
+
+
+def plan_launch(trainer, num_processes: int, task_gpus: int) -> Launch:
+    """Devices x num_nodes, accelerator and strategy for N processes on tasks that Spark gives `task_gpus` GPUs each."""
+    check_launcher(trainer)
+    accelerator = str(trainer.accelerator)
     use_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and task_gpus >= 1)
     if use_gpu and task_gpus < 1:
         raise SparkFitError(
@@ -147,7 +168,8 @@ def plan_launch(trainer, num_processes: int, task_gpus: int) -> Launch:
             f"give a multiple of {task_gpus}"
         )
     per_task = task_gpus if use_gpu else 1
-    return Launch(num_processes, use_gpu, per_task, num_processes // per_task, "ddp" if strategy == "auto" else None)
+    strategy = "ddp" if strategy_name(trainer) == "auto" else None
+    return Launch(num_processes, use_gpu, per_task, num_processes // per_task, strategy)
 
 
 def task_gpus(spark) -> int:
@@ -355,6 +377,7 @@ def fit_on_spark(argv: list[str], spark=None) -> dict:
     returns rank 0's results (test_acc, best_checkpoint, run_id). Raises SparkFitError with the line to print."""
     num_processes, master, args = split_options(argv)
     config = resolve_trainer(args)
+    check_launcher(config.trainer)  # before any Spark start; the GPUs of a task are known once a session is there
     from pyspark import cloudpickle
     from pyspark.sql import SparkSession
 
@@ -368,11 +391,12 @@ def fit_on_spark(argv: list[str], spark=None) -> dict:
         local = LocalSpark(master or f"local[{num_processes}]")
         spark = local.session
     try:
-        slots = local_slots(spark.conf.get("spark.master", ""))
+        master = spark.conf.get("spark.master", "") or ""
+        slots = local_slots(master)
         if slots is not None and slots < num_processes:
             raise SparkFitError(
-                f"--num_processes {num_processes}: the master {spark.conf.get('spark.master')} runs {slots} tasks at "
-                f"once; give --master local[{num_processes}] (or local-cluster[{num_processes},1,1024])"
+                f"--num_processes {num_processes}: the master {master} runs {slots} tasks at once; give --master "
+                f"local[{num_processes}] (or local-cluster[{num_processes},1,1024])"
             )
         launch = plan_launch(config.trainer, num_processes, task_gpus(spark))
         environment = tracking_environment(config.trainer.logger)
