@@ -26,6 +26,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,9 +41,11 @@ if __package__ in (None, ""):  # run as a file (a Databricks job's Python script
         os.chdir(Path(__file__).resolve().parents[1])  # the repository's root, as everywhere else
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-# What a failing task prints, one line, for this process to report; TorchDistributor streams task output here.
+# What a failing task prints, one line, for this process to report; TorchDistributor streams task output here. The
+# time orders failures: a rank that fails first takes the others down (their collectives lose a peer), and the log
+# stream does not keep the order of lines from different tasks.
 TASK_FAILED = "spark task failed on rank"
-TASK_FAILED_LINE = re.compile(rf"{TASK_FAILED} (\d+): (.*)")
+TASK_FAILED_LINE = re.compile(rf"{TASK_FAILED} (\d+) at ([\d.]+): (.*)")
 LAUNCH_OPTIONS = ("--trainer.devices", "--trainer.num_nodes")  # set here from --num_processes and the GPUs
 CODE_FOLDERS = ("configs", "datamodules", "lightning_modules", "strategies", "scripts")  # what a task needs to fit
 
@@ -262,27 +265,28 @@ def tracking_environment(logger) -> dict[str, str]:
 
 class TaskErrors:
     """This process's stderr while the tasks run. TorchDistributor writes the lines its tasks print there; the ones
-    that say a task failed (TASK_FAILED) are kept, first one first, to report the failure in one line."""
+    that say a task failed (TASK_FAILED) are kept, as (time, rank, message), to report the first failure in one line."""
 
     def __init__(self, stream) -> None:
         self.stream = stream
-        self.failures: list[tuple[int, str]] = []
+        self.failures: list[tuple[float, int, str]] = []
         self._partial = ""
 
     def write(self, text: str) -> int:
         self._partial += text
         *lines, self._partial = self._partial.split("\n")
-        self.failures += [(int(found[1]), found[2]) for line in lines if (found := TASK_FAILED_LINE.search(line))]
+        found = [TASK_FAILED_LINE.search(line) for line in lines]
+        self.failures += [(float(one[2]), int(one[1]), one[3]) for one in found if one]
         return self.stream.write(text)
 
     def __getattr__(self, name: str):
         return getattr(self.stream, name)
 
 
-def failure_line(error: Exception, failures: list[tuple[int, str]]) -> str:
-    """One line for a Spark job that failed: the first task error reported, else Spark's reason (no Java trace)."""
+def failure_line(error: Exception, failures: list[tuple[float, int, str]]) -> str:
+    """One line for a Spark job that failed: the task error that happened first, else Spark's reason (no Java trace)."""
     if failures:
-        rank, message = failures[0]
+        _, rank, message = min(failures)
         return f"rank {rank} of the Spark fit: {message}"
     text = str(error)
     reason = re.search(r"Job aborted due to stage failure: ([^\n]*)", text)
@@ -349,11 +353,15 @@ def fit_in_task(workdir: str, args: list[str], environment: dict[str, str]) -> d
         if stop.code in (None, 0):
             return None
         message = stop.code if isinstance(stop.code, str) else f"stopped with exit status {stop.code}"
-        print(f"{TASK_FAILED} {rank}: {message.removeprefix('error: ')}", file=sys.stderr, flush=True)
+        print(
+            f"{TASK_FAILED} {rank} at {time.time():.3f}: {message.removeprefix('error: ')}", file=sys.stderr, flush=True
+        )
         raise SystemExit(1) from None
     except BaseException as error:
         first = (str(error).strip().splitlines() or [""])[0]
-        print(f"{TASK_FAILED} {rank}: {type(error).__name__}: {first}", file=sys.stderr, flush=True)
+        print(
+            f"{TASK_FAILED} {rank} at {time.time():.3f}: {type(error).__name__}: {first}", file=sys.stderr, flush=True
+        )
         raise
     if int(os.environ.get("LOCAL_RANK", "0")) != 0:
         # The processes of one task share the file TorchDistributor returns: only local rank 0 may write it.

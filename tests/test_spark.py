@@ -218,3 +218,69 @@ def test_a_node_without_the_checkout_runs_the_code_the_driver_sent(tmp_path):
     assert result.stdout.decode().strip().endswith("None")  # --print_config stops before any fit: no results
     (unpacked,) = tmp_path.glob("lightning-template-code-*")
     assert (unpacked / "scripts" / "train.py").is_file() and (unpacked / "configs" / "penguins.yaml").is_file()
+
+
+def test_the_failure_reported_is_the_first_one_whatever_order_its_line_arrived_in():
+    """The rank that fails first takes the others down (their collectives lose a peer); lines from different tasks
+    reach the driver in any order, so the time each task stamps on its failure decides."""
+    import io
+
+    from scripts.spark import TaskErrors, failure_line
+
+    stream = io.StringIO()
+    errors = TaskErrors(stream)
+    errors.write("epoch 1\nspark task failed on rank 0 at 1700000000.900: RuntimeError: Connection closed by peer\nspa")
+    errors.write("rk task failed on rank 1 at 1700000000.200: RuntimeError: rank 1 lost its data in epoch 1\n")
+    assert stream.getvalue().startswith("epoch 1\n")  # everything still reaches the real stderr
+    assert failure_line(RuntimeError("job aborted"), errors.failures) == (
+        "rank 1 of the Spark fit: RuntimeError: rank 1 lost its data in epoch 1"
+    )
+
+
+def test_a_spark_failure_without_a_task_line_is_spark_s_reason_in_one_line():
+    from scripts.spark import failure_line
+
+    java = (
+        "An error occurred while calling o67.collectToPython.\n: org.apache.spark.SparkException: Job aborted due to "
+        "stage failure: Could not recover from a failed barrier ResultStage. Most recent failure reason: "
+        "ExecutorLostFailure (executor 1 exited)\n\tat org.apache.spark.scheduler.DAGScheduler.abortStage(...)\n" * 3
+    )
+    assert failure_line(RuntimeError(java), []) == (
+        "the Spark fit failed: Could not recover from a failed barrier ResultStage. Most recent failure reason: "
+        "ExecutorLostFailure (executor 1 exited) (the tasks' output is above, and in the executors' logs)"
+    )
+
+
+def test_on_databricks_the_tasks_track_to_its_mlflow_with_the_driver_s_credentials(monkeypatch):
+    """Executors have no notebook context: the driver hands them the workspace URL and token (as Databricks'
+    TorchDistributor examples do), and Databricks keeps experiments at workspace paths."""
+    from jsonargparse import Namespace
+    from mlflow.utils import databricks_utils
+    from mlflow.utils.credentials import MlflowHostCreds
+
+    from scripts.spark import SparkFitError, tracking_environment
+    from scripts.tracking import check_tracking_uri
+
+    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "18.0")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    creds = MlflowHostCreds("https://adb-1.azuredatabricks.net", token="dapi-token")
+    monkeypatch.setattr(databricks_utils, "get_databricks_host_creds", lambda uri=None: creds)
+
+    def logger(experiment: str) -> Namespace:
+        init_args = Namespace(experiment_name=experiment, tracking_uri=None)
+        return Namespace(class_path="scripts.tracking.BufferedMLFlowLogger", init_args=init_args)
+
+    environment = tracking_environment(logger("/Users/me@example.com/penguins"))
+    assert environment["MLFLOW_TRACKING_URI"] == "databricks"
+    assert (environment["DATABRICKS_HOST"], environment["DATABRICKS_TOKEN"]) == (creds.host, creds.token)
+    check_tracking_uri("databricks", "MLFLOW_TRACKING_URI")  # scripts.train in the task takes it
+    with pytest.raises(SparkFitError) as error:
+        tracking_environment(logger("penguins"))
+    assert str(error.value) == (
+        "experiment_name 'penguins': Databricks keeps experiments at workspace paths; give "
+        "--trainer.logger.init_args.experiment_name /Users/<you>/penguins"
+    )
+    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    environment = tracking_environment(logger("penguins"))  # elsewhere: the driver's MLflow variables, nothing more
+    assert environment["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5000" and "DATABRICKS_TOKEN" not in environment
