@@ -7,7 +7,8 @@ Each runs the penguin recipe (batch 20 per process) as a user would, in rounds t
 - spark:    `python -m scripts.spark fit ... --num_processes 2 --master MASTER` (a local-cluster master by default:
             each task in an executor process of its own, as on a cluster; the Spark start is part of its wall time);
 - spark, session running: `fit_on_spark` on a session started before the clock starts, as in a Databricks or
-            Synapse notebook whose cluster is up (the first fit of the session: its Python workers start cold).
+            Synapse notebook whose cluster is up (the first fit of the session: its Python workers start cold);
+            then, on the same session, TorchDistributor running a function that returns at once: Spark's floor.
 Printed per launcher, best of the rounds: the command's wall time, the time of an epoch once training (from the
 timestamps of the MLflow run's per-epoch val_loss) and the rest (start-up, the final test, shutdown), with Spark's
 ratios to torchrun's measured in the same run.
@@ -53,6 +54,10 @@ def spark_session_running(outputs: Path, epochs: int, master: str) -> list[str]:
         "started = time.perf_counter()\n"
         f"fit_on_spark({[fit, '--num_processes', '2', *args]!r}, spark=local.session)\n"
         "print(f'fit seconds: {time.perf_counter() - started}')\n"
+        "from pyspark.ml.torch.distributor import TorchDistributor\n"
+        "started = time.perf_counter()\n"
+        "TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(lambda: None)\n"
+        "print(f'floor seconds: {time.perf_counter() - started}')\n"
         "local.stop()\n"
     )
     return [sys.executable, "-c", program]
@@ -68,6 +73,9 @@ def epoch_seconds(outputs: Path) -> float:
     return (history[-1].timestamp - history[0].timestamp) / 1000 / (len(history) - 1)
 
 
+FLOOR: list[float] = []  # TorchDistributor running a function that returns at once, on the running session
+
+
 def measure(command, epochs: int, master: str) -> tuple[float, float]:
     """(wall s, s per epoch) of one run of `command` in a fresh outputs folder."""
     with tempfile.TemporaryDirectory() as folder:
@@ -79,6 +87,7 @@ def measure(command, epochs: int, master: str) -> tuple[float, float]:
             sys.exit(f"error: {command.__name__} failed: {result.stderr.strip().splitlines()[-1:]}")
         if timed := re.search(r"^fit seconds: (\S+)$", result.stdout, re.M):  # the part after the session's start
             wall = float(timed[1])
+            FLOOR.extend(float(found) for found in re.findall(r"^floor seconds: (\S+)$", result.stdout, re.M))
         return wall, epoch_seconds(outputs)
 
 
@@ -107,6 +116,8 @@ def main() -> None:
             f"  {label:42s} wall {wall:6.1f} s {wall / reference_wall:5.2f}x   epoch {epoch * 1000:6.1f} ms "
             f"{epoch / reference_epoch:5.2f}x   start-up, test and shutdown {rest:5.1f} s"
         )
+    if FLOOR:
+        print(f"  TorchDistributor.run of a function that returns at once, session running: {min(FLOOR):.1f} s")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from mlflow import MlflowClient
 from tests.conftest import run_module
 from tests.test_distributed import EPOCHS, assert_same_training, last_checkpoint, penguins
 
-pytestmark = pytest.mark.slow
 needs_java = pytest.mark.skipif(
     shutil.which("java") is None, reason="needs Java 17 for Spark (apt-get install openjdk-17-jre-headless; CI has it)"
 )
@@ -64,6 +63,7 @@ def one_process(tmp_path_factory) -> dict:
     return last_checkpoint(outputs)
 
 
+@pytest.mark.slow
 @needs_java
 def test_two_spark_tasks_train_the_weights_one_process_does_into_one_run_with_one_report(
     tmp_path, spark, one_process, capsys
@@ -90,6 +90,7 @@ def test_two_spark_tasks_train_the_weights_one_process_does_into_one_run_with_on
     assert sorted(path.name for path in checkpoints.iterdir()) == ["best.ckpt", "last.ckpt"]
 
 
+@pytest.mark.slow
 @needs_java
 def test_a_data_error_in_the_tasks_is_one_line_naming_the_file(tmp_path, spark):
     """The driver checks the config, not the data (the data are where the tasks run): the tasks' error comes back."""
@@ -107,6 +108,7 @@ def test_a_data_error_in_the_tasks_is_one_line_naming_the_file(tmp_path, spark):
     assert not list(tmp_path.glob("*/*/checkpoints"))
 
 
+@pytest.mark.slow
 @needs_java
 def test_a_task_that_fails_fails_the_command_with_its_error_in_one_line(tmp_path):
     failing = '{"class_path": "tests.test_spark.FailOnRank", "init_args": {"rank": 1, "epoch": 1}}'
@@ -119,6 +121,7 @@ def test_a_task_that_fails_fails_the_command_with_its_error_in_one_line(tmp_path
     assert "test_acc" not in result.stdout
 
 
+@pytest.mark.slow
 def test_a_bad_option_is_one_line_before_spark_starts(tmp_path):
     args = penguins(tmp_path, "--trainer.max_epochs", "abc")[1:]
     result = run_module("scripts.spark", "fit", "--num_processes", "2", *args, env={**os.environ, "JAVA_HOME": "/none"})
@@ -186,6 +189,7 @@ def test_launches_spark_cannot_run_are_one_line(config, processes, task_gpus, li
     assert str(error.value).startswith(line)
 
 
+@pytest.mark.slow
 def test_a_node_without_the_checkout_runs_the_code_the_driver_sent(tmp_path):
     """TorchDistributor pickles the task's entry on the driver and runs it in a Python that cannot import this
     checkout. On a node without the checkout at the driver's path (a Synapse pool, YARN), the entry unpacks the code
