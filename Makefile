@@ -22,9 +22,12 @@ MLFLOW_PORT ?= 5000
 MLFLOW_STORE ?= outputs/mlflow.db
 MNIST_DIR ?= data/mnist
 COMPUTE ?=
+PROCESSES ?= 2
+# The Spark master for `make spark` (default: the session's, or local[PROCESSES]); e.g. local-cluster[2,1,1024].
+MASTER ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install horovod horovod-gpu test-fast train validate evaluate predict export plot submit bench mlflow-ui lint format test clean
+.PHONY: help install horovod horovod-gpu test-fast train validate evaluate predict export plot submit spark bench bench-spark mlflow-ui lint format test clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -73,10 +76,16 @@ submit: $(VENV)/installed ## run configs/TASK.yaml as an Azure ML job on COMPUTE
 	@test -n "$(COMPUTE)" || { echo "error: give COMPUTE=<your Azure ML compute cluster>" >&2; exit 1; }
 	$(PY) -m scripts.submit $(CONFIG) --compute $(COMPUTE) $(ARGS)
 
+spark: $(VENV)/installed ## fit configs/TASK.yaml in PROCESSES Spark tasks (TorchDistributor; MASTER=...; needs Java 17)
+	$(PY) -m scripts.spark fit --config $(CONFIG) --num_processes $(PROCESSES) $(if $(MASTER),--master "$(MASTER)") $(ARGS)
+
 bench: $(VENV)/installed ## time the template against plain PyTorch loops, print the ratios (MNIST_DIR=...)
 	$(PY) -m scripts.bench_penguins
 	$(PY) -m scripts.bench_mnist --data-dir $(MNIST_DIR) --repeats 2
 	$(PY) -m scripts.bench_birds
+
+bench-spark: $(VENV)/installed ## time the penguin fit on Spark against torchrun, 2 processes each (needs Java 17)
+	$(PY) -m scripts.bench_spark
 
 mlflow-ui: $(VENV)/installed ## the MLflow UI over outputs/mlflow.db on http://127.0.0.1:5000 (MLFLOW_PORT=, MLFLOW_STORE=)
 	mkdir -p $(dir $(MLFLOW_STORE))

@@ -186,6 +186,8 @@ def check_tracking_uri(uri: str, source: str, timeout_s: float = 5.0) -> None:
     import urllib.request
 
     scheme = urlsplit(uri).scheme
+    if uri == "databricks":  # Databricks' own tracking: a name, not a path
+        return
     if scheme in ("file", "") or (len(scheme) == 1 and uri[1:3] in (":\\", ":/")):  # file:, a path, C:\...
         raise TrackingError(
             f"{source} {uri}: a plain-file MLflow store (in maintenance mode in MLflow 3, and it cannot hold this "

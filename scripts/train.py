@@ -437,10 +437,11 @@ USER_ERRORS = (
 )
 
 
-def main(args: list[str] | None = None) -> None:
-    """Mistakes in the user's config, data, weights files or launch end in one line on stderr and exit status 1."""
+def main(args: list[str] | None = None) -> TemplateCLI:
+    """Mistakes in the user's config, data, weights files or launch end in one line on stderr and exit status 1.
+    Returns the CLI that ran (scripts.spark reads the trainer's results from it)."""
     try:
-        cli_main(args)
+        return cli_main(args)
     except SIGTERMException:
         # Lightning stops at the next batch with this SystemExit, whose status is 0: a killed run would look
         # finished to a shell or a scheduler. 143 (128 + SIGTERM) is what dying of the signal reports.

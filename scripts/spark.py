@@ -1,0 +1,448 @@
+"""Fit any task on a Spark cluster: the very same LightningCLI fit, one DDP process per Spark barrier task, started by
+pyspark's TorchDistributor (Databricks, Synapse, a Spark cluster of your own, or this machine).
+
+    python -m scripts.spark fit --config configs/penguins.yaml --num_processes 2
+    python -m scripts.spark fit --config configs/mnist.yaml --num_processes 8 --data.init_args.data_dir /dbfs/mnist
+    python -m scripts.spark fit --config configs/penguins.yaml --num_processes 2 --master "local-cluster[2,1,1024]"
+    make spark TASK=penguins PROCESSES=2
+
+Every option but --num_processes and --master is scripts.train's. The Spark session is the one this process has (a
+Databricks or Synapse notebook or job, spark-submit) or, run with plain python, a new one on --master (default
+local[N]: N processes on this machine). The config is checked here first, so a typo costs no cluster time.
+
+Each task runs `scripts.train fit` with the Trainer's devices x num_nodes set from N and the GPUs Spark gives a task
+(1 x N on CPUs; with spark.task.resource.gpu.amount g, g processes per task: g x N/g). A node that has this checkout
+at the driver's path (this machine, a Databricks Git folder) runs it from the driver's working directory; any other
+node runs the code and configs the driver sends with the tasks. Data paths must be readable where the tasks run.
+Rank 0 alone tracks (Databricks' MLflow there, else what scripts.train uses) and writes files. This process prints
+rank 0's `test_acc`, or the error of the task that failed in one line and exits 1.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jsonargparse import Namespace
+
+if __package__ in (None, ""):  # run as a file (a Databricks job's Python script task): the checkout is the package root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    if Path.cwd() == Path(__file__).resolve().parent:  # Databricks runs a script from its own folder: code runs from
+        os.chdir(Path(__file__).resolve().parents[1])  # the repository's root, as everywhere else
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+# What a failing task prints, one line, for this process to report; TorchDistributor streams task output here. The
+# time orders failures: a rank that fails first takes the others down (their collectives lose a peer), and the log
+# stream does not keep the order of lines from different tasks.
+TASK_FAILED = "spark task failed on rank"
+TASK_FAILED_LINE = re.compile(rf"{TASK_FAILED} (\d+) at ([\d.]+): (.*)")
+LAUNCH_OPTIONS = ("--trainer.devices", "--trainer.num_nodes")  # set here from --num_processes and the GPUs
+CODE_FOLDERS = ("configs", "datamodules", "lightning_modules", "strategies", "scripts")  # what a task needs to fit
+
+
+class SparkFitError(Exception):
+    """A fit on Spark that cannot start or failed; the message is the one line to print."""
+
+
+@dataclass
+class Launch:
+    """How N processes map onto Spark tasks and the Trainer: `devices` processes (GPUs) per task, `num_nodes` tasks."""
+
+    num_processes: int
+    use_gpu: bool
+    devices: int
+    num_nodes: int
+    strategy: str | None  # set when the config leaves it to Lightning ("auto")
+
+    def trainer_args(self) -> list[str]:
+        args = ["--trainer.accelerator", "gpu" if self.use_gpu else "cpu"]
+        args += ["--trainer.devices", str(self.devices), "--trainer.num_nodes", str(self.num_nodes)]
+        return args + (["--trainer.strategy", self.strategy] if self.strategy else [])
+
+
+def split_options(argv: list[str]) -> tuple[int, str | None, list[str]]:
+    """--num_processes and --master out of the command line; the rest is scripts.train's `fit` and its options."""
+    values: dict[str, str] = {}
+    rest: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        name, equals, value = arg.partition("=")
+        if name in ("--num_processes", "--master"):
+            values[name] = value if equals else next(args, "")
+        else:
+            rest.append(arg)
+    if not rest or rest[0] != "fit":
+        given = rest[0] if rest else "nothing"
+        raise SparkFitError(
+            f"scripts.spark runs fit (given: {given}); validate, test and predict a checkpoint with scripts.train"
+        )
+    number = values.get("--num_processes", "")
+    if not number.isdigit() or int(number) < 1:
+        given = number or "(missing)"
+        raise SparkFitError(f"--num_processes {given}: give the number of processes to train, 1 or more")
+    for arg in rest:
+        if arg.split("=")[0] in LAUNCH_OPTIONS:
+            raise SparkFitError(
+                f"{arg.split('=')[0]}: the Spark launcher sets devices x num_nodes from --num_processes and the GPUs "
+                "of a task; leave it out"
+            )
+    return int(number), values.get("--master") or None, rest[1:]
+
+
+def resolve_trainer(args: list[str]) -> Namespace:
+    """The `fit` config as scripts.train parses it (a bad option is one line here, before Spark runs anything); nothing
+    is built, no data read."""
+    import logging
+    import warnings
+
+    from jsonargparse import ArgumentError
+
+    from scripts.train import USER_ERRORS, TemplateCLI, cli_main, config_error_line
+
+    class Parsed(Exception):
+        def __init__(self, config) -> None:
+            self.config = config
+
+    class ParseOnly(TemplateCLI):
+        def before_instantiate_classes(self) -> None:
+            raise Parsed(self.config[self.subcommand])
+
+    warnings.filterwarnings("ignore", "LightningCLI's args parameter")  # sys.argv is scripts.spark's, args its part
+    seed_log = logging.getLogger("lightning.fabric.utilities.seed")  # the tasks seed; here it would be noise
+    level = seed_log.level
+    seed_log.setLevel(logging.WARNING)
+    try:
+        cli_main(["fit", *args], cli_class=ParseOnly)
+    except Parsed as parsed:
+        return parsed.config
+    except ArgumentError as error:
+        raise SparkFitError(config_error_line(error, args)) from None
+    except USER_ERRORS as error:  # a --ckpt_path that is not a checkpoint, say
+        raise SparkFitError(str(error).strip()) from None
+    finally:
+        seed_log.setLevel(level)
+    raise SparkFitError("the config did not parse")  # --help and --print_config exit before this
+
+
+def strategy_name(trainer) -> str:
+    """The Trainer's strategy as given: a name ("auto", "ddp") or a class path."""
+    return trainer.strategy if isinstance(trainer.strategy, str) else str((trainer.strategy or {}).get("class_path"))
+
+
+def check_launcher(trainer) -> None:
+    """Refuses what Spark's torch.distributed processes cannot run: Horovod, mpirun's environment, other devices."""
+    if "horovod" in strategy_name(trainer).lower():
+        raise SparkFitError(
+            "configs/trainer/horovod.yaml: TorchDistributor starts torch.distributed processes; Horovod needs "
+            "horovodrun or mpirun: leave the Horovod preset out (DDP trains the same weights)"
+        )
+    if "MPIEnvironment" in str(trainer.plugins):
+        raise SparkFitError(
+            "configs/trainer/ddp_mpi.yaml: Spark starts the processes with torch.distributed's variables, not mpirun; "
+            "leave the preset out"
+        )
+    if str(trainer.accelerator) not in ("auto", "cpu", "gpu", "cuda"):
+        raise SparkFitError(f"--trainer.accelerator {trainer.accelerator}: Spark tasks train on cpu or gpu")
+
+
+def plan_launch(trainer, num_processes: int, task_gpus: int) -> Launch:
+    """Devices x num_nodes, accelerator and strategy for N processes on tasks that Spark gives `task_gpus` GPUs each."""
+    check_launcher(trainer)
+    accelerator = str(trainer.accelerator)
+    use_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and task_gpus >= 1)
+    if use_gpu and task_gpus < 1:
+        raise SparkFitError(
+            f"--trainer.accelerator {accelerator}: this Spark cluster gives its tasks no GPU; set "
+            "spark.task.resource.gpu.amount 1 in its Spark config (a GPU cluster), or give --trainer.accelerator cpu"
+        )
+    if use_gpu and num_processes % task_gpus:
+        raise SparkFitError(
+            f"--num_processes {num_processes}: each Spark task gets {task_gpus} GPUs (spark.task.resource.gpu.amount); "
+            f"give a multiple of {task_gpus}"
+        )
+    per_task = task_gpus if use_gpu else 1
+    strategy = "ddp" if strategy_name(trainer) == "auto" else None
+    return Launch(num_processes, use_gpu, per_task, num_processes // per_task, strategy)
+
+
+def task_gpus(spark) -> int:
+    """GPUs Spark gives each task (spark.task.resource.gpu.amount); TorchDistributor reads it as a whole number."""
+    amount = spark.conf.get("spark.task.resource.gpu.amount", "0") or "0"
+    if not amount.isdigit():  # a fraction (several tasks per GPU) is TorchDistributor's ValueError
+        raise SparkFitError(
+            f"spark.task.resource.gpu.amount {amount}: TorchDistributor runs whole GPUs per task; set 1 (one process "
+            "per GPU) in the Spark config of the cluster that trains"
+        )
+    return int(amount)
+
+
+def local_slots(master: str) -> int | None:
+    """Task slots of a local master (local[K], local[*], local-cluster[W,C,M]); None for a cluster's."""
+    if master == "local":
+        return 1
+    if found := re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]", master):
+        return (os.cpu_count() or 1) if found[1] == "*" else int(found[1])
+    if found := re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*(\d+)\]", master):
+        return int(found[1]) * int(found[2])
+    return None
+
+
+class LocalSpark:
+    """A Spark session this process starts itself (not on Databricks, Synapse or under spark-submit), on loopback.
+
+    local-cluster masters (separate executor processes, as on a real cluster) need a Spark home: the executors' work
+    folders go there, so it is a temporary folder of links to pyspark's own, not pyspark's package folder.
+    """
+
+    def __init__(self, master: str) -> None:
+        import pyspark
+
+        self.home: str | None = None
+        if master.startswith("local-cluster") and "SPARK_HOME" not in os.environ:
+            package = Path(pyspark.__file__).parent
+            self.home = tempfile.mkdtemp(prefix="spark-home-")
+            for name in ("bin", "jars", "python", "sbin"):
+                os.symlink(package / name, Path(self.home) / name)
+            os.environ["SPARK_HOME"] = self.home
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors run this environment's Python
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # master, workers and executors on loopback
+        from pyspark.sql import SparkSession
+
+        self.session = (
+            SparkSession.builder.master(master)
+            .appName("lightning-template fit")
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            # Start the job once every executor has registered: the barrier stage needs all N slots at once.
+            .config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
+            .config("spark.scheduler.maxRegisteredResourcesWaitingTime", "120s")
+            .getOrCreate()
+        )
+        self.session.sparkContext.setLogLevel("ERROR")
+
+    def stop(self) -> None:
+        self.session.stop()
+        if self.home:
+            shutil.rmtree(self.home, ignore_errors=True)
+            os.environ.pop("SPARK_HOME", None)
+
+
+def tracking_environment(logger) -> dict[str, str]:
+    """The MLflow variables this process has, for the tasks (executors do not share the driver's environment); on
+    Databricks, its own tracking and the credentials executors need to reach it."""
+    environment = {key: value for key, value in os.environ.items() if key.startswith("MLFLOW_")}
+    if "DATABRICKS_RUNTIME_VERSION" not in os.environ or "MLFlowLogger" not in str(getattr(logger, "class_path", "")):
+        return environment
+    init_args = logger.init_args or {}
+    tracking_uri = init_args.get("tracking_uri") or environment.get("MLFLOW_TRACKING_URI") or "databricks"
+    if tracking_uri.split(":")[0] != "databricks":
+        return environment
+    experiment = str(init_args.get("experiment_name") or "")
+    if not experiment.startswith("/"):
+        raise SparkFitError(
+            f"experiment_name {experiment!r}: Databricks keeps experiments at workspace paths; give "
+            f"--trainer.logger.init_args.experiment_name /Users/<you>/{experiment or 'penguins'}"
+        )
+    from mlflow.utils.databricks_utils import get_databricks_host_creds
+
+    credentials = get_databricks_host_creds(tracking_uri)  # the notebook's or job's own; executors have none
+    environment["MLFLOW_TRACKING_URI"] = tracking_uri
+    environment |= {"DATABRICKS_HOST": credentials.host, "DATABRICKS_TOKEN": credentials.token or ""}
+    return environment
+
+
+class TaskErrors:
+    """This process's stderr while the tasks run. TorchDistributor writes the lines its tasks print there; the ones
+    that say a task failed (TASK_FAILED) are kept, as (time, rank, message), to report the first failure in one line."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.failures: list[tuple[float, int, str]] = []
+        self._partial = ""
+
+    def write(self, text: str) -> int:
+        self._partial += text
+        *lines, self._partial = self._partial.split("\n")
+        found = [TASK_FAILED_LINE.search(line) for line in lines]
+        self.failures += [(float(one[2]), int(one[1]), one[3]) for one in found if one]
+        return self.stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+def failure_line(error: Exception, failures: list[tuple[float, int, str]]) -> str:
+    """One line for a Spark job that failed: the task error that happened first, else Spark's reason (no Java trace)."""
+    if failures:
+        _, rank, message = min(failures)
+        return f"rank {rank} of the Spark fit: {message}"
+    text = str(error)
+    reason = re.search(r"Job aborted due to stage failure: ([^\n]*)", text)
+    line = reason[1] if reason else next((line for line in text.splitlines() if line.strip()), type(error).__name__)
+    return f"the Spark fit failed: {line.strip()} (the tasks' output is above, and in the executors' logs)"
+
+
+def pack_code(repository: Path = REPOSITORY) -> bytes:
+    """This checkout's code and configs, zipped (~100 KB), for nodes that have no checkout at the driver's path."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for folder in CODE_FOLDERS:
+            for path in sorted((repository / folder).rglob("*")):
+                if path.is_file() and "__pycache__" not in path.parts:
+                    archive.write(path, path.relative_to(repository).as_posix())
+    return buffer.getvalue()
+
+
+def start_in_task(repository: str, workdir: str, code: bytes, args: list[str], environment: dict[str, str]):
+    """What TorchDistributor runs in every process of every task. Pickled by value: the executor's Python knows no
+    module of this checkout until its folder is on the path.
+
+    The checkout at the driver's path when this node has it (this machine, a Databricks Git folder); else the `code`
+    the driver sent (a Synapse pool, YARN, Kubernetes), unpacked once per node into the task's folder, which Spark
+    removes with the application. The working directory is the driver's, or its place in the unpacked checkout.
+    """
+    import hashlib
+    import io
+    import os
+    import shutil
+    import sys
+    import tempfile
+    import zipfile
+
+    if not os.path.isfile(os.path.join(repository, "scripts", "spark.py")):
+        unpacked = os.path.abspath(f"lightning-template-code-{hashlib.sha256(code).hexdigest()[:16]}")
+        if not os.path.isdir(unpacked):
+            staging = tempfile.mkdtemp(dir=os.path.dirname(unpacked))
+            zipfile.ZipFile(io.BytesIO(code)).extractall(staging)
+            try:
+                os.rename(staging, unpacked)
+            except OSError:  # another process of this task unpacked it first
+                shutil.rmtree(staging, ignore_errors=True)
+        inside = os.path.relpath(workdir, repository)
+        if not os.path.isdir(workdir):
+            workdir = os.path.join(unpacked, inside if not inside.startswith("..") else ".")
+        repository = unpacked
+    sys.path.insert(0, repository)
+    from scripts.spark import fit_in_task
+
+    return fit_in_task(workdir, args, environment)
+
+
+def fit_in_task(workdir: str, args: list[str], environment: dict[str, str]) -> dict | None:
+    """scripts.train's fit in this task's process, from `workdir`; global rank 0 returns its results."""
+    os.environ.update(environment)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        os.chdir(workdir)
+        from scripts.train import main
+
+        cli = main(["fit", *args])
+    except SystemExit as stop:
+        if stop.code in (None, 0):
+            return None
+        message = stop.code if isinstance(stop.code, str) else f"stopped with exit status {stop.code}"
+        print(
+            f"{TASK_FAILED} {rank} at {time.time():.3f}: {message.removeprefix('error: ')}", file=sys.stderr, flush=True
+        )
+        raise SystemExit(1) from None
+    except BaseException as error:
+        first = (str(error).strip().splitlines() or [""])[0]
+        print(
+            f"{TASK_FAILED} {rank} at {time.time():.3f}: {type(error).__name__}: {first}", file=sys.stderr, flush=True
+        )
+        raise
+    if int(os.environ.get("LOCAL_RANK", "0")) != 0:
+        # The processes of one task share the file TorchDistributor returns: only local rank 0 may write it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    if rank != 0:
+        return None
+    trainer = cli.trainer
+    checkpoint = trainer.checkpoint_callback
+    test_acc = trainer.callback_metrics.get("test_acc") if cli.config.fit.test_after_fit else None
+    return {
+        "test_acc": None if test_acc is None else float(test_acc),
+        "best_checkpoint": checkpoint.best_model_path if checkpoint else "",
+        "run_id": getattr(trainer.logger, "run_id", None),
+    }
+
+
+def fit_on_spark(argv: list[str], spark=None) -> dict:
+    """Runs the fit of `argv` (scripts.spark's command line) on `spark` or the session this process has or starts;
+    returns rank 0's results (test_acc, best_checkpoint, run_id). Raises SparkFitError with the line to print."""
+    num_processes, master, args = split_options(argv)
+    config = resolve_trainer(args)
+    check_launcher(config.trainer)  # before any Spark start; the GPUs of a task are known once a session is there
+    from pyspark import cloudpickle
+    from pyspark.sql import SparkSession
+
+    local = None
+    spark = spark or SparkSession.getActiveSession()
+    if spark is None and "PYSPARK_GATEWAY_PORT" in os.environ:  # under spark-submit or the pyspark shell: theirs
+        spark = SparkSession.builder.getOrCreate()
+    if spark is not None and master:
+        raise SparkFitError(f"--master {master}: this process already has a Spark session; leave --master out")
+    if spark is None:  # plain python: a session on this machine (local[N]), or on --master
+        local = LocalSpark(master or f"local[{num_processes}]")
+        spark = local.session
+    try:
+        master = spark.conf.get("spark.master", "") or ""
+        slots = local_slots(master)
+        if slots is not None and slots < num_processes:
+            raise SparkFitError(
+                f"--num_processes {num_processes}: the master {master} runs {slots} tasks at once; give --master "
+                f"local[{num_processes}] (or local-cluster[{num_processes},1,1024])"
+            )
+        launch = plan_launch(config.trainer, num_processes, task_gpus(spark))
+        environment = tracking_environment(config.trainer.logger)
+        from pyspark.ml.torch.distributor import TorchDistributor
+
+        distributor = TorchDistributor(num_processes=num_processes, local_mode=False, use_gpu=launch.use_gpu)
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+        task_args = [*args, *launch.trainer_args()]
+        errors = TaskErrors(sys.stderr)
+        sys.stderr = errors
+        try:
+            code = pack_code()
+            result = distributor.run(start_in_task, str(REPOSITORY), os.getcwd(), code, task_args, environment)
+        except Exception as error:
+            raise SparkFitError(failure_line(error, errors.failures)) from None
+        finally:
+            sys.stderr = errors.stream
+        if result is None:
+            raise SparkFitError("rank 0 of the Spark fit returned no result (see the tasks' output above)")
+        return result
+    finally:
+        if local:
+            local.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Prints rank 0's best checkpoint, MLflow run and test_acc; a failure is one line on stderr and exit status 1."""
+    try:
+        result = fit_on_spark(sys.argv[1:] if argv is None else argv)
+    except SparkFitError as error:
+        sys.exit(f"error: {error}")
+    if result.get("best_checkpoint"):
+        print(f"best checkpoint: {result['best_checkpoint']} (on the node of rank 0)")
+    if result.get("run_id"):
+        print(f"mlflow run: {result['run_id']}")
+    if result.get("test_acc") is not None:
+        print(f"test_acc: {result['test_acc']:.4f}")
+
+
+if __name__ == "__main__":
+    main()

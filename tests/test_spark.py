@@ -1,0 +1,290 @@
+"""The fit on Spark (scripts/spark.py): pyspark's TorchDistributor on a `local-cluster[2,1,1024]` master, whose tasks
+run in two executor processes of their own, as on a cluster. Two tasks of batch 10 train the weights one process of
+batch 20 does, into one MLflow run with one report; a task that fails makes the command fail with its error in one
+line. One Spark cluster serves the module (it takes ~25 s to start); the failing command starts its own.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import shutil
+import sys
+from types import SimpleNamespace
+
+import lightning as L
+import pytest
+from mlflow import MlflowClient
+
+from tests.conftest import run_module
+from tests.test_distributed import EPOCHS, assert_same_training, last_checkpoint, penguins
+
+needs_java = pytest.mark.skipif(
+    shutil.which("java") is None, reason="needs Java 17 for Spark (apt-get install openjdk-17-jre-headless; CI has it)"
+)
+MASTER = "local-cluster[2,1,1024]"  # 2 workers of 1 core and 1 GiB: each task in an executor process of its own
+
+
+class FailOnRank(L.Callback):
+    """Raises in one process of a fit, at the start of an epoch: a task that fails while the others train."""
+
+    def __init__(self, rank: int = 1, epoch: int = 1) -> None:
+        self.rank, self.epoch = rank, epoch
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.global_rank == self.rank and trainer.current_epoch == self.epoch:
+            raise RuntimeError(f"rank {self.rank} lost its data in epoch {self.epoch}")
+
+
+@pytest.fixture(scope="module")
+def spark():
+    """One local-cluster session for the module, started as scripts.spark starts one; the environment it sets is
+    restored after."""
+    from scripts.spark import LocalSpark
+
+    saved = {name: os.environ.get(name) for name in ("SPARK_HOME", "PYSPARK_PYTHON", "SPARK_LOCAL_IP")}
+    local = LocalSpark(MASTER)
+    yield local.session
+    local.stop()
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> dict:
+    """last.ckpt of the recipe in one process, batch 20 (as tests/test_distributed.py's)."""
+    outputs = tmp_path_factory.mktemp("one")
+    result = run_module("scripts.train", *penguins(outputs, "--test_after_fit", "false"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return last_checkpoint(outputs)
+
+
+@pytest.mark.slow
+@needs_java
+def test_two_spark_tasks_train_the_weights_one_process_does_into_one_run_with_one_report(
+    tmp_path, spark, one_process, capsys
+):
+    from scripts.spark import main
+
+    outputs = tmp_path / "outputs"
+    main(["fit", "--num_processes", "2", *penguins(outputs, "--data.init_args.batch_size", "10")[1:]])
+    out, err = capsys.readouterr()
+    assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in err  # the tasks' output, streamed here
+    assert_same_training(one_process, last_checkpoint(outputs))
+    # This process reports rank 0's results once; the tasks' own lines went to stderr.
+    (test_acc,) = re.findall(r"^test_acc: (\S+)$", out, re.M)
+    (run_id,) = re.findall(r"^mlflow run: (\w+)$", out, re.M)
+    client = MlflowClient(f"sqlite:///{outputs / 'mlflow.db'}")
+    (experiment,) = [e for e in client.search_experiments() if e.name == "penguins"]
+    (run,) = client.search_runs([experiment.experiment_id])  # one run, rank 0's
+    assert run.info.run_id == run_id and run.info.status == "FINISHED"
+    assert f"{run.data.metrics['test_acc']:.4f}" == test_acc
+    assert [m.step for m in client.get_metric_history(run_id, "val_loss")] == list(range(EPOCHS))
+    assert (run.data.params["trainer.devices"], run.data.params["trainer.num_nodes"]) == ("1", "2")
+    assert run.data.params["trainer.strategy"] == "ddp"
+    (checkpoints,) = outputs.glob("*/*/checkpoints")
+    assert sorted(path.name for path in checkpoints.iterdir()) == ["best.ckpt", "last.ckpt"]
+
+
+@pytest.mark.slow
+@needs_java
+def test_a_data_error_in_the_tasks_is_one_line_naming_the_file(tmp_path, spark):
+    """The driver checks the config, not the data (the data are where the tasks run): the tasks' error comes back."""
+    from scripts.spark import main
+
+    missing = tmp_path / "penguins.csv"
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--num_processes", "2", *penguins(tmp_path, "--data.init_args.csv_path", str(missing))[1:]])
+    # Every task meets it; whichever reports first is the one line.
+    assert re.fullmatch(
+        rf"error: rank [01] of the Spark fit: {re.escape(str(missing))}: no such file; give data.init_args.csv_path "
+        "an existing CSV",
+        stop.value.code,
+    )
+    assert not list(tmp_path.glob("*/*/checkpoints"))
+
+
+@pytest.mark.slow
+@needs_java
+def test_a_task_that_fails_fails_the_command_with_its_error_in_one_line(tmp_path):
+    failing = '{"class_path": "tests.test_spark.FailOnRank", "init_args": {"rank": 1, "epoch": 1}}'
+    args = penguins(tmp_path / "outputs", "--trainer.callbacks+", failing)
+    result = run_module("scripts.spark", "fit", "--num_processes", "2", "--master", MASTER, *args[1:])
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: rank 1 of the Spark fit: RuntimeError: rank 1 lost its data in epoch 1"
+    )
+    assert "test_acc" not in result.stdout
+
+
+@pytest.mark.slow
+def test_a_bad_option_is_one_line_before_spark_starts(tmp_path):
+    args = penguins(tmp_path, "--trainer.max_epochs", "abc")[1:]
+    result = run_module("scripts.spark", "fit", "--num_processes", "2", *args, env={**os.environ, "JAVA_HOME": "/none"})
+    assert result.returncode == 1  # the JVM would not start with that JAVA_HOME: Spark was never asked
+    assert result.stderr.strip().splitlines()[-1] == ("error: trainer.max_epochs: 'abc' is not a valid value; give int")
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["fit", "--config", "configs/penguins.yaml"], "--num_processes (missing): give the number of processes"),
+        (["fit", "--num_processes", "0"], "--num_processes 0: give the number of processes to train, 1 or more"),
+        (["test", "--num_processes", "2"], "scripts.spark runs fit (given: test); validate, test and predict"),
+        (["fit", "--num_processes=2", "--trainer.devices", "2"], "--trainer.devices: the Spark launcher sets devices"),
+        (["fit", "--num_processes", "2", "--trainer.num_nodes=2"], "--trainer.num_nodes: the Spark launcher sets"),
+    ],
+)
+def test_launcher_options_given_wrong_are_one_line(argv, line):
+    from scripts.spark import SparkFitError, split_options
+
+    with pytest.raises(SparkFitError) as error:
+        split_options(argv)
+    assert str(error.value).startswith(line)
+
+
+def trainer(accelerator="auto", strategy="auto", plugins=None) -> SimpleNamespace:
+    return SimpleNamespace(accelerator=accelerator, strategy=strategy, plugins=plugins)
+
+
+@pytest.mark.parametrize(
+    ("config", "processes", "task_gpus", "launch"),
+    [
+        (trainer(), 4, 0, ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.num_nodes", "4"]),
+        (trainer(accelerator="cpu"), 2, 1, ["--trainer.accelerator", "cpu", "--trainer.devices", "1"]),
+        (trainer(), 8, 1, ["--trainer.accelerator", "gpu", "--trainer.devices", "1", "--trainer.num_nodes", "8"]),
+        (trainer(accelerator="gpu"), 8, 4, ["--trainer.accelerator", "gpu", "--trainer.devices", "4"]),
+        (trainer(strategy="ddp_find_unused_parameters_true"), 2, 0, ["--trainer.num_nodes", "2"]),
+    ],
+)
+def test_devices_and_nodes_follow_the_processes_and_the_gpus_of_a_task(config, processes, task_gpus, launch):
+    from scripts.spark import plan_launch
+
+    args = plan_launch(config, processes, task_gpus).trainer_args()
+    assert " ".join(launch) in " ".join(args)
+    assert ("--trainer.strategy" in args) == (config.strategy == "auto")  # a strategy of the user's is kept
+    gpus = task_gpus if "gpu" in args else 1
+    assert args[args.index("--trainer.num_nodes") + 1] == str(processes // gpus)
+
+
+@pytest.mark.parametrize(
+    ("config", "processes", "task_gpus", "line"),
+    [
+        (trainer(accelerator="gpu"), 2, 0, "--trainer.accelerator gpu: this Spark cluster gives its tasks no GPU"),
+        (trainer(), 6, 4, "--num_processes 6: each Spark task gets 4 GPUs (spark.task.resource.gpu.amount)"),
+        (trainer(strategy={"class_path": "strategies.horovod.HorovodStrategy"}), 2, 0, "configs/trainer/horovod.yaml"),
+        (trainer(plugins=[{"class_path": "strategies.mpi_environment.MPIEnvironment"}]), 2, 0, "configs/trainer/ddp_"),
+        (trainer(accelerator="mps"), 2, 0, "--trainer.accelerator mps: Spark tasks train on cpu or gpu"),
+    ],
+)
+def test_launches_spark_cannot_run_are_one_line(config, processes, task_gpus, line):
+    from scripts.spark import SparkFitError, plan_launch
+
+    with pytest.raises(SparkFitError) as error:
+        plan_launch(config, processes, task_gpus)
+    assert str(error.value).startswith(line)
+
+
+@pytest.mark.slow
+def test_a_node_without_the_checkout_runs_the_code_the_driver_sent(tmp_path):
+    """TorchDistributor pickles the task's entry on the driver and runs it in a Python that cannot import this
+    checkout. On a node without the checkout at the driver's path (a Synapse pool, YARN), the entry unpacks the code
+    the driver sent into the task's folder and runs the fit from there (here: up to --print_config)."""
+    import subprocess
+
+    from pyspark import cloudpickle
+
+    import scripts.spark
+
+    cloudpickle.register_pickle_by_value(scripts.spark)
+    try:
+        entry = cloudpickle.dumps(scripts.spark.start_in_task)
+    finally:
+        cloudpickle.unregister_pickle_by_value(scripts.spark)
+    code = scripts.spark.pack_code()
+    call = (entry, "/nowhere/checkout", "/nowhere/checkout", code, ["--config", "configs/penguins.yaml"])
+    program = (
+        "import pickle, sys\n"
+        "entry, repository, workdir, code, args = pickle.loads(sys.stdin.buffer.read())\n"
+        "entry = pickle.loads(entry)\n"
+        "print(entry(repository, workdir, code, [*args, '--print_config'], {'MLFLOW_TRACKING_URI': 'sqlite:///x.db'}))\n"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    result = subprocess.run(
+        [sys.executable, "-c", program], input=pickle.dumps(call), capture_output=True, cwd=tmp_path, env=env
+    )
+    assert result.returncode == 0, result.stderr.decode()[-3000:]
+    assert "class_path: datamodules.penguins.PenguinDataModule" in result.stdout.decode()
+    assert result.stdout.decode().strip().endswith("None")  # --print_config stops before any fit: no results
+    (unpacked,) = tmp_path.glob("lightning-template-code-*")
+    assert (unpacked / "scripts" / "train.py").is_file() and (unpacked / "configs" / "penguins.yaml").is_file()
+
+
+def test_the_failure_reported_is_the_first_one_whatever_order_its_line_arrived_in():
+    """The rank that fails first takes the others down (their collectives lose a peer); lines from different tasks
+    reach the driver in any order, so the time each task stamps on its failure decides."""
+    import io
+
+    from scripts.spark import TaskErrors, failure_line
+
+    stream = io.StringIO()
+    errors = TaskErrors(stream)
+    errors.write("epoch 1\nspark task failed on rank 0 at 1700000000.900: RuntimeError: Connection closed by peer\nspa")
+    errors.write("rk task failed on rank 1 at 1700000000.200: RuntimeError: rank 1 lost its data in epoch 1\n")
+    assert stream.getvalue().startswith("epoch 1\n")  # everything still reaches the real stderr
+    assert failure_line(RuntimeError("job aborted"), errors.failures) == (
+        "rank 1 of the Spark fit: RuntimeError: rank 1 lost its data in epoch 1"
+    )
+
+
+def test_a_spark_failure_without_a_task_line_is_spark_s_reason_in_one_line():
+    from scripts.spark import failure_line
+
+    java = (
+        "An error occurred while calling o67.collectToPython.\n: org.apache.spark.SparkException: Job aborted due to "
+        "stage failure: Could not recover from a failed barrier ResultStage. Most recent failure reason: "
+        "ExecutorLostFailure (executor 1 exited)\n\tat org.apache.spark.scheduler.DAGScheduler.abortStage(...)\n" * 3
+    )
+    assert failure_line(RuntimeError(java), []) == (
+        "the Spark fit failed: Could not recover from a failed barrier ResultStage. Most recent failure reason: "
+        "ExecutorLostFailure (executor 1 exited) (the tasks' output is above, and in the executors' logs)"
+    )
+
+
+def test_on_databricks_the_tasks_track_to_its_mlflow_with_the_driver_s_credentials(monkeypatch):
+    """Executors have no notebook context: the driver hands them the workspace URL and token (as Databricks'
+    TorchDistributor examples do), and Databricks keeps experiments at workspace paths."""
+    from jsonargparse import Namespace
+    from mlflow.utils import databricks_utils
+    from mlflow.utils.credentials import MlflowHostCreds
+
+    from scripts.spark import SparkFitError, tracking_environment
+    from scripts.tracking import check_tracking_uri
+
+    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "18.0")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    creds = MlflowHostCreds("https://adb-1.azuredatabricks.net", token="dapi-token")
+    monkeypatch.setattr(databricks_utils, "get_databricks_host_creds", lambda uri=None: creds)
+
+    def logger(experiment: str) -> Namespace:
+        init_args = Namespace(experiment_name=experiment, tracking_uri=None)
+        return Namespace(class_path="scripts.tracking.BufferedMLFlowLogger", init_args=init_args)
+
+    environment = tracking_environment(logger("/Users/me@example.com/penguins"))
+    assert environment["MLFLOW_TRACKING_URI"] == "databricks"
+    assert (environment["DATABRICKS_HOST"], environment["DATABRICKS_TOKEN"]) == (creds.host, creds.token)
+    check_tracking_uri("databricks", "MLFLOW_TRACKING_URI")  # scripts.train in the task takes it
+    with pytest.raises(SparkFitError) as error:
+        tracking_environment(logger("penguins"))
+    assert str(error.value) == (
+        "experiment_name 'penguins': Databricks keeps experiments at workspace paths; give "
+        "--trainer.logger.init_args.experiment_name /Users/<you>/penguins"
+    )
+    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    environment = tracking_environment(logger("penguins"))  # elsewhere: the driver's MLflow variables, nothing more
+    assert environment["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5000" and "DATABRICKS_TOKEN" not in environment
