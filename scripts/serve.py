@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Literal
 
-from scripts.score import DEFAULT_BACKEND
+DEFAULT_BACKEND = "onnxruntime"  # scripts/score.py's (tested equal); not imported from there: it imports Lightning
 
 SERVE_VENV = Path(".venv-serve")
 SERVING = Path("outputs/serving")  # the model folders the server is given
@@ -53,6 +53,8 @@ def download(uri: str, target: Path) -> Path:
     from mlflow.exceptions import MlflowException
 
     store = tracking_uri()
+    if store.startswith("sqlite:///") and not Path(store.removeprefix("sqlite:///")).is_file():
+        raise ServeError(f"{store}: no such MLflow store; check MLFLOW_TRACKING_URI")  # MLflow would make one
     mlflow.set_tracking_uri(store)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # the server's log follows
     try:
@@ -175,7 +177,9 @@ def main(args: list[str] | None = None) -> None:
     try:
         auto_cli(serve, args=args, as_positional=True, exit_on_error=False)
     except ArgumentError as error:
-        sys.exit(f"error: {str(error).strip().splitlines()[0]} (python -m scripts.serve --help lists the options)")
+        from scripts.submit import argument_error_line
+
+        sys.exit(f"error: {argument_error_line(str(error))} (python -m scripts.serve --help lists the options)")
     except ServeError as error:
         sys.exit(f"error: {error}")
 

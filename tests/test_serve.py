@@ -10,6 +10,7 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ import pytest
 import torch
 from torchvision.io import write_jpeg, write_png
 
+from scripts.serve import main as serve_main
 from scripts.train import cli_main
 from tests.conftest import MNIST, REPO, bird_folders, free_port, needs_mnist, run_module
 
@@ -79,7 +81,7 @@ class Server:
         return self.post(json.dumps(value).encode(), "application/json")
 
     def stop(self) -> None:
-        self.process.terminate()
+        self.process.send_signal(signal.SIGINT)  # Ctrl-C: gunicorn's quick shutdown (SIGTERM waits 30 s for workers)
         try:
             self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -127,7 +129,7 @@ def assert_same_answers(answers: list[dict], expected: dict[str, tuple[str, floa
 def penguins(tmp_path_factory):
     folder = tmp_path_factory.mktemp("serve-penguins")
     outputs = folder / "outputs"
-    best, stdout = fit(outputs, "--config", "configs/penguins.yaml", "--trainer.max_epochs", "15",
+    best, stdout = fit(outputs, "--config", "configs/penguins.yaml", "--trainer.max_epochs", "8",
                        "--register_model", "penguins-classifier")  # fmt: skip
     assert "registered model: penguins-classifier version 1" in stdout
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{outputs / 'mlflow.db'}"}
@@ -235,8 +237,10 @@ def birds(tmp_path_factory):
 def test_bird_answers_are_predicts_for_files_base64_and_raw_bytes(birds):
     _, best, photos, server = birds
     assert server.card["inputs"] == "images" and server.card["backend"] == "onnxruntime"
+    # The fit's image size: predict's datamodule takes it from the config, the served model from the checkpoint.
     expected = predictions("--config", "configs/birds.yaml", "--ckpt_path", str(best), "--data.predict_path",
-                           str(photos), "--data.init_args.num_workers", "0")  # fmt: skip
+                           str(photos), "--data.init_args.num_workers", "0",
+                           "--data.init_args.image_size", "64")  # fmt: skip
     files = [(Path(name).name, Path(name).read_bytes()) for name in expected]
     status, answer = server.post(*multipart(files))
     assert status == 200
@@ -293,7 +297,7 @@ def test_digit_answers_are_predicts(tmp_path):
     from datamodules.mnist import read_idx
 
     best, _ = fit(tmp_path / "outputs", "--config", "configs/mnist.yaml", "--data.init_args.data_dir", str(MNIST),
-                  *TINY, "--trainer.limit_train_batches", "30")  # fmt: skip
+                  *TINY)  # fmt: skip
     digits = tmp_path / "digits"
     digits.mkdir()
     images = read_idx(next(MNIST.glob("t10k-images-idx3-ubyte*")), 2051)[:6]
@@ -328,18 +332,35 @@ def test_batch_scoring_of_a_folder_answers_as_the_server(birds, tmp_path):
         assert line == f"{path},{answer['class']},{answer['probability']:.4f}"
 
 
-def test_serve_mistakes_are_one_line(tmp_path):
-    for args, line in [
-        (["nothing.ckpt"], "error: nothing.ckpt: no such model; give models:/NAME/VERSION"),
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["nothing.ckpt"], "error: nothing.ckpt: no such model; give models:/NAME/VERSION (fit --register_model NAME)"),
         (["x", "--port", "0"], "error: --port 0 --workers 1: give a port 1-65535 and 1 or more workers"),
-        ([str(tmp_path)], f"error: {tmp_path}: no MLmodel in this folder"),
-    ]:
-        result = run_module("scripts.serve", *args, "--serving_dir", tmp_path / "serving")
-        assert result.returncode == 1 and result.stderr.strip().startswith(line), result.stderr
-        assert len(result.stderr.strip().splitlines()) == 1
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'empty.db'}"}
-    result = run_module("scripts.serve", "models:/penguins-classifier/3", "--serving_dir", tmp_path, env=env)
-    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert result.stderr.startswith(
-        f"error: models:/penguins-classifier/3: not in the registry at sqlite:///{tmp_path}"
-    )
+        (["x", "--backend", "tensorrt"], "error: --backend: 'tensorrt' is not a valid value; give onnxruntime, torch"),
+        (["configs"], "error: configs: no MLmodel in this folder; give a registered model's folder, .ckpt or models:/"),
+        (["models:/penguins-classifier/1"], "error: sqlite:///{tmp}/none.db: no such MLflow store; check"),
+    ],
+)
+def test_a_serve_mistake_is_one_line_and_exit_1(args, line, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/none.db")
+    with pytest.raises(SystemExit) as exit:
+        serve_main([*args, "--serving_dir", str(tmp_path / "serving")])
+    message = str(exit.value.code)
+    assert message.startswith(line.format(tmp=tmp_path)) and "\n" not in message, message
+    assert not (tmp_path / "none.db").exists()  # MLflow would have made an empty store
+
+
+def test_a_version_not_in_the_registry_is_one_line(penguins, tmp_path, monkeypatch):
+    folder, _, _ = penguins
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder / 'outputs' / 'mlflow.db'}")
+    with pytest.raises(SystemExit) as exit:
+        serve_main(["models:/penguins-classifier/3", "--serving_dir", str(tmp_path)])
+    assert str(exit.value.code).startswith("error: models:/penguins-classifier/3: not in the registry at sqlite:///")
+    assert "\n" not in str(exit.value.code)
+
+
+def test_serve_and_the_scoring_script_default_to_the_same_backend():
+    from scripts import score, serve
+
+    assert serve.DEFAULT_BACKEND == score.DEFAULT_BACKEND == "onnxruntime"
