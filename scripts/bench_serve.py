@@ -72,9 +72,9 @@ def photo() -> bytes:
 
 
 class Server:
-    def __init__(self, folder: Path, backend: str, workers: int, log: Path) -> None:
+    def __init__(self, folder: Path, backend: str, workers: int, threads: int, log: Path) -> None:
         self.port = free_port()
-        env = {**os.environ, "SCORE_BACKEND": backend}
+        env = {**os.environ, "SCORE_BACKEND": backend, "SCORE_THREADS": str(threads)}
         with log.open("w") as out:
             command = server_command(folder, self.port, workers, "127.0.0.1")
             self.process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -117,13 +117,14 @@ def one_round(server: Server, body: bytes, content_type: str, requests: int) -> 
     return requests / elapsed, latencies[len(latencies) // 2], p99
 
 
-def main(requests: int = 300, image_requests: int = 60, rounds: int = 3, workers: int = 1) -> None:
+def main(requests: int = 300, image_requests: int = 60, rounds: int = 3, workers: int = 1, threads: int = 0) -> None:
     """
     Args:
         requests: penguin requests per round and variant.
         image_requests: bird photo requests per round and variant.
         rounds: rounds per variant, interleaved with the other variants'.
         workers: server processes (gunicorn workers) per server.
+        threads: SCORE_THREADS, the threads of one request (0: one per core, each library's default).
     """
     if not (SERVE_VENV / "bin" / "python").is_file():
         sys.exit(f"error: {SERVE_VENV} is missing: run `make serve-env` first")
@@ -135,7 +136,7 @@ def main(requests: int = 300, image_requests: int = 60, rounds: int = 3, workers
     with tempfile.TemporaryDirectory() as temp:
         folders = {"penguins": penguin_model(Path(temp) / "penguins"), "birds": birds_model(Path(temp) / "birds")}
         servers = {
-            (task, backend): Server(folder, backend, workers, Path(temp) / f"{task}-{backend}.log")
+            (task, backend): Server(folder, backend, workers, threads, Path(temp) / f"{task}-{backend}.log")
             for task, folder in folders.items()
             for backend in BACKENDS
         }
@@ -153,8 +154,9 @@ def main(requests: int = 300, image_requests: int = 60, rounds: int = 3, workers
             for server in servers.values():
                 server.stop()
     print(
-        f"serving: azmlinfsrv with scripts/score.py, {workers} worker(s), sequential requests from one client over "
-        f"loopback, {rounds} rounds interleaved, median of rounds ({os.cpu_count()} cores)"
+        f"serving: azmlinfsrv with scripts/score.py, {workers} worker(s), {threads or os.cpu_count()} thread(s) a "
+        f"request, sequential requests from one client over loopback, {rounds} rounds interleaved, median of rounds "
+        f"({os.cpu_count()} cores)"
     )
     for name, *_ in cases:
         reference = statistics.median(r[0] for r in results[name, "torch"])

@@ -23,7 +23,8 @@ Requests (POST /score):
 The answer: `{"predictions": [{"input", "class", "probability", "probabilities": {class: p}}, ...]}` in input order.
 A request the model cannot answer gets a 4xx and `{"message": "..."}` naming the culprit (400: malformed, 413: too
 large, 415: an unsupported content type), as the server's own errors do. GET /score describes the model.
-SCORE_BACKEND picks the runtime: `onnxruntime` (the default: faster on CPUs, see the README) or `torch`.
+SCORE_BACKEND picks the runtime: `onnxruntime` (the default: faster on CPUs, see the README) or `torch`; SCORE_THREADS
+the threads of one request (default: one per core).
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ MAX_IMAGE_BYTES = int(os.environ.get("SCORE_MAX_IMAGE_BYTES", str(10 * 2**20))) 
 MAX_IMAGE_PIXELS = int(os.environ.get("SCORE_MAX_IMAGE_PIXELS", str(40_000_000)))  # one decoded image (40 MP)
 MAX_BODY_BYTES = MAX_IMAGES * MAX_IMAGE_BYTES * 4 // 3 + 2**20  # the largest request that could be valid (base64)
 IMAGE_TYPES = ("image/", "application/octet-stream")
+FORM = "application/x-www-form-urlencoded"  # what `curl -d` and `--data-binary` send unless told: taken as the body
 FEATURE_COLUMNS = {column for schema in SCHEMAS.values() for name, column in schema.items() if name in FEATURES}
 
 logger = logging.getLogger("azmlinfsrv.score")  # the server's logger: its lines land in the endpoint's logs
@@ -113,14 +115,21 @@ class Model:
             )
         if self.inputs["kind"] == "penguins":
             self.seen = {key: torch.tensor(value, dtype=torch.float32) for key, value in self.inputs["seen"].items()}
+        # Threads of one request's computation (0: the library's default, one per core). Several server workers on
+        # few cores want fewer: torch's OpenMP threads slow down sharply when the cores are busy (README, Measured).
+        threads = int(os.environ.get("SCORE_THREADS", "0"))
         if backend == "onnxruntime":
             import onnxruntime
 
             path = folder / "onnx" / "model.onnx"
             if not path.is_file():
                 raise ModelError(f"{folder}: no onnx/model.onnx in the model; set SCORE_BACKEND=torch")
-            self.session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads = threads
+            self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         else:
+            if threads:
+                torch.set_num_threads(threads)
             self.program = torch.export.load(folder / "data" / "model.pt2").module()
 
     def logits(self, inputs: torch.Tensor) -> torch.Tensor:
@@ -229,7 +238,7 @@ def read_request(model: Model, request) -> tuple[torch.Tensor, list[str]]:
     if kind == "penguins":
         if mimetype in ("text/csv", "application/csv"):
             return penguin_inputs(model, csv_rows(body_of(request)), lambda i: f"line {i + 2}")
-        if mimetype not in ("application/json", ""):
+        if mimetype not in ("application/json", "", FORM):
             raise RequestError(f"Content-Type {mimetype}: send penguin rows as application/json (or text/csv)", 415)
         return penguin_inputs(model, json_rows(body_of(request)), lambda i: f"row {i + 1}")
     if mimetype == "multipart/form-data":
@@ -238,7 +247,7 @@ def read_request(model: Model, request) -> tuple[torch.Tensor, list[str]]:
             raise RequestError("multipart request without files: send each image as a file (curl -F image=@a.jpg)")
     elif mimetype == "application/json":
         files = json_images(body_of(request))
-    elif mimetype.startswith(IMAGE_TYPES) or mimetype == "":
+    elif mimetype.startswith(IMAGE_TYPES) or mimetype in ("", FORM):
         files = [("image 1", body_of(request))]
     else:
         raise RequestError(f"Content-Type {mimetype}: send images as multipart files, image/* or JSON base64", 415)

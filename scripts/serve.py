@@ -141,6 +141,7 @@ def serve(
     port: int = 5001,
     backend: Literal["onnxruntime", "torch"] = DEFAULT_BACKEND,
     workers: int = 1,
+    threads: int = 0,
     host: str = "127.0.0.1",
     prepare_only: bool = False,
     serving_dir: str = str(SERVING),
@@ -153,11 +154,13 @@ def serve(
         port: the port of /score (and of the health probe GET /).
         backend: onnxruntime (the default: faster on CPUs) or torch (the pt2 program).
         workers: server processes (gunicorn workers), each with its own copy of the model.
+        threads: threads of one request's computation (SCORE_THREADS); 0: one per core. With several workers,
+            cores / workers.
         host: the address to listen on; 0.0.0.0 serves every network this machine is on (no key is asked).
         prepare_only: make the model folder, print its path and stop (what `python -m scripts.score` takes).
         serving_dir: where the model folders go.
     """
-    if not 0 < port < 65536 or workers < 1:
+    if not 0 < port < 65536 or workers < 1 or threads < 0:
         raise ServeError(f"--port {port} --workers {workers}: give a port 1-65535 and 1 or more workers")
     python = SERVE_VENV / "bin" / "python"
     if not prepare_only and not python.is_file():
@@ -167,7 +170,7 @@ def serve(
         print(folder)
         return
     print(f"serving {folder} with {backend} on http://{host}:{port}/score", flush=True)
-    environment = {**os.environ, "SCORE_BACKEND": backend}
+    environment = {**os.environ, "SCORE_BACKEND": backend, "SCORE_THREADS": str(threads)}
     os.execve(python, server_command(folder, port, workers, host, python), environment)  # Ctrl-C reaches the server
 
 

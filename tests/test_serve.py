@@ -34,7 +34,8 @@ pytestmark = [
     pytest.mark.skipif(not SERVE_PYTHON.is_file(), reason="needs .venv-serve: `make serve-env` (.ci/run builds it)"),
 ]
 PENGUIN = {"island": "Biscoe", "bill_length_mm": 50.4, "bill_depth_mm": 15.3, "flipper_length_mm": 200}
-PENGUIN["body_mass_g"] = 5000  # the course's example penguin: a Gentoo
+PENGUIN["body_mass_g"] = 5000
+FORM = "application/x-www-form-urlencoded"  # the course's example penguin: a Gentoo
 TINY = (
     "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",
     "--trainer.limit_val_batches", "1", "--trainer.limit_test_batches", "1",
@@ -195,7 +196,8 @@ BAD_PENGUIN_REQUESTS = [
     ([PENGUIN, {**PENGUIN, "body_mass_g": None}], None, 400, "request: row 2 has no value for body_mass_g"),
     ({**PENGUIN, "flipper_length_mm": 20}, None, 400, "request: row 1: flipper_length_mm 20 is far outside"),
     ([PENGUIN] * 1001, None, 413, "1001 rows in one request; send at most 1000"),
-    (b"island=Biscoe", "application/x-www-form-urlencoded", 415, "Content-Type application/x-www-form-urlencoded"),
+    (b"island=Biscoe", "application/x-www-form-urlencoded", 400, "request body is not valid JSON"),  # curl -d
+    (b"\x89PNG", "image/png", 415, "Content-Type image/png: send penguin rows as application/json (or text/csv)"),
     (b"a,b\n1,2\n", "text/csv", 400, "request: missing columns"),
 ]
 
@@ -249,7 +251,8 @@ def test_bird_answers_are_predicts_for_files_base64_and_raw_bytes(birds):
     assert status == 200 and [a["input"] for a in answer["predictions"]] == [f"image {i + 1}" for i in range(4)]
     assert_same_answers(answer["predictions"], dict(zip([f"image {i + 1}" for i in range(4)], expected.values())), 1e-5)
     for (name, data), (label, probability) in zip(files, expected.values()):
-        status, answer = server.post(data, "image/jpeg" if name.endswith("jpg") else "image/png")
+        # curl --data-binary @photo.jpg sends application/x-www-form-urlencoded unless told: the body is the image
+        status, answer = server.post(data, "image/jpeg" if name.endswith("jpg") else FORM)
         assert status == 200 and answer["predictions"][0]["class"] == label
         assert abs(answer["predictions"][0]["probability"] - probability) <= 1e-5
 
