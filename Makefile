@@ -85,7 +85,7 @@ serve: $(VENV)/installed $(SERVE_VENV)/installed ## serve MODEL (models:/NAME/VE
 
 deploy: $(VENV)/installed ## MODEL=NAME:VERSION (the workspace's registry) to ENDPOINT, an Azure ML online endpoint (ARGS="--dry_run true")
 	@test -n "$(ENDPOINT)" || { echo "error: give ENDPOINT=<a name for the online endpoint>" >&2; exit 1; }
-	$(PY) -m scripts.deploy $(MODEL) --endpoint $(ENDPOINT) $(ARGS)
+	$(PY) -m scripts.deploy online $(MODEL) --endpoint $(ENDPOINT) $(ARGS)
 
 bench-serve: $(VENV)/installed $(SERVE_VENV)/installed ## requests/s and p50/p99 of the local server, PyTorch against ONNX Runtime
 	$(PY) -m scripts.bench_serve $(ARGS)
