@@ -228,7 +228,7 @@ class PenguinDataModule(InMemoryDataModule):
             self.scale()
 
     def features(self, raw: torch.Tensor) -> torch.Tensor:
-        return scale_features(raw, self.seen, self.hparams.preprocessing)
+        return scale_features(raw, getattr(self, "seen", None), self.hparams.preprocessing)  # course: needs no seen
 
     def predict_dataloader(self):
         self.check_ranges(self.raw["predict"][0])  # against the checkpoint's training data, restored by now
@@ -238,7 +238,7 @@ class PenguinDataModule(InMemoryDataModule):
         check_ranges(raw, self.seen, self.hparams.predict_path, self.predict_names, self.predict_table.attrs["columns"])
 
 
-def scale_features(raw: torch.Tensor, seen: dict[str, torch.Tensor], preprocessing: str) -> torch.Tensor:
+def scale_features(raw: torch.Tensor, seen: dict[str, torch.Tensor] | None, preprocessing: str) -> torch.Tensor:
     """The model's inputs from raw measurements (FEATURES order, island as an index): the course's scaling, or
     standardised with the training split's statistics `seen` (what a checkpoint's datamodule state holds)."""
     if preprocessing == "course":
