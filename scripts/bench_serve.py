@@ -9,7 +9,8 @@ The networks are untrained (time does not depend on the weights), saved as `--re
 variant has its own server (1 worker unless --workers), all started first; then rounds of sequential requests from
 one client over loopback, the variants interleaved round by round so that a busy machine slows them alike. Printed:
 the median over rounds of each round's requests/s, p50 and p99, and each backend's requests/s as a ratio to
-PyTorch's measured in the same run. Needs .venv-serve (`make serve-env`).
+PyTorch's measured in the same run; then the network alone in this process (no HTTP, no preprocessing), both backends
+interleaved, which a busy machine blurs less. Needs .venv-serve (`make serve-env`).
 """
 
 from __future__ import annotations
@@ -117,6 +118,39 @@ def one_round(server: Server, body: bytes, content_type: str, requests: int) -> 
     return requests / elapsed, latencies[len(latencies) // 2], p99
 
 
+def model_only(folders: dict[str, Path], threads: int, rounds: int) -> list[str]:
+    """The network alone in this process through scripts/score.py's Model (no HTTP, no preprocessing): median ms a call
+    per round, best round, both backends interleaved; the lines to print."""
+    from scripts.score import load_model
+
+    os.environ["SCORE_THREADS"] = str(threads)
+    inputs = {
+        "penguins, 1 row": ("penguins", torch.randn(1, 5), 200),
+        "penguins, 100 rows": ("penguins", torch.randn(100, 5), 200),
+        "birds, 1 image 224 px": ("birds", torch.randn(1, 3, 224, 224), 10),
+    }
+    models = {(task, backend): load_model(folder, backend) for task, folder in folders.items() for backend in BACKENDS}
+    lines = []
+    for name, (task, batch, calls) in inputs.items():
+        best: dict[str, float] = {}
+        for backend in BACKENDS:
+            models[task, backend].logits(batch)  # warm-up
+        for _ in range(rounds):
+            for backend in BACKENDS:
+                times = []
+                for _ in range(calls):
+                    start = time.perf_counter()
+                    models[task, backend].logits(batch)
+                    times.append(time.perf_counter() - start)
+                median = sorted(times)[len(times) // 2] * 1000
+                best[backend] = min(best.get(backend, median), median)
+        for backend in ("torch", "onnxruntime"):
+            lines.append(
+                f"  {name:24} {backend:12} {best[backend]:9.3f} ms a call   {best['torch'] / best[backend]:.2f}x torch"
+            )
+    return lines
+
+
 def main(requests: int = 300, image_requests: int = 60, rounds: int = 3, workers: int = 1, threads: int = 0) -> None:
     """
     Args:
@@ -153,6 +187,7 @@ def main(requests: int = 300, image_requests: int = 60, rounds: int = 3, workers
         finally:
             for server in servers.values():
                 server.stop()
+        network_lines = model_only(folders, threads, rounds)
     print(
         f"serving: azmlinfsrv with scripts/score.py, {workers} worker(s), {threads or os.cpu_count()} thread(s) a "
         f"request, sequential requests from one client over loopback, {rounds} rounds interleaved, median of rounds "
@@ -166,6 +201,8 @@ def main(requests: int = 300, image_requests: int = 60, rounds: int = 3, workers
                 f"  {name:24} {backend:12} {rate:7.1f} req/s   p50 {p50:7.2f} ms   p99 {p99:7.2f} ms   "
                 f"{rate / reference:.2f}x torch"
             )
+    print(f"the network alone, in this process (scripts/score.py's Model.logits), best of {rounds} rounds:")
+    print("\n".join(network_lines))
 
 
 if __name__ == "__main__":
