@@ -70,7 +70,7 @@ except ImportError:  # used as a library: batch scoring, tests
 
 
 BACKENDS = ("onnxruntime", "torch")
-DEFAULT_BACKEND = "onnxruntime"  # measured faster on CPUs for every task (README, scripts/bench_serve.py)
+DEFAULT_BACKEND = "onnxruntime"  # its networks ran 3-10x faster on CPUs (README, Measured; scripts/bench_serve.py)
 MAX_ROWS = int(os.environ.get("SCORE_MAX_ROWS", "1000"))  # penguin rows in one request
 MAX_IMAGES = int(os.environ.get("SCORE_MAX_IMAGES", "32"))  # images in one request
 MAX_IMAGE_BYTES = int(os.environ.get("SCORE_MAX_IMAGE_BYTES", str(10 * 2**20)))  # one encoded image
