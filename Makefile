@@ -25,9 +25,13 @@ COMPUTE ?=
 PROCESSES ?= 2
 # The Spark master for `make spark` (default: the session's, or local[PROCESSES]); e.g. local-cluster[2,1,1024].
 MASTER ?=
+# Serving: Azure ML's inference server runs in its own environment (scripts/serve_environment.yml says why).
+SERVE_VENV ?= .venv-serve
+MODEL ?= $(CKPT)
+ENDPOINT ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install horovod horovod-gpu test-fast train validate evaluate predict export plot submit spark bench bench-spark mlflow-ui lint format test clean
+.PHONY: help install horovod horovod-gpu test-fast train validate evaluate predict export plot submit spark bench bench-spark mlflow-ui lint format test clean serve-env serve deploy bench-serve
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -68,6 +72,27 @@ predict: $(VENV)/installed ## classify INPUT (a CSV or an image folder) with CKP
 export: $(VENV)/installed ## write CKPT as ONNX and check it against PyTorch
 	$(NEED_CKPT)
 	$(PY) -m scripts.export $(CKPT) $(ARGS)
+
+# The pip list of scripts/serve_environment.yml (its `- name==version` lines), read without Python packages.
+$(SERVE_VENV)/installed: scripts/serve_environment.yml
+	python3 -m venv $(SERVE_VENV)
+	$(SERVE_VENV)/bin/python -m pip install --quiet --upgrade pip
+	sed -n 's/^ *- \([A-Za-z][^ ]*==[^ ]*\).*/\1/p' scripts/serve_environment.yml > $(SERVE_VENV)/requirements.txt
+	$(SERVE_VENV)/bin/python -m pip install --quiet -r $(SERVE_VENV)/requirements.txt
+	touch $@
+
+serve-env: $(SERVE_VENV)/installed ## create .venv-serve, Azure ML's inference server and the scoring script's packages (~1.5 min)
+
+serve: $(VENV)/installed $(SERVE_VENV)/installed ## serve MODEL (models:/NAME/VERSION, a .ckpt; default CKPT) on 127.0.0.1:5001
+	@test -n "$(MODEL)" || { echo "error: give MODEL=models:/NAME/VERSION or a .ckpt (make train TASK=$(TASK) first)" >&2; exit 1; }
+	$(PY) -m scripts.serve $(MODEL) $(ARGS)
+
+deploy: $(VENV)/installed ## MODEL=NAME:VERSION (the workspace's registry) to ENDPOINT, an Azure ML online endpoint (ARGS="--dry_run true")
+	@test -n "$(ENDPOINT)" || { echo "error: give ENDPOINT=<a name for the online endpoint>" >&2; exit 1; }
+	$(PY) -m scripts.deploy online $(MODEL) --endpoint $(ENDPOINT) $(ARGS)
+
+bench-serve: $(VENV)/installed $(SERVE_VENV)/installed ## requests/s and p50/p99 of the local server, PyTorch against ONNX Runtime
+	$(PY) -m scripts.bench_serve $(ARGS)
 
 plot: $(VENV)/installed ## PNG of training and validation loss of RUN (default: the newest run)
 	$(PY) -m scripts.plot $(RUN) $(ARGS)

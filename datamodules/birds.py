@@ -190,8 +190,7 @@ class BirdsDataModule(ClassificationDataModule):
         size = self.hparams.image_size
         if train:
             return v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()])
-        # ImageNet's evaluation recipe: shorter side to 256, centre 224x224 (scaled with image_size).
-        return v2.Compose([v2.Resize(round(size * 256 / 224), antialias=True), v2.CenterCrop(size)])
+        return eval_transform(size)
 
     def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
         files, labels = self.splits[split]
@@ -223,7 +222,19 @@ class BirdsDataModule(ClassificationDataModule):
         return self._loader("predict")
 
     def on_after_batch_transfer(self, batch: tuple[torch.Tensor, ...], dataloader_idx: int) -> tuple[torch.Tensor, ...]:
-        from torchvision.transforms.v2.functional import normalize
+        return (normalize_images(batch[0]), *batch[1:])
 
-        images = batch[0].float().div_(255)
-        return (normalize(images, IMAGENET_MEAN, IMAGENET_STD), *batch[1:])
+
+def eval_transform(image_size: int):
+    """ImageNet's evaluation recipe: shorter side to 256, centre 224x224 (scaled with image_size); on uint8 images.
+    Evaluation, predict and the scoring script (scripts/score.py) use it."""
+    from torchvision.transforms import v2
+
+    return v2.Compose([v2.Resize(round(image_size * 256 / 224), antialias=True), v2.CenterCrop(image_size)])
+
+
+def normalize_images(images: torch.Tensor) -> torch.Tensor:
+    """A uint8 batch (N, 3, H, W) as the network takes it: floats in [0, 1], ImageNet-normalised."""
+    from torchvision.transforms.v2.functional import normalize
+
+    return normalize(images.float().div_(255), IMAGENET_MEAN, IMAGENET_STD)

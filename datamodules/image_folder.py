@@ -68,14 +68,16 @@ def check_same_classes(reference: str | Path, names: list[str], other: str | Pat
         raise DataError(f"{reference} and {other} have different classes: {'; '.join(differences)}; give both the same")
 
 
-def decode(path: Path, grey: bool = False) -> tuple[torch.Tensor | None, str | None]:
-    """(uint8 image: RGB (3, H, W) or grey (1, H, W), None), or (None, why it is not one image)."""
+def decode(source: Path | bytes, grey: bool = False) -> tuple[torch.Tensor | None, str | None]:
+    """(uint8 image: RGB (3, H, W) or grey (1, H, W), None), or (None, why it is not one image). `source` is a file,
+    or the bytes of one (a request to the scoring script, scripts/score.py)."""
     from torchvision.io import ImageReadMode, decode_image
 
+    encoded = torch.frombuffer(bytearray(source), dtype=torch.uint8) if isinstance(source, bytes) else str(source)
     try:
         # Phone photos are stored sideways with an EXIF orientation that says how to turn them upright.
         mode = ImageReadMode.GRAY if grey else ImageReadMode.RGB
-        image = decode_image(str(path), mode=mode, apply_exif_orientation=True)
+        image = decode_image(encoded, mode=mode, apply_exif_orientation=True)
     except RuntimeError as error:
         # torchvision prefixes "function, source.cpp:line, ": keep the reason.
         return None, re.sub(r"^\w+, \S+:\d+, ", "", str(error).splitlines()[0])

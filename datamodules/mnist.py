@@ -72,9 +72,19 @@ def read_idx(path: Path, magic: int) -> torch.Tensor:
 
 def read_digit(path: Path) -> torch.Tensor:
     """One image file as a grey uint8 (1, 28, 28) tensor."""
+    return to_digit(read_image(path, grey=True))
+
+
+def to_digit(image: torch.Tensor) -> torch.Tensor:
+    """A grey uint8 image (1, H, W) of any size as MNIST's (1, 28, 28); predict and scripts/score.py use it."""
     from torchvision.transforms.v2.functional import resize
 
-    return resize(read_image(path, grey=True), [28, 28], antialias=True)
+    return resize(image, [28, 28], antialias=True)
+
+
+def normalize_digits(images: torch.Tensor) -> torch.Tensor:
+    """Digits scaled to [0, 1] (floats) as the network takes them: standardised with the training images' statistics."""
+    return (images - MEAN) / STD
 
 
 class MNISTDataModule(InMemoryDataModule):
@@ -236,4 +246,4 @@ class MNISTDataModule(InMemoryDataModule):
         images = batch[0].float() / 255
         if self.hparams.augment and self.trainer is not None and self.trainer.training:
             images = self.warp(images)
-        return ((images - MEAN) / STD, *batch[1:])
+        return (normalize_digits(images), *batch[1:])

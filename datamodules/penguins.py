@@ -63,6 +63,14 @@ def read_penguins(path: str | Path | None, need_species: bool = True):
             frame = pd.read_csv(path)
         except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as error:
             raise DataError(f"{where}: not a readable CSV ({error})") from None
+    return penguin_table(frame, where, need_species)
+
+
+def penguin_table(frame, where: str, need_species: bool = True, row_name=lambda index: f"line {index + 2}"):
+    """`frame` (a pandas DataFrame in either schema) in our column names, complete rows only, island as an index;
+    what `read_penguins` makes of a file and the scoring script (scripts/score.py) of a request's rows. `where` names
+    the source in messages, `row_name(index)` a row of it (a CSV's line: +1 for the header, +1 for counting from 1)."""
+    import pandas as pd
 
     wanted = [name for name in SCHEMAS["course"] if need_species or name != "species"]
     schema = next((s for s in SCHEMAS.values() if all(s[name] in frame.columns for name in wanted)), None)
@@ -76,10 +84,9 @@ def read_penguins(path: str | Path | None, need_species: bool = True):
         numbers = pd.to_numeric(table[column], errors="coerce")
         bad = table[column].notna() & numbers.isna()
         if bad.any():
-            row = int(bad.idxmax()) + 2  # +1 for the header, +1 for counting lines from 1
             raise DataError(
                 f"{where}: column {schema[column]} has a non-numeric value "
-                f"{table[column][bad.idxmax()]!r} on line {row}; fix or remove that row"
+                f"{table[column][bad.idxmax()]!r} on {row_name(int(bad.idxmax()))}; fix or remove that row"
             )
         table[column] = numbers
     table = table.dropna()  # keeps the index: row i is line i + 2 of the file
@@ -224,26 +231,37 @@ class PenguinDataModule(InMemoryDataModule):
             self.scale()
 
     def features(self, raw: torch.Tensor) -> torch.Tensor:
-        if self.hparams.preprocessing == "course":
-            return raw / COURSE_SCALE
-        return (raw - self.seen["mean"]) / self.seen["std"]
+        return scale_features(raw, getattr(self, "seen", None), self.hparams.preprocessing)  # course: needs no seen
 
     def predict_dataloader(self):
         self.check_ranges(self.raw["predict"][0])  # against the checkpoint's training data, restored by now
         return super().predict_dataloader()
 
     def check_ranges(self, raw: torch.Tensor) -> None:
-        """Refuses measurements far outside the training split's (most likely another unit, as the course's
-        scaled example: flipper 20, mass 50): the model would answer with confidence, and wrongly."""
-        low, high = self.seen["low"], self.seen["high"]
-        margin = (high - low) / 2
-        outside = (raw < low - margin) | (raw > high + margin)
-        outside[:, 0] = False  # the island index is checked by name when read
-        if outside.any():
-            row, column = (int(i) for i in outside.nonzero()[0])
-            name = self.predict_table.attrs["columns"][FEATURES[column]]
-            raise DataError(
-                f"{self.hparams.predict_path}: {self.predict_names[row]}: {name} {raw[row, column].item():g} is far "
-                f"outside what the model was trained on ({low[column].item():g} to {high[column].item():g}); "
-                "give millimetres and grams, as in the training data"
-            )
+        check_ranges(raw, self.seen, self.hparams.predict_path, self.predict_names, self.predict_table.attrs["columns"])
+
+
+def scale_features(raw: torch.Tensor, seen: dict[str, torch.Tensor] | None, preprocessing: str) -> torch.Tensor:
+    """The model's inputs from raw measurements (FEATURES order, island as an index): the course's scaling, or
+    standardised with the training split's statistics `seen` (what a checkpoint's datamodule state holds)."""
+    if preprocessing == "course":
+        return raw / COURSE_SCALE
+    return (raw - seen["mean"]) / seen["std"]
+
+
+def check_ranges(raw: torch.Tensor, seen: dict[str, torch.Tensor], where, row_names, columns: dict) -> None:
+    """Refuses measurements far outside the training split's (most likely another unit, as the course's
+    scaled example: flipper 20, mass 50): the model would answer with confidence, and wrongly. `row_names` name the
+    rows of `raw` in the message, `columns` maps our names to the source's column names."""
+    low, high = seen["low"], seen["high"]
+    margin = (high - low) / 2
+    outside = (raw < low - margin) | (raw > high + margin)
+    outside[:, 0] = False  # the island index is checked by name when read
+    if outside.any():
+        row, column = (int(i) for i in outside.nonzero()[0])
+        name = columns[FEATURES[column]]
+        raise DataError(
+            f"{where}: {row_names[row]}: {name} {raw[row, column].item():g} is far "
+            f"outside what the model was trained on ({low[column].item():g} to {high[column].item():g}); "
+            "give millimetres and grams, as in the training data"
+        )

@@ -73,35 +73,17 @@ def test_inputs(datamodule: ClassificationDataModule, batches: int) -> list[torc
     return inputs
 
 
-def export(checkpoint: str, output: str | None = None, batches: int = 1, opset: int = 18) -> float:
-    """Writes the ONNX file and returns the largest |onnx - torch| seen; raises ExportError above TOLERANCE.
-
-    Args:
-        checkpoint: a .ckpt written by `python -m scripts.train fit` (outputs/<exp>/<run>/checkpoints/best.ckpt).
-        output: where the .onnx goes; default: beside the checkpoint, same name, suffix .onnx.
-        batches: test batches to compare ONNX Runtime and PyTorch on (plus one batch of another size).
-        opset: ONNX opset of the graph (18: the exporter's own).
-    """
+def write_onnx(network: torch.nn.Module, inputs: list[torch.Tensor], target: Path, opset: int = 18) -> float:
+    """Writes `network` (in eval mode) as ONNX at `target` and returns the largest |onnx - torch| over `inputs` and a
+    batch of another size; raises ExportError above TOLERANCE, leaving an earlier file at `target` in place. Used by
+    `export` and by scripts.tracking.save_model (the ONNX file of a registered model)."""
     import onnxruntime
 
-    source = Path(checkpoint)
-    if not source.is_file():
-        raise ExportError(f"{checkpoint}: no such checkpoint file; give the path of a .ckpt (outputs/.../best.ckpt)")
-    target = Path(output) if output is not None else source.with_suffix(".onnx")
-    if target.suffix != ".onnx" or target.resolve() == source.resolve():
-        raise ExportError(f"{target}: the output must be a path ending in .onnx (this one would overwrite a file)")
-    if batches < 1:
-        raise ExportError("--batches must be 1 or more")
-
-    model, datamodule = load(source)
-    network = model.network.eval()
-    inputs = test_inputs(datamodule, batches)
     example = inputs[0]
     if len(example) < 2:
         example = torch.cat([example, example])  # torch.export takes a size-1 dimension for a constant
     # Another batch size than the exported one: ONNX Runtime rejects it unless the batch axis is dynamic.
-    inputs.append(example[: len(example) // 2])
-
+    inputs = [*inputs, example[: len(example) // 2]]
     # The dynamo exporter (torch.export + onnxscript, the default since torch 2.9) handles every network here
     # with onnxscript 0.7.2; the TorchScript one (dynamo=False) works too but is deprecated. Weights stay
     # inside the one file (external_data=False: the nets are far below ONNX's 2 GB limit). Written beside the
@@ -137,7 +119,36 @@ def export(checkpoint: str, output: str | None = None, batches: int = 1, opset: 
         part.replace(target)
     finally:
         part.unlink(missing_ok=True)
-    print(f"onnx: {target}  max |onnx - torch| = {difference:.1e} on {len(inputs)} batches (sizes {sizes})")
+    return difference
+
+
+def export(checkpoint: str, output: str | None = None, batches: int = 1, opset: int = 18) -> float:
+    """Writes the ONNX file and returns the largest |onnx - torch| seen; raises ExportError above TOLERANCE.
+
+    Args:
+        checkpoint: a .ckpt written by `python -m scripts.train fit` (outputs/<exp>/<run>/checkpoints/best.ckpt).
+        output: where the .onnx goes; default: beside the checkpoint, same name, suffix .onnx.
+        batches: test batches to compare ONNX Runtime and PyTorch on (plus one batch of another size).
+        opset: ONNX opset of the graph (18: the exporter's own).
+    """
+    source = Path(checkpoint)
+    if not source.is_file():
+        raise ExportError(f"{checkpoint}: no such checkpoint file; give the path of a .ckpt (outputs/.../best.ckpt)")
+    target = Path(output) if output is not None else source.with_suffix(".onnx")
+    if target.suffix != ".onnx" or target.resolve() == source.resolve():
+        raise ExportError(f"{target}: the output must be a path ending in .onnx (this one would overwrite a file)")
+    if batches < 1:
+        raise ExportError("--batches must be 1 or more")
+
+    model, datamodule = load(source)
+    network = model.network.eval()
+    inputs = test_inputs(datamodule, batches)
+    difference = write_onnx(network, inputs, target, opset)
+    sizes = [len(batch) for batch in inputs] + [max(len(inputs[0]), 2) // 2]  # write_onnx adds a batch of another size
+    print(
+        f"onnx: {target}  max |onnx - torch| = {difference:.1e} on {len(sizes)} batches "
+        f"(sizes {', '.join(map(str, sizes))})"
+    )
     return difference
 
 

@@ -17,6 +17,7 @@ import contextlib
 import os
 import re
 import socket
+import sys
 import time
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
@@ -224,16 +225,60 @@ def credentials_out_of_uri(uri: str, environ: MutableMapping[str, str] = os.envi
     return urlunsplit(parts._replace(netloc=host))
 
 
-def register_model(
-    tracking_uri: str, run_id: str, network: torch.nn.Module, example: torch.Tensor, class_names: list[str], name: str
-) -> str:
-    """Saves `network` as an MLflow model in the run's artifacts (`model/`) and registers it as a new version of
-    `name`; returns the version.
+def save_model(
+    network: torch.nn.Module,
+    example: torch.Tensor,
+    class_names: list[str],
+    folder: str | Path,
+    inputs: dict | None = None,
+) -> None:
+    """Saves `network` as an MLflow model in `folder`: torch.export's program (MLflow's pt2 format), which loads with
+    torch alone, without this repository's code, and takes any batch size; the same network as ONNX in
+    `onnx/model.onnx` (checked against PyTorch on `example`, as scripts.export does; a network the ONNX exporter cannot
+    express is saved without it, with a warning, and serves with the torch backend); in its metadata the class names
+    (index i for logit i) and `inputs`, what the scoring script (scripts/score.py serving_inputs) needs to preprocess
+    a request as the datamodule does (penguin scaling statistics and training ranges, the image size)."""
+    import mlflow
+    from mlflow.models import infer_signature
 
-    The model is torch.export's program (MLflow's pt2 format): it loads with torch alone, without this repository's
-    code, and takes any batch size; its metadata holds the class names, index i for logit i. It is saved locally and
-    uploaded as plain artifacts, not with `log_model`: MLflow 3's `log_model` creates a "logged model" through REST
-    routes that Azure ML's tracking does not serve (404). Inside Azure ML the registry is the workspace's.
+    from scripts.export import write_onnx
+
+    network, example = network.eval().cpu(), example[:8].cpu()
+    with torch.no_grad():
+        logits = network(example)
+    metadata = {"class_names": list(class_names)}
+    if inputs is not None:
+        metadata["inputs"] = inputs
+    mlflow.pytorch.save_model(
+        network,
+        str(folder),
+        signature=infer_signature(example.numpy(), logits.numpy()),
+        input_example=example.numpy(),
+        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],  # what loading a pt2 program needs
+        metadata=metadata,
+    )
+    try:
+        write_onnx(network, [example], Path(folder) / "onnx" / "model.onnx")
+    except Exception as error:  # the exporter's many types: a network ONNX cannot express still registers, as pt2
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        print(f"warning: the model is saved without ONNX ({reason}); serve it with --backend torch", file=sys.stderr)
+
+
+def register_model(
+    tracking_uri: str,
+    run_id: str,
+    network: torch.nn.Module,
+    example: torch.Tensor,
+    class_names: list[str],
+    name: str,
+    inputs: dict | None = None,
+) -> str:
+    """Saves `network` as an MLflow model (`save_model`) in the run's artifacts (`model/`) and registers it as a new
+    version of `name`; returns the version.
+
+    It is saved locally and uploaded as plain artifacts, not with `log_model`: MLflow 3's `log_model` creates a
+    "logged model" through REST routes that Azure ML's tracking does not serve (404). Inside Azure ML the registry is
+    the workspace's, and `python -m scripts.deploy` serves a version of it from an online endpoint.
 
         python -m scripts.train fit --config configs/penguins.yaml --register_model penguins-classifier
     """
@@ -241,21 +286,10 @@ def register_model(
 
     import mlflow
     from mlflow import MlflowClient
-    from mlflow.models import infer_signature
 
-    network, example = network.eval().cpu(), example[:8].cpu()
-    with torch.no_grad():
-        logits = network(example)
     client = MlflowClient(tracking_uri)
     with tempfile.TemporaryDirectory() as folder:
-        mlflow.pytorch.save_model(
-            network,
-            f"{folder}/model",
-            signature=infer_signature(example.numpy(), logits.numpy()),
-            input_example=example.numpy(),
-            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],  # what loading a pt2 program needs
-            metadata={"class_names": list(class_names)},
-        )
+        save_model(network, example, class_names, f"{folder}/model", inputs)
         client.log_artifacts(run_id, f"{folder}/model", "model")
     mlflow.set_tracking_uri(tracking_uri)  # register_model's client, and the registry's, follow it
     try:

@@ -209,7 +209,10 @@ class TemplateCLI(LightningCLI):
         self.model.load_state_dict(state)
         example = test_inputs(self.datamodule, batches=1)[0]
         tracking_uri = self.config.fit.trainer.logger.init_args.tracking_uri
-        version = register_model(tracking_uri, logger.run_id, self.model.network, example, self.model.class_names, name)
+        from scripts.score import serving_inputs  # the preprocessing the scoring script repeats, saved with the model
+
+        network, classes, inputs = self.model.network, self.model.class_names, serving_inputs(self.datamodule)
+        version = register_model(tracking_uri, logger.run_id, network, example, classes, name, inputs)
         print(f"registered model: {name} version {version}")
 
     def check_classes(self) -> None:

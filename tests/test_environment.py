@@ -1,5 +1,7 @@
 """environment.yml (what Azure ML builds) and pyproject.toml (what `make install` installs) pin the same packages."""
 
+import json
+import subprocess
 import tomllib
 
 import yaml
@@ -23,3 +25,23 @@ def test_installed_versions_match_the_pins():
     for requirement in project["dependencies"]:
         name, pinned = requirement.split("==")
         assert version(name.split("[")[0]) == pinned, requirement
+
+
+def test_the_serving_environment_pins_every_package_and_shares_the_training_versions():
+    """scripts/serve_environment.yml: .venv-serve (make serve-env) and the Azure ML deployment's conda file."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    serve = yaml.safe_load((REPO / "scripts" / "serve_environment.yml").read_text())
+    (pip_section,) = [d["pip"] for d in serve["dependencies"] if isinstance(d, dict)]
+    assert "python=3.11" in serve["dependencies"]
+    assert all("==" in requirement for requirement in pip_section)
+    training = dict(requirement.split("==") for requirement in project["dependencies"])
+    serving = dict(requirement.split("==") for requirement in pip_section)
+    assert "azureml-inference-server-http" in serving
+    assert {name: version for name, version in serving.items() if name in training} == {
+        name: training[name] for name in serving if name in training
+    }
+    venv = REPO / ".venv-serve" / "bin" / "python"
+    if venv.is_file():  # what make serve-env installed is what the file pins
+        listed = subprocess.run([venv, "-m", "pip", "list", "--format", "json"], capture_output=True, text=True)
+        installed = {p["name"].lower(): p["version"] for p in json.loads(listed.stdout)}
+        assert {name: installed.get(name.lower()) for name in serving} == serving

@@ -1,0 +1,191 @@
+"""Serve a registered model or a checkpoint on this machine with Azure ML's own inference server, as an online endpoint
+runs it: the scoring script scripts/score.py under azmlinfsrv, on http://127.0.0.1:5001/score.
+
+    make serve MODEL=models:/penguins-classifier/1   # from the registry (MLFLOW_TRACKING_URI or outputs/mlflow.db)
+    make serve MODEL=outputs/<exp>/<run>/checkpoints/best.ckpt ARGS="--backend torch --port 5002"
+    python -m scripts.serve models:/penguins-classifier/1 --port 5001 --workers 2
+
+The model becomes a folder under outputs/serving/ (a registered version downloaded; a checkpoint saved as
+`--register_model` saves it: pt2 program, ONNX, class names and preprocessing) and the server gets it as
+AZUREML_MODEL_DIR, what Azure ML mounts in a deployment. The server runs in its own environment, .venv-serve (`make
+serve-env`, pinned in scripts/serve_environment.yml, which is also the deployment's): azureml-inference-server-http
+pins pydantic and OpenTelemetry versions that the training environment's MLflow and Azure packages are past. Ctrl-C
+stops it. Mistakes (a model that is not there, no .venv-serve, a bad option) are one line and exit 1.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+DEFAULT_BACKEND = "onnxruntime"  # scripts/score.py's (tested equal); not imported from there: it imports Lightning
+
+SERVE_VENV = Path(".venv-serve")
+SERVING = Path("outputs/serving")  # the model folders the server is given
+REPO = Path(__file__).resolve().parents[1]
+
+
+class ServeError(Exception):
+    """A model, option or environment that cannot serve; the message names it and what to give."""
+
+
+def tracking_uri() -> str:
+    """MLFLOW_TRACKING_URI, else the local store scripts.train writes (outputs/mlflow.db)."""
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    store = Path("outputs/mlflow.db")
+    if not store.is_file():
+        raise ServeError(
+            "no MLflow store: outputs/mlflow.db is not here and MLFLOW_TRACKING_URI is not set; train with "
+            "--register_model first, or give a checkpoint"
+        )
+    return f"sqlite:///{store}"
+
+
+def download(uri: str, target: Path) -> Path:
+    """The registered model `uri` (models:/NAME/VERSION, models:/NAME@alias, runs:/RUN/model) in `target`."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    store = tracking_uri()
+    if store.startswith("sqlite:///") and not Path(store.removeprefix("sqlite:///")).is_file():
+        raise ServeError(f"{store}: no such MLflow store; check MLFLOW_TRACKING_URI")  # MLflow would make one
+    mlflow.set_tracking_uri(store)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # the server's log follows
+    try:
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as part:
+            mlflow.artifacts.download_artifacts(uri, dst_path=part)
+            shutil.rmtree(target, ignore_errors=True)
+            Path(part).rename(target)
+            Path(part).mkdir()  # for TemporaryDirectory's clean-up
+    except MlflowException as error:
+        message = str(error).splitlines()[0]
+        raise ServeError(f"{uri}: not in the registry at {store} ({message}); check the name and version") from None
+    finally:
+        mlflow.set_tracking_uri(None)
+    return target
+
+
+def from_checkpoint(checkpoint: Path, target: Path) -> Path:
+    """The checkpoint saved as a registered model would be (scripts.tracking.save_model) in `target`; kept while it
+    is newer than the checkpoint."""
+    import torch
+
+    from scripts.export import ExportError, load
+    from scripts.score import serving_inputs
+    from scripts.tracking import save_model
+
+    if (target / "MLmodel").is_file() and (target / "MLmodel").stat().st_mtime > checkpoint.stat().st_mtime:
+        return target
+    try:
+        module, datamodule = load(checkpoint)
+    except ExportError as error:
+        raise ServeError(str(error)) from None
+    inputs = serving_inputs(datamodule)
+    if inputs is None:
+        raise ServeError(
+            f"{checkpoint}: scripts/score.py does not know the preprocessing of {type(datamodule).__name__}; "
+            "add it to serving_inputs and the request readers there"
+        )
+    size = inputs.get("image_size")
+    shape = {"penguins": (5,), "digits": (1, 28, 28), "images": (3, size, size)}[inputs["kind"]]
+    example = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))  # torch.export needs shapes alone
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as part:
+        save_model(module.network, example, module.class_names, Path(part) / "model", inputs)
+        shutil.rmtree(target, ignore_errors=True)
+        (Path(part) / "model").rename(target)
+    return target
+
+
+def model_dir(model: str, serving: Path = SERVING) -> Path:
+    """The AZUREML_MODEL_DIR of `model` (a registry URI, a checkpoint or a model folder), laid out as Azure ML lays out
+    a deployment's model: outputs/serving/<name>/<version>/model/MLmodel."""
+    if model.startswith(("models:/", "runs:/")):
+        parts = [re.sub(r"[^\w.-]+", "-", part) for part in re.split(r"[/@]", model.split(":/", 1)[1]) if part]
+        name, version = (parts[0], parts[1]) if model.startswith("models:/") and len(parts) > 1 else ("run", parts[0])
+        target = serving / name / version
+        target.mkdir(parents=True, exist_ok=True)
+        download(model, target / "model")
+        return target
+    path = Path(model)
+    if path.is_dir():
+        if not (path / "MLmodel").is_file() and not list(path.glob("*/MLmodel")):
+            raise ServeError(f"{path}: no MLmodel in this folder; give a registered model's folder, .ckpt or models:/")
+        return path
+    if path.suffix == ".ckpt" and path.is_file():
+        target = serving / f"{path.parent.parent.name}-{path.stem}" / "1"  # the checkpoint's run and name
+        target.mkdir(parents=True, exist_ok=True)
+        from_checkpoint(path, target / "model")
+        return target
+    raise ServeError(
+        f"{model}: no such model; give models:/NAME/VERSION (fit --register_model NAME), a .ckpt, or a model folder"
+    )
+
+
+def server_command(
+    folder: Path, port: int, workers: int, host: str, python: Path = SERVE_VENV / "bin" / "python"
+) -> list[str]:
+    return [
+        str(python), "-m", "scripts.inference_server", "--host", host, "--entry_script", "scripts/score.py",
+        "--model_dir", str(folder.resolve()), "--port", str(port), "--worker_count", str(workers),
+    ]  # fmt: skip
+
+
+def serve(
+    model: str,
+    port: int = 5001,
+    backend: Literal["onnxruntime", "torch"] = DEFAULT_BACKEND,
+    workers: int = 1,
+    threads: int = 0,
+    host: str = "127.0.0.1",
+    prepare_only: bool = False,
+    serving_dir: str = str(SERVING),
+) -> None:
+    """Starts the inference server on `model` and serves until stopped (Ctrl-C).
+
+    Args:
+        model: models:/NAME/VERSION (or models:/NAME@alias, runs:/RUN/model) from the MLflow registry at
+            MLFLOW_TRACKING_URI or outputs/mlflow.db; a checkpoint (.ckpt) of `scripts.train fit`; or a model folder.
+        port: the port of /score (and of the health probe GET /).
+        backend: onnxruntime (the default: faster on CPUs) or torch (the pt2 program).
+        workers: server processes (gunicorn workers), each with its own copy of the model.
+        threads: threads of one request's computation (SCORE_THREADS); 0: one per core. With several workers,
+            cores / workers.
+        host: the address to listen on; 0.0.0.0 serves every network this machine is on (no key is asked).
+        prepare_only: make the model folder, print its path and stop (what `python -m scripts.score` takes).
+        serving_dir: where the model folders go.
+    """
+    if not 0 < port < 65536 or workers < 1 or threads < 0:
+        raise ServeError(f"--port {port} --workers {workers}: give a port 1-65535 and 1 or more workers")
+    python = SERVE_VENV / "bin" / "python"
+    if not prepare_only and not python.is_file():
+        raise ServeError(f"{SERVE_VENV} is missing: run `make serve-env` (the inference server's environment) first")
+    folder = model_dir(model, Path(serving_dir))
+    if prepare_only:
+        print(folder)
+        return
+    print(f"serving {folder} with {backend} on http://{host}:{port}/score", flush=True)
+    environment = {**os.environ, "SCORE_BACKEND": backend, "SCORE_THREADS": str(threads)}
+    os.execve(python, server_command(folder, port, workers, host, python), environment)  # Ctrl-C reaches the server
+
+
+def main(args: list[str] | None = None) -> None:
+    from jsonargparse import ArgumentError, auto_cli
+
+    try:
+        auto_cli(serve, args=args, as_positional=True, exit_on_error=False)
+    except ArgumentError as error:
+        from scripts.submit import argument_error_line
+
+        sys.exit(f"error: {argument_error_line(str(error))} (python -m scripts.serve --help lists the options)")
+    except ServeError as error:
+        sys.exit(f"error: {error}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,369 @@
+"""Serving: Azure ML's real inference server (azmlinfsrv, from .venv-serve) runs scripts/score.py on loopback, one
+server per model; real HTTP requests for each task must get what `scripts.train predict` answers for the same inputs,
+and every bad request a 4xx with one message while the server goes on serving."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torchvision.io import write_jpeg, write_png
+
+from scripts.serve import main as serve_main
+from scripts.train import cli_main
+from tests.conftest import MNIST, REPO, bird_folders, free_port, needs_mnist, run_module
+
+SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not SERVE_PYTHON.is_file(), reason="needs .venv-serve: `make serve-env` (.ci/run builds it)"),
+]
+PENGUIN = {"island": "Biscoe", "bill_length_mm": 50.4, "bill_depth_mm": 15.3, "flipper_length_mm": 200}
+PENGUIN["body_mass_g"] = 5000
+FORM = "application/x-www-form-urlencoded"  # the course's example penguin: a Gentoo
+TINY = (
+    "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",
+    "--trainer.limit_val_batches", "1", "--trainer.limit_test_batches", "1",
+)  # fmt: skip
+
+
+class Server:
+    """`python -m scripts.serve MODEL` on a free loopback port, as `make serve` runs it; stopped with SIGTERM."""
+
+    def __init__(self, model: str | Path, folder: Path, *args: str, env: dict | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = folder / f"server-{self.port}.log"
+        command = [sys.executable, "-m", "scripts.serve", str(model), "--port", str(self.port)]
+        command += ["--serving_dir", str(folder / "serving"), *args]
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 240
+        while True:
+            with contextlib.suppress(OSError):
+                status, self.card = self.get("/score")
+                if status == 200:
+                    break
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(f"the inference server did not start: {self.log.read_text()[-3000:]}")
+            time.sleep(0.5)
+
+    def get(self, path: str) -> tuple[int, dict]:
+        with urllib.request.urlopen(self.url + path, timeout=30) as response:
+            return response.status, json.loads(response.read())
+
+    def post(self, body: bytes, content_type: str | None) -> tuple[int, dict]:
+        request = urllib.request.Request(f"{self.url}/score", data=body, method="POST")
+        if content_type:
+            request.add_header("Content-Type", content_type)
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    def post_json(self, value) -> tuple[int, dict]:
+        return self.post(json.dumps(value).encode(), "application/json")
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGINT)  # Ctrl-C: gunicorn's quick shutdown (SIGTERM waits 30 s for workers)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def multipart(files: list[tuple[str, bytes]]) -> tuple[bytes, str]:
+    """A multipart/form-data body with each file under the field `image`, as `curl -F image=@a.jpg` sends it."""
+    boundary = uuid.uuid4().hex
+    parts = []
+    for name, data in files:
+        head = f'--{boundary}\r\nContent-Disposition: form-data; name="image"; filename="{name}"\r\n'
+        parts.append(head.encode() + b"Content-Type: application/octet-stream\r\n\r\n" + data + b"\r\n")
+    return b"".join(parts) + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+def predictions(*args: str) -> dict[str, tuple[str, float]]:
+    """`scripts.train predict` in this process: input name -> (class, probability) at full precision."""
+    with warnings.catch_warnings():  # LightningCLI warns that pytest's own arguments are in sys.argv
+        warnings.simplefilter("ignore")
+        cli = cli_main(["predict", *args])
+    rows = [row for batch in cli.trainer.predict_loop.predictions for row in batch]
+    return dict(zip(map(str, cli.datamodule.predict_names), rows))
+
+
+def fit(outputs: Path, *args: str) -> tuple[Path, str]:
+    result = run_module("scripts.train", "fit", *args, "--trainer.default_root_dir", outputs)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return Path(re.search(r"best checkpoint: (\S+)", result.stdout).group(1)), result.stdout
+
+
+def assert_same_answers(answers: list[dict], expected: dict[str, tuple[str, float]], tolerance: float, key=None):
+    assert [key(a["input"]) if key else a["input"] for a in answers] == list(expected)
+    for answer, (label, probability) in zip(answers, expected.values()):
+        assert answer["class"] == label
+        assert abs(answer["probability"] - probability) <= tolerance, (answer, probability)
+        assert answer["probabilities"][label] == answer["probability"]
+        assert abs(sum(answer["probabilities"].values()) - 1) < 1e-5
+
+
+# Penguins: a registered model, served from the registry with both backends.
+
+
+@pytest.fixture(scope="module")
+def penguins(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("serve-penguins")
+    outputs = folder / "outputs"
+    best, stdout = fit(outputs, "--config", "configs/penguins.yaml", "--trainer.max_epochs", "8",
+                       "--register_model", "penguins-classifier")  # fmt: skip
+    assert "registered model: penguins-classifier version 1" in stdout
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{outputs / 'mlflow.db'}"}
+    servers = {
+        backend: Server("models:/penguins-classifier/1", folder, "--backend", backend, env=env)
+        for backend in ("onnxruntime", "torch")
+    }
+    yield folder, best, servers
+    for server in servers.values():
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def penguin_csv(penguins) -> Path:
+    """Every 8th complete palmerpenguins row, in palmerpenguins' schema (and its extra columns, sex and year)."""
+    from palmerpenguins import load_penguins
+
+    folder, _, _ = penguins
+    path = folder / "new.csv"
+    load_penguins().drop(columns=["species"]).dropna().iloc[::8].to_csv(path, index=False)
+    return path
+
+
+def test_the_server_listens_on_loopback_only_and_describes_its_model(penguins):
+    _, _, servers = penguins
+    for backend, server in servers.items():
+        assert f"Listening at: http://127.0.0.1:{server.port}" in server.log.read_text()  # not 0.0.0.0, azmlinfsrv's
+        assert (server.card["classes"], server.card["inputs"]) == (["Adelie", "Gentoo", "Chinstrap"], "penguins")
+        assert server.card["backend"] == backend
+        assert urllib.request.urlopen(server.url + "/", timeout=10).status == 200  # Azure ML's liveness probe
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_penguin_answers_are_predicts_for_a_csv_and_for_json_rows(penguins, penguin_csv, backend):
+    _, best, servers = penguins
+    server = servers[backend]
+    expected = predictions("--config", "configs/penguins.yaml", "--ckpt_path", str(best),
+                           "--data.predict_path", str(penguin_csv))  # fmt: skip
+    tolerance = 1e-6 if backend == "torch" else 1e-5  # the same program; ONNX Runtime's kernels differ in the 7th digit
+    status, answer = server.post(penguin_csv.read_bytes(), "text/csv")
+    assert status == 200
+    assert_same_answers(answer["predictions"], expected, tolerance)  # named by their line, as predict names them
+
+    import pandas as pd
+
+    rows = pd.read_csv(penguin_csv)
+    status, answer = server.post_json(json.loads(rows.to_json(orient="records")))
+    assert status == 200 and len(answer["predictions"]) == len(rows) == len(expected)
+    assert_same_answers(answer["predictions"], dict(zip([f"row {i + 1}" for i in range(len(rows))], expected.values())),
+                        tolerance)  # fmt: skip
+    course = {"Island": "Biscoe", "CulmenLength": 50.4, "CulmenDepth": 15.3, "FlipperLength": 200, "BodyMass": 5000}
+    assert server.post_json(course)[1] == server.post_json(PENGUIN)[1]  # either schema, one row as an object
+
+
+BAD_PENGUIN_REQUESTS = [
+    (b'{"island": "Biscoe", ', "application/json", 400, "request body is not valid JSON"),
+    (b"", "application/json", 400, "empty request body: send the input"),
+    (b"[]", "application/json", 400, "send one penguin as a JSON object, or several as a non-empty list of objects"),
+    (b'"Biscoe"', "application/json", 400, "send one penguin as a JSON object"),
+    ({k: v for k, v in PENGUIN.items() if k != "body_mass_g"}, None, 400, "request: missing columns; a penguin CSV"),
+    ({**PENGUIN, "island": "Atlantis"}, None, 400, "request: unknown island 'Atlantis' in column island; the model"),
+    ([PENGUIN, {**PENGUIN, "bill_depth_mm": "deep"}], None, 400, "request: column bill_depth_mm has a non-numeric"),
+    ([PENGUIN, {**PENGUIN, "body_mass_g": None}], None, 400, "request: row 2 has no value for body_mass_g"),
+    ({**PENGUIN, "flipper_length_mm": 20}, None, 400, "request: row 1: flipper_length_mm 20 is far outside"),
+    ([PENGUIN] * 1001, None, 413, "1001 rows in one request; send at most 1000"),
+    (b"island=Biscoe", "application/x-www-form-urlencoded", 400, "request body is not valid JSON"),  # curl -d
+    (b"\x89PNG", "image/png", 415, "Content-Type image/png: send penguin rows as application/json (or text/csv)"),
+    (b"a,b\n1,2\n", "text/csv", 400, "request: missing columns"),
+]
+
+
+@pytest.mark.parametrize(("body", "content_type", "status", "message"), BAD_PENGUIN_REQUESTS)
+def test_a_bad_penguin_request_is_a_4xx_with_one_message_and_the_next_request_is_served(
+    penguins, body, content_type, status, message
+):
+    _, _, servers = penguins
+    server = servers["onnxruntime"]
+    got = server.post(body, content_type) if isinstance(body, bytes) else server.post_json(body)
+    assert got[0] == status and list(got[1]) == ["message"], got
+    assert got[1]["message"].startswith(message) and "\n" not in got[1]["message"], got
+    assert server.post_json(PENGUIN)[0] == 200
+
+
+# Birds: a checkpoint, served as the registered model would be (pt2, ONNX, preprocessing in the metadata).
+
+
+@pytest.fixture(scope="module")
+def birds(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("serve-birds")
+    data = bird_folders(folder / "birds")
+    best, _ = fit(folder / "outputs", "--config", "configs/birds.yaml", "--data.init_args.data_dir", str(data),
+                  "--data.init_args.archive", "null", "--data.init_args.image_size", "64",
+                  "--data.init_args.batch_size", "4", "--data.init_args.num_workers", "0", *TINY)  # fmt: skip
+    photos = folder / "photos"
+    photos.mkdir()
+    generator = torch.Generator().manual_seed(7)
+    for i, (height, width) in enumerate([(120, 90), (64, 64), (300, 200), (50, 81)]):
+        image = torch.randint(0, 256, (3, height, width), dtype=torch.uint8, generator=generator)
+        image[i % 2] = 255  # something of each class's colour
+        (write_jpeg if i % 2 else write_png)(image, str(photos / f"photo{i}.{'jpg' if i % 2 else 'png'}"))
+    server = Server(best, folder)
+    yield folder, best, photos, server
+    server.stop()
+
+
+def test_bird_answers_are_predicts_for_files_base64_and_raw_bytes(birds):
+    _, best, photos, server = birds
+    assert server.card["inputs"] == "images" and server.card["backend"] == "onnxruntime"
+    # The fit's image size: predict's datamodule takes it from the config, the served model from the checkpoint.
+    expected = predictions("--config", "configs/birds.yaml", "--ckpt_path", str(best), "--data.predict_path",
+                           str(photos), "--data.init_args.num_workers", "0",
+                           "--data.init_args.image_size", "64")  # fmt: skip
+    files = [(Path(name).name, Path(name).read_bytes()) for name in expected]
+    status, answer = server.post(*multipart(files))
+    assert status == 200
+    assert_same_answers(answer["predictions"], expected, 1e-5, key=lambda name: str(photos / name))
+    status, answer = server.post_json({"images": [base64.b64encode(data).decode() for _, data in files]})
+    assert status == 200 and [a["input"] for a in answer["predictions"]] == [f"image {i + 1}" for i in range(4)]
+    assert_same_answers(answer["predictions"], dict(zip([f"image {i + 1}" for i in range(4)], expected.values())), 1e-5)
+    for (name, data), (label, probability) in zip(files, expected.values()):
+        # curl --data-binary @photo.jpg sends application/x-www-form-urlencoded unless told: the body is the image
+        status, answer = server.post(data, "image/jpeg" if name.endswith("jpg") else FORM)
+        assert status == 200 and answer["predictions"][0]["class"] == label
+        assert abs(answer["predictions"][0]["probability"] - probability) <= 1e-5
+
+
+def huge_png() -> bytes:
+    """A 60-megapixel PNG of a few kilobytes: its header announces what decoding it would cost."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("L", (10000, 6000)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def bad_image_requests(photo: bytes):
+    return [
+        (b"this is not an image", "image/jpeg", 400, "image 1: not a readable image"),
+        (photo[: len(photo) // 3], "image/jpeg", 400, "image 1: not a readable image"),
+        (b"", "image/png", 400, "empty request body"),
+        (*multipart([("note.txt", b"plain text")]), 400, "note.txt: not a readable image"),
+        (huge_png(), "image/png", 413, "image 1: 10000x6000 pixels; send images of at most 40 megapixels"),
+        (os.urandom(10 * 2**20 + 1), "application/octet-stream", 413, "image 1: 10485761 bytes; send images of at"),
+        (*multipart([("a.jpg", photo)] * 33), 413, "33 images in one request; send at most 32"),
+        (b'{"images": ["not base64!"]}', "application/json", 400, "image 1: not base64 text"),
+        (b'{"pictures": []}', "application/json", 400, 'send images as JSON {"images": [base64, ...]}'),
+        (b"{", "application/json", 400, "request body is not valid JSON"),
+        (b"<svg/>", "text/html", 415, "Content-Type text/html: send images as multipart files"),
+    ]
+
+
+def test_a_bad_image_request_is_a_4xx_with_one_message_and_the_next_request_is_served(birds):
+    _, _, photos, server = birds
+    photo = (photos / "photo1.jpg").read_bytes()
+    for body, content_type, status, message in bad_image_requests(photo):
+        got = server.post(body, content_type)
+        assert got[0] == status and list(got[1]) == ["message"], (message, got)
+        assert got[1]["message"].startswith(message) and "\n" not in got[1]["message"], got
+        assert server.post(photo, "image/jpeg")[0] == 200
+
+
+# MNIST: a checkpoint; digits of any size, as predict reads them.
+
+
+@needs_mnist
+def test_digit_answers_are_predicts(tmp_path):
+    from datamodules.mnist import read_idx
+
+    best, _ = fit(tmp_path / "outputs", "--config", "configs/mnist.yaml", "--data.init_args.data_dir", str(MNIST),
+                  *TINY)  # fmt: skip
+    digits = tmp_path / "digits"
+    digits.mkdir()
+    images = read_idx(next(MNIST.glob("t10k-images-idx3-ubyte*")), 2051)[:6]
+    for i, image in enumerate(images):
+        image = torch.nn.functional.interpolate(image[None, None].float(), size=(40 + 4 * i, 40)).round()
+        write_png(image[0].to(torch.uint8), str(digits / f"digit{i}.png"))  # another size than 28x28: resized
+    expected = predictions("--config", "configs/mnist.yaml", "--ckpt_path", str(best), "--data.predict_path",
+                           str(digits))  # fmt: skip
+    server = Server(best, tmp_path)
+    try:
+        assert server.card["inputs"] == "digits" and server.card["classes"] == [str(d) for d in range(10)]
+        files = [(Path(name).name, Path(name).read_bytes()) for name in expected]
+        status, answer = server.post(*multipart(files))
+        assert status == 200
+        assert_same_answers(answer["predictions"], expected, 1e-5, key=lambda name: str(digits / name))
+        got = server.post(b"GIF89a not really", "image/gif")
+        assert got[0] == 400 and got[1]["message"].startswith("image 1: not a readable image")
+    finally:
+        server.stop()
+
+
+def test_batch_scoring_of_a_folder_answers_as_the_server(birds, tmp_path):
+    folder, _, photos, server = birds
+    (model_dir,) = {path.parent.parent for path in (folder / "serving").glob("*/*/model/MLmodel")}
+    result = run_module("scripts.score", model_dir, photos, "--output", tmp_path / "out")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = (tmp_path / "out" / "predictions.csv").read_text().splitlines()
+    assert lines[0] == "input,class,probability" and len(lines) == 5
+    files = sorted(photos.iterdir())
+    answers = server.post(*multipart([(path.name, path.read_bytes()) for path in files]))[1]["predictions"]
+    for line, path, answer in zip(lines[1:], files, answers):
+        assert line == f"{path},{answer['class']},{answer['probability']:.4f}"
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["nothing.ckpt"], "error: nothing.ckpt: no such model; give models:/NAME/VERSION (fit --register_model NAME)"),
+        (["x", "--port", "0"], "error: --port 0 --workers 1: give a port 1-65535 and 1 or more workers"),
+        (["x", "--backend", "tensorrt"], "error: --backend: 'tensorrt' is not a valid value; give onnxruntime, torch"),
+        (["configs"], "error: configs: no MLmodel in this folder; give a registered model's folder, .ckpt or models:/"),
+        (["models:/penguins-classifier/1"], "error: sqlite:///{tmp}/none.db: no such MLflow store; check"),
+    ],
+)
+def test_a_serve_mistake_is_one_line_and_exit_1(args, line, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/none.db")
+    with pytest.raises(SystemExit) as exit:
+        serve_main([*args, "--serving_dir", str(tmp_path / "serving")])
+    message = str(exit.value.code)
+    assert message.startswith(line.format(tmp=tmp_path)) and "\n" not in message, message
+    assert not (tmp_path / "none.db").exists()  # MLflow would have made an empty store
+
+
+def test_a_version_not_in_the_registry_is_one_line(penguins, tmp_path, monkeypatch):
+    folder, _, _ = penguins
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder / 'outputs' / 'mlflow.db'}")
+    with pytest.raises(SystemExit) as exit:
+        serve_main(["models:/penguins-classifier/3", "--serving_dir", str(tmp_path)])
+    assert str(exit.value.code).startswith("error: models:/penguins-classifier/3: not in the registry at sqlite:///")
+    assert "\n" not in str(exit.value.code)
+
+
+def test_serve_and_the_scoring_script_default_to_the_same_backend():
+    from scripts import score, serve
+
+    assert serve.DEFAULT_BACKEND == score.DEFAULT_BACKEND == "onnxruntime"
