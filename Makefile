@@ -23,7 +23,7 @@ MNIST_DIR ?= data/mnist
 COMPUTE ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install horovod horovod-gpu test-fast train validate evaluate predict export plot submit bench mlflow-ui lint format test clean
+.PHONY: help install horovod horovod-gpu test-fast train sweep validate evaluate predict export plot submit bench mlflow-ui lint format test clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -47,6 +47,9 @@ horovod-gpu: $(VENV)/installed ## build Horovod 0.28.1 with CUDA and NCCL into .
 
 train: $(VENV)/installed ## fit configs/TASK.yaml (penguins, mnist, mnist_tutorial, birds), test its best checkpoint
 	$(PY) -m scripts.train fit --config $(CONFIG) $(ARGS)
+
+sweep: $(VENV)/installed ## Optuna sweep of configs/sweeps/TASK.yaml: trials, best values, a config to train (ARGS="--n_jobs 2")
+	$(PY) -m scripts.sweep configs/sweeps/$(TASK).yaml $(ARGS)
 
 validate: $(VENV)/installed ## validate CKPT on TASK's validation split
 	$(NEED_CKPT)
