@@ -78,7 +78,8 @@ def experiment_name(configs: tuple[str, ...]) -> str:
 
 def check_metric(sweep: Sweep, outputs: Path) -> None:
     """Runs one epoch of two batches of the first trial's fit in this process, without tracking, and checks that the
-    objective is among the metrics it logs; a fit that cannot start is reported as its one line."""
+    objective is among the metrics logged when validation ends (where trials report it: an epoch's train metrics come
+    after); a fit that cannot start is reported as its one line."""
     from scripts.train import main as train_main
 
     first = {param.option: param.representatives()[0] for param in sweep.params}
@@ -113,8 +114,8 @@ def check_metric(sweep: Sweep, outputs: Path) -> None:
         logged = names.read_text().split() if names.is_file() else []
     if sweep.metric not in logged:
         raise SweepError(
-            f"{sweep.path}: objective.metric {sweep.metric} is not a metric the fit logs; give one of "
-            f"{', '.join(logged) or '(none logged)'}"
+            f"{sweep.path}: objective.metric {sweep.metric} is not a metric the fit logs by each validation's end; "
+            f"give one of {', '.join(logged) or '(none logged)'}"
         )
 
 
@@ -196,7 +197,7 @@ class Runner:
     def objective(self, trial) -> float:
         import optuna
 
-        from scripts.sweep_trial import PRUNED_AT
+        from scripts.sweep_trial import PRUNED_AT, TRIAL_ID
 
         values = suggest(trial, self.sweep.params, self.sweep.algorithm == "grid")
         frozen = self.storage.get_trial(self.trial_id(trial))
@@ -223,8 +224,8 @@ class Runner:
         callback = {
             "class_path": "scripts.sweep_trial.SweepTrial",
             "init_args": {
-                "storage": self.storage_url, "study_name": self.study.study_name, "trial_id": self.trial_id(trial),
-                "sweep_file": self.sweep.path, "metric": self.sweep.metric, "sweep_pid": os.getpid(),
+                "storage": self.storage_url, "study_name": self.study.study_name, "sweep_file": self.sweep.path,
+                "metric": self.sweep.metric,
             },
         }  # fmt: skip
         command = [
@@ -236,6 +237,7 @@ class Runner:
             "--trainer.callbacks+", json.dumps(callback),
         ]  # fmt: skip
         env = {**os.environ, "MLFLOW_TRACKING_URI": self.tracking_uri, "MLFLOW_RUN_ID": run_id}
+        env[TRIAL_ID] = str(self.trial_id(trial))
         started = time.monotonic()
         with open(folder / "trial.log", "a") as log:
             log.write(f"$ {' '.join(command)}\n")

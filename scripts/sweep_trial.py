@@ -23,6 +23,7 @@ import lightning as L
 import optuna
 
 PRUNED_AT = "pruned_at_epoch"  # the trial's user attribute that tells the sweep it was pruned, not finished
+TRIAL_ID = "SWEEP_TRIAL_ID"  # the variable scripts.sweep gives each trial's fit: its trial's id in the storage
 
 
 class TrialDiverged(Exception):
@@ -118,23 +119,25 @@ def open_storage(url: str, heartbeat: bool = False) -> optuna.storages.RDBStorag
 
 
 class SweepTrial(L.Callback):
-    """Reports `metric` at every validation's end to trial `trial_id` of the study and stops the fit when the
-    study's pruner says so; fails the fit when a loss or the objective is not finite.
+    """Reports `metric` at every validation's end to the trial of the study and stops the fit when the study's pruner
+    says so; fails the fit when a loss or the objective is not finite, or when the sweep process that started it is
+    gone.
+
+    The trial is the one whose id is in SWEEP_TRIAL_ID, not an argument: the arguments are logged as the run's
+    parameters, and a stopped trial that runs again goes on in the same MLflow run under another trial id (MLflow
+    refuses a parameter that changes).
 
     Args:
         storage: the study's storage URL (sqlite:///outputs/sweeps/optuna.db or a database server's).
         study_name: the study.
-        trial_id: the trial's id in that storage.
         sweep_file: the sweep file, for its early-termination policy.
         metric: the objective, an epoch metric the module logs.
-        sweep_pid: the sweep process that started this fit: if it is gone, the fit stops.
     """
 
-    def __init__(
-        self, storage: str, study_name: str, trial_id: int, sweep_file: str, metric: str, sweep_pid: int = 0
-    ) -> None:
-        self.storage_url, self.study_name, self.trial_id = storage, study_name, trial_id
-        self.sweep_file, self.metric, self.sweep_pid = sweep_file, metric, sweep_pid
+    def __init__(self, storage: str, study_name: str, sweep_file: str, metric: str) -> None:
+        self.storage_url, self.study_name, self.sweep_file, self.metric = storage, study_name, sweep_file, metric
+        self.trial_id = int(os.environ[TRIAL_ID])
+        self.sweep_pid = os.getppid()  # the sweep that started this process
         self._trial: optuna.trial.Trial | None = None
 
     @property
@@ -151,7 +154,7 @@ class SweepTrial(L.Callback):
         return self._trial
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if self.sweep_pid and os.getppid() != self.sweep_pid and not os.environ.get("LOCAL_RANK"):
+        if os.getppid() != self.sweep_pid:
             raise TrialDiverged(f"the sweep process {self.sweep_pid} is gone: this trial stops")
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
