@@ -52,7 +52,16 @@ def search_space_names(sweep: Sweep) -> dict[str, str]:
 
 
 def check_for_azure(sweep: Sweep) -> None:
-    """What Azure ML refuses that Optuna takes; raises SweepError before the Azure SDK is imported."""
+    """What Azure ML refuses that Optuna takes, and options the job sets from its processes; raises SweepError
+    before the Azure SDK is imported."""
+    from scripts.submit import LAUNCH_OPTIONS
+
+    for where, options in (("fixed", list(sweep.fixed)), ("search_space", [p.option for p in sweep.params])):
+        for option in options:
+            key = option.removeprefix("trainer.")
+            if option.startswith("trainer.") and key in LAUNCH_OPTIONS:
+                raise SweepError(f"{sweep.path}: {where}.{option}: the job's processes decide it; give submit's "
+                                 f"{LAUNCH_OPTIONS[key]}")  # fmt: skip
     if sweep.algorithm == "bayesian" and sweep.termination.policy != "none":
         raise SweepError(
             f"{sweep.path}: Azure ML's bayesian sampling takes no early termination: give sampling.algorithm random, "
