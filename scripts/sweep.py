@@ -210,6 +210,7 @@ class Runner:
         folder.mkdir(parents=True, exist_ok=True)
         run_id = self.trial_run(trial, original)
         attributes = {HOST: socket.gethostname(), PID: os.getpid(), RUN_ID: run_id, INTERRUPTED: False, FAILED: ""}
+        attributes[PRUNED_AT] = None
         for key, value in attributes.items():  # a trial run again inherits its first's: these are its own
             trial.set_user_attr(key, value)
         from mlflow.entities import Param as MlflowParam
