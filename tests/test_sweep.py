@@ -194,3 +194,20 @@ def test_trials_log_to_an_mlflow_server_under_the_sweeps_parent_run(tmp_path, az
         assert len(client.get_metric_history(run.info.run_id, "val_loss")) == 2
         assert run.data.params["trainer.max_epochs"] == "2"  # the fit's whole config, logged in the child run
     assert not (outputs / "mlflow.db").exists()  # nothing went to the local store
+
+
+def test_a_trial_past_its_time_fails_and_a_sweep_without_a_finished_trial_says_so(tmp_path):
+    path = sweep_file(tmp_path, budget={"trials": 1, "trial_time": 1})
+    outputs = tmp_path / "outputs"
+    result = run_sweep(path, outputs)
+    assert result.returncode == 1
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("trial ")]
+    assert "FAIL" in line and "ran past budget.trial_time (1 s)" in line, line
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error: study penguins-test: no trial completed (1 fail); see ")
+    ), result.stderr
+    (trial,) = load(outputs, "penguins-test").trials
+    run = MlflowClient(f"sqlite:///{outputs}/mlflow.db").get_run(trial.user_attrs["mlflow_run_id"])
+    assert (run.info.status, run.data.tags["sweep.state"]) == ("FAILED", "FAIL")
