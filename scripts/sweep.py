@@ -70,12 +70,6 @@ def nested(values: dict) -> dict:
     return tree
 
 
-def experiment_name(configs: tuple[str, ...]) -> str:
-    from scripts.submit import experiment_of
-
-    return experiment_of(list(configs))
-
-
 def check_metric(sweep: Sweep, outputs: Path) -> None:
     """Runs one epoch of two batches of the first trial's fit in this process, without tracking, and checks that the
     objective is among the metrics logged when validation ends (where trials report it: an epoch's train metrics come
@@ -145,12 +139,6 @@ def make_sampler(sweep: Sweep, seed: int):
     if sweep.algorithm == "bayesian":
         return optuna.samplers.TPESampler(seed=seed)
     return optuna.samplers.RandomSampler(seed=seed)
-
-
-def process_alive(pid: int) -> bool:
-    from scripts.tracking import process_alive as alive
-
-    return alive(pid)
 
 
 @dataclass
@@ -314,6 +302,8 @@ class Runner:
         """Trials left RUNNING by a process of this host that is gone (SIGKILL, a crash) fail and queue again."""
         import optuna
 
+        from scripts.tracking import process_alive
+
         host = socket.gethostname()
         study_id = self.storage.get_study_id_from_name(self.study.study_name)
         for trial in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
@@ -439,28 +429,36 @@ def tag_best(runner: Runner, best) -> None:
     client.log_metric(runner.parent_run_id, f"best_{runner.sweep.metric}", best.value, step=len(runner.study.trials))
 
 
-def open_study(sweep: Sweep, study_name: str, storage_url: str, folder: Path):
-    """Creates the study or loads it (same search space only); returns it, its storage and the sampler seed."""
+def connect(storage_url: str):
+    """The study database (with the sweep processes' heartbeat), or one line saying why it cannot be opened."""
+    from scripts.sweep_trial import open_storage
+
+    try:
+        return open_storage(storage_url, heartbeat=True)
+    except Exception as error:  # no such server, no driver for its scheme (postgresql needs psycopg2), a bad URL
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise SweepError(f"--storage {storage_url}: cannot open the study's database ({first})") from None
+
+
+def open_study(sweep: Sweep, study_name: str, storage, folder: Path):
+    """Creates the study in `storage` or loads it (same config, objective and search space only), with the sweep's
+    sampler, seeded anew at each start, and its pruner."""
     import optuna
     from filelock import FileLock
 
-    from scripts.sweep_trial import make_pruner, open_storage
+    from scripts.sweep_trial import make_pruner
 
-    storage = open_storage(storage_url, heartbeat=True)
-    direction = sweep.goal
     with FileLock(str(folder / "study.lock")):
-        study = optuna.create_study(study_name=study_name, storage=storage, direction=direction, load_if_exists=True)
+        study = optuna.create_study(study_name=study_name, storage=storage, direction=sweep.goal, load_if_exists=True)
         fingerprint = json.dumps(sweep.fingerprint(), sort_keys=True)
         given = study.user_attrs.get(FINGERPRINT)
         if given is None:
             study.set_user_attr(FINGERPRINT, fingerprint)
         elif given != fingerprint:
             raise SweepError(
-                f"{sweep.path}: study {study_name} in {storage_url} was started with another config, objective or "
+                f"{sweep.path}: study {study_name} in {storage.url} was started with another config, objective or "
                 f"search space; give --study_name NEW for a new study (or delete that study to start over)"
             )
-        if study.direction.name.lower() != direction:
-            raise SweepError(f"{sweep.path}: study {study_name} {study.direction.name.lower()}s; give --study_name NEW")
         starts = study.user_attrs.get(STARTS, 0)
         study.set_user_attr(STARTS, starts + 1)
     # Each start draws other values: a resumed or second process must not repeat the first's draws.
@@ -468,7 +466,7 @@ def open_study(sweep: Sweep, study_name: str, storage_url: str, folder: Path):
     study = optuna.load_study(
         study_name=study_name, storage=storage, sampler=make_sampler(sweep, seed), pruner=make_pruner(sweep.termination)
     )
-    return study, storage
+    return study
 
 
 def parent_run(study, sweep: Sweep, tracking_uri: str, experiment_id: str) -> str:
@@ -529,6 +527,7 @@ def sweep(
     spec = load_sweep(sweep_file)
     if n_jobs < 1:
         raise SweepError(f"--n_jobs {n_jobs}: give 1 or more trials at once")
+    rdb = connect(storage) if storage else None  # a server's: checked before the slower checks below
     check_options(spec)
     outputs_path = Path(outputs)
     outputs_path.mkdir(parents=True, exist_ok=True)
@@ -538,11 +537,14 @@ def sweep(
     folder.mkdir(parents=True, exist_ok=True)
     storage_url = storage or f"sqlite:///{outputs_path / SWEEPS / 'optuna.db'}"
     tracking_uri, artifact_location = tracking_store(outputs_path)
-    experiment_id = experiment(tracking_uri, experiment_name(spec.configs), artifact_location)
+    from scripts.submit import experiment_of
+
+    experiment_id = experiment(tracking_uri, experiment_of(list(spec.configs)), artifact_location)
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # our one line per trial says it
-    study, rdb = open_study(spec, name, storage_url, folder)
+    rdb = rdb or connect(storage_url)
+    study = open_study(spec, name, rdb, folder)
     runner = Runner(spec, study, rdb, storage_url, folder, outputs_path, tracking_uri, experiment_id, "")
     runner.parent_run_id = parent_run(study, spec, tracking_uri, experiment_id)
     runner.end_killed_trials()

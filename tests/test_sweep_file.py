@@ -149,3 +149,33 @@ def test_the_shipped_sweep_files_are_valid_and_their_options_exist():
         sweep = load_sweep(f"configs/sweeps/{task}.yaml")
         assert sweep.configs == (f"configs/{task}.yaml",)
         check_options(sweep)
+
+
+def test_a_storage_that_cannot_be_opened_is_one_line_before_the_other_checks(tmp_path):
+    path = write(tmp_path, GOOD)
+    with pytest.raises(SystemExit) as exit:
+        main([str(path), "--storage", "postgresql://sweeper@127.0.0.1:1/studies", "--outputs", str(tmp_path / "o")])
+    assert str(exit.value.code).startswith(
+        "error: --storage postgresql://sweeper@127.0.0.1:1/studies: cannot open the study's database ("
+    ), exit.value.code
+    assert "\n" not in str(exit.value.code)
+
+
+def test_a_study_started_from_another_search_space_is_refused_not_mixed(tmp_path):
+    import json
+
+    import optuna
+
+    path = write(tmp_path, GOOD, name="penguins-study.yaml")
+    outputs = tmp_path / "outputs"
+    (outputs / "sweeps").mkdir(parents=True)
+    other = changed(search_space={LR: {"loguniform": [1.0e-3, 1.0e-1]}})
+    study = optuna.create_study(study_name="penguins-study", storage=f"sqlite:///{outputs}/sweeps/optuna.db")
+    study.set_user_attr("sweep_file", json.dumps(load_sweep(str(write(tmp_path, other))).fingerprint(), sort_keys=True))
+    with pytest.raises(SystemExit) as exit:
+        main([str(path), "--outputs", str(outputs)])
+    assert exit.value.code == (
+        f"error: {path}: study penguins-study in sqlite:///{outputs}/sweeps/optuna.db was started with another config, "
+        "objective or search space; give --study_name NEW for a new study (or delete that study to start over)"
+    )
+    assert len(study.trials) == 0  # no trial ran
