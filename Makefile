@@ -75,10 +75,11 @@ submit: $(VENV)/installed ## run configs/TASK.yaml as an Azure ML job on COMPUTE
 	@test -n "$(COMPUTE)" || { echo "error: give COMPUTE=<your Azure ML compute cluster>" >&2; exit 1; }
 	$(PY) -m scripts.submit $(CONFIG) --compute $(COMPUTE) $(ARGS)
 
-bench: $(VENV)/installed ## time the template against plain PyTorch loops, print the ratios (MNIST_DIR=...)
+bench: $(VENV)/installed ## time the template against plain PyTorch loops, a penguin sweep against one fit (MNIST_DIR=...)
 	$(PY) -m scripts.bench_penguins
 	$(PY) -m scripts.bench_mnist --data-dir $(MNIST_DIR) --repeats 2
 	$(PY) -m scripts.bench_birds
+	$(PY) -m scripts.bench_sweep
 
 mlflow-ui: $(VENV)/installed ## the MLflow UI over outputs/mlflow.db on http://127.0.0.1:5000 (MLFLOW_PORT=...)
 	mkdir -p outputs
