@@ -21,15 +21,12 @@ objective, a metric the module does not log) is one line and exit 1 before any t
 from __future__ import annotations
 
 import contextlib
-import io
 import json
-import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -38,7 +35,17 @@ from pathlib import Path
 
 import yaml
 
-from scripts.sweep_space import Param, Sweep, SweepError, check_options, cli_value, load_sweep, option_args
+from scripts.sweep_runs import child_run, experiment_id, log_values, mark, parent_run, tag_best, tracking_store
+from scripts.sweep_space import (
+    Param,
+    Sweep,
+    SweepError,
+    check_metric,
+    check_options,
+    cli_value,
+    load_sweep,
+    option_args,
+)
 
 SWEEPS = "sweeps"  # outputs/sweeps: the study database and a folder per study
 HOST, PID = "sweep.host", "sweep.pid"  # trial user attributes: the process that runs it, for finding killed ones
@@ -68,49 +75,6 @@ def nested(values: dict) -> dict:
             node = node.setdefault(part, {})
         node[leaf] = value
     return tree
-
-
-def check_metric(sweep: Sweep, outputs: Path) -> None:
-    """Runs one epoch of two batches of the first trial's fit in this process, without tracking, and checks that the
-    objective is among the metrics logged when validation ends (where trials report it: an epoch's train metrics come
-    after); a fit that cannot start is reported as its one line."""
-    from scripts.train import main as train_main
-
-    first = {param.option: param.representatives()[0] for param in sweep.params}
-    with tempfile.TemporaryDirectory(dir=outputs, prefix=".sweep-check-") as folder:
-        names = Path(folder) / "metrics.txt"
-        callback = {"class_path": "scripts.sweep_trial.MetricNames", "init_args": {"path": str(names)}}
-        args = [
-            "fit", *(item for config in sweep.configs for item in ("--config", config)),
-            *option_args({**sweep.fixed, **first}),
-            "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2",
-            "--trainer.num_sanity_val_steps", "0", "--trainer.logger", "false", "--trainer.enable_progress_bar",
-            "false", "--trainer.enable_model_summary", "false", "--trainer.default_root_dir", folder,
-            "--checkpoint_dir", folder, "--test_after_fit", "false", "--trainer.callbacks+", json.dumps(callback),
-        ]  # fmt: skip
-        quiet = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
-        levels = [logger.level for logger in quiet]
-        for logger in quiet:
-            logger.setLevel(logging.WARNING)
-        try:
-            with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                train_main(args)
-        except SystemExit as error:
-            if error.code not in (0, None):
-                message = str(error.code).removeprefix("error: ")
-                raise SweepError(f"{sweep.path}: a trial's fit would fail: {message}") from None
-        except Exception as error:  # a crash, not a user's mistake: still one line, the trial would meet it too
-            raise SweepError(f"{sweep.path}: a trial's fit would fail: {type(error).__name__}: {error}") from None
-        finally:
-            for logger, level in zip(quiet, levels):
-                logger.setLevel(level)
-        logged = names.read_text().split() if names.is_file() else []
-    if sweep.metric not in logged:
-        raise SweepError(
-            f"{sweep.path}: objective.metric {sweep.metric} is not a metric the fit logs by each validation's end; "
-            f"give one of {', '.join(logged) or '(none logged)'}"
-        )
 
 
 def suggest(trial, params: tuple[Param, ...], grid: bool):
@@ -164,24 +128,6 @@ class Runner:
 
         return MlflowClient(self.tracking_uri)
 
-    def trial_run(self, trial, original: int) -> str:
-        """The trial's MLflow child run: the one it had before it was stopped, or a new one under the parent."""
-        from mlflow.exceptions import MlflowException
-
-        run_id = trial.user_attrs.get(RUN_ID)
-        with contextlib.suppress(MlflowException):  # a run deleted meanwhile, or of another tracking store
-            if run_id and self.client.get_run(run_id).info.lifecycle_stage == "active":
-                self.client.update_run(run_id, status="RUNNING")
-                return run_id
-        tags = {
-            "mlflow.parentRunId": self.parent_run_id,
-            "sweep.study": self.study.study_name,
-            "sweep.trial": str(original),
-        }
-        name = f"{self.study.study_name}-trial-{original}"
-        run = self.client.create_run(self.experiment_id, tags=tags, run_name=name)
-        return run.info.run_id
-
     def objective(self, trial) -> float:
         import optuna
 
@@ -196,19 +142,15 @@ class Runner:
 
             shutil.rmtree(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        run_id = self.trial_run(trial, original)
+        run_id = child_run(
+            self.client, self.experiment_id, self.parent_run_id, self.study.study_name, original,
+            trial.user_attrs.get(RUN_ID),
+        )  # fmt: skip
         attributes = {HOST: socket.gethostname(), PID: os.getpid(), RUN_ID: run_id, INTERRUPTED: False, FAILED: ""}
         attributes[PRUNED_AT] = None
         for key, value in attributes.items():  # a trial run again inherits its first's: these are its own
             trial.set_user_attr(key, value)
-        from mlflow.entities import Param as MlflowParam
-
-        # Its values are the run's parameters before the fit starts (which logs the whole config): a fit that fails
-        # at its start still says what it tried.
-        logged = self.client.get_run(run_id).data.params
-        self.client.log_batch(
-            run_id, params=[MlflowParam(o, cli_value(v)) for o, v in values.items() if o not in logged]
-        )
+        log_values(self.client, run_id, values)
         seed = self.sweep.seed + original
         callback = {
             "class_path": "scripts.sweep_trial.SweepTrial",
@@ -261,9 +203,9 @@ class Runner:
         pruned_at = self.storage.get_trial(self.trial_id(trial)).user_attrs.get(PRUNED_AT)
         self.client.set_tag(run_id, "sweep.objective", str(best))
         if pruned_at is not None:
-            self.finish_run(run_id, "PRUNED")
+            mark(self.client, run_id, "PRUNED")
             raise optuna.TrialPruned(f"at epoch {pruned_at}")
-        self.finish_run(run_id, "COMPLETE")
+        mark(self.client, run_id, "COMPLETE")
         return best
 
     def trial_id(self, trial) -> int:
@@ -273,13 +215,8 @@ class Runner:
 
     def fail(self, trial, run_id: str, reason: str, status: str = "FAILED"):
         trial.set_user_attr(FAILED, reason)
-        self.finish_run(run_id, "FAIL", status)
+        mark(self.client, run_id, "FAIL", status)
         raise TrialFailed(reason)
-
-    def finish_run(self, run_id: str, state: str, status: str | None = None) -> None:
-        self.client.set_tag(run_id, "sweep.state", state)
-        if status:
-            self.client.set_terminated(run_id, status)
 
     def interrupt(self, signum, frame) -> None:
         """SIGINT or SIGTERM: stop the running fits (their last checkpoint stays), start no new trial."""
@@ -382,24 +319,6 @@ def format_value(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else cli_value(value)
 
 
-def tracking_store(outputs: Path) -> tuple[str, str | None]:
-    """The tracking URI trials log to (MLFLOW_TRACKING_URI, or outputs/mlflow.db) and the artifact location of an
-    experiment created in the local store (as scripts.train makes it)."""
-    from scripts.tracking import check_tracking_uri, credentials_out_of_uri
-
-    uri = os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        uri = credentials_out_of_uri(uri)
-        os.environ["MLFLOW_TRACKING_URI"] = uri
-        check_tracking_uri(uri, "MLFLOW_TRACKING_URI")
-        return uri, None
-    from scripts.train import open_sqlite_store
-
-    uri = f"sqlite:///{outputs / 'mlflow.db'}"
-    open_sqlite_store(uri)
-    return uri, (outputs / "mlartifacts").resolve().as_uri()
-
-
 def write_best(runner: Runner, best) -> Path:
     """best.yaml: the best trial's values, the fixed options and its seed, as a config to add after the task's."""
     sweep = runner.sweep
@@ -414,19 +333,6 @@ def write_best(runner: Runner, best) -> Path:
     )
     path.write_text(header + yaml.safe_dump(nested(values), sort_keys=False))
     return path
-
-
-def tag_best(runner: Runner, best) -> None:
-    client = runner.client
-    best_run = best.user_attrs.get(RUN_ID)
-    for trial in runner.study.get_trials(deepcopy=False):
-        run_id = trial.user_attrs.get(RUN_ID)
-        if run_id and run_id != best_run and client.get_run(run_id).data.tags.get("sweep.best"):
-            client.delete_tag(run_id, "sweep.best")
-    client.set_tag(best_run, "sweep.best", "true")
-    client.set_tag(runner.parent_run_id, "sweep.best_trial", str(best.number))
-    client.set_tag(runner.parent_run_id, "sweep.best_run_id", best_run)
-    client.log_metric(runner.parent_run_id, f"best_{runner.sweep.metric}", best.value, step=len(runner.study.trials))
 
 
 def connect(storage_url: str):
@@ -469,44 +375,6 @@ def open_study(sweep: Sweep, study_name: str, storage, folder: Path):
     return study
 
 
-def parent_run(study, sweep: Sweep, tracking_uri: str, experiment_id: str) -> str:
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
-    client = MlflowClient(tracking_uri)
-    run_id = study.user_attrs.get(PARENT_RUN_ID)
-    if run_id:
-        with contextlib.suppress(MlflowException):
-            if client.get_run(run_id).info.lifecycle_stage == "active":
-                client.update_run(run_id, status="RUNNING")
-                return run_id
-    tags = {"sweep.study": study.study_name, "sweep.file": sweep.path, "sweep.algorithm": sweep.algorithm}
-    run = client.create_run(experiment_id, tags=tags, run_name=f"{study.study_name}-sweep")
-    run_id = run.info.run_id
-    params = {"objective": f"{sweep.metric} ({sweep.goal})", "budget.trials": sweep.trials, "seed": sweep.seed}
-    params |= {"early_termination": sweep.termination.policy, "configs": " ".join(sweep.configs)}
-    params |= {f"search_space.{p.option}": f"{p.kind} {list(p.args)}" for p in sweep.params}
-    for key, value in params.items():
-        client.log_param(run_id, key, str(value))
-    client.log_artifact(run_id, sweep.path)
-    study.set_user_attr(PARENT_RUN_ID, run_id)
-    return run_id
-
-
-def experiment(tracking_uri: str, name: str, artifact_location: str | None) -> str:
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
-    client = MlflowClient(tracking_uri)
-    found = client.get_experiment_by_name(name)
-    if found is not None:
-        return found.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=artifact_location)
-    except MlflowException:  # created meanwhile by another process
-        return client.get_experiment_by_name(name).experiment_id
-
-
 def sweep(
     sweep_file: str,
     study_name: str | None = None,
@@ -536,17 +404,20 @@ def sweep(
     folder = outputs_path / SWEEPS / name
     folder.mkdir(parents=True, exist_ok=True)
     storage_url = storage or f"sqlite:///{outputs_path / SWEEPS / 'optuna.db'}"
-    tracking_uri, artifact_location = tracking_store(outputs_path)
+    from mlflow import MlflowClient
+
     from scripts.submit import experiment_of
 
-    experiment_id = experiment(tracking_uri, experiment_of(list(spec.configs)), artifact_location)
+    tracking_uri, artifact_location = tracking_store(outputs_path)
+    experiment = experiment_id(MlflowClient(tracking_uri), experiment_of(list(spec.configs)), artifact_location)
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # our one line per trial says it
     rdb = rdb or connect(storage_url)
     study = open_study(spec, name, rdb, folder)
-    runner = Runner(spec, study, rdb, storage_url, folder, outputs_path, tracking_uri, experiment_id, "")
-    runner.parent_run_id = parent_run(study, spec, tracking_uri, experiment_id)
+    runner = Runner(spec, study, rdb, storage_url, folder, outputs_path, tracking_uri, experiment, "")
+    runner.parent_run_id = parent_run(runner.client, experiment, name, spec, study.user_attrs.get(PARENT_RUN_ID))
+    study.set_user_attr(PARENT_RUN_ID, runner.parent_run_id)
     runner.end_killed_trials()
     previous = {sig: signal.signal(sig, runner.interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     started = set(trial.number for trial in study.get_trials(deepcopy=False))
@@ -584,13 +455,14 @@ def finish(runner: Runner) -> int:
     states = {state: sum(1 for t in trials if t.state == state) for state in optuna.trial.TrialState}
     summary = ", ".join(f"{count} {state.name.lower()}" for state, count in states.items() if count)
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
-    running = states[optuna.trial.TrialState.RUNNING]
-    runner.client.set_terminated(runner.parent_run_id, "FINISHED" if not running else "RUNNING")
+    if not states[optuna.trial.TrialState.RUNNING]:  # else another process goes on with the study: it ends it
+        runner.client.set_terminated(runner.parent_run_id, "FINISHED")
     if not complete:
         raise SweepError(f"study {study.study_name}: no trial completed ({summary}); see {runner.folder}/trial-*/")
     best = study.best_trial
     path = write_best(runner, best)
-    tag_best(runner, best)
+    runs = [trial.user_attrs[RUN_ID] for trial in trials if trial.user_attrs.get(RUN_ID)]
+    tag_best(runner.client, runner.parent_run_id, spec.metric, best.user_attrs[RUN_ID], best.number, best.value, runs)
     names = short_names(spec.params)
     values = ", ".join(f"{names[o]}={format_value(v)}" for o, v in best.params.items())
     print(f"{len(trials)} trials: {summary}")

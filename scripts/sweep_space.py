@@ -14,8 +14,9 @@ by their dotted CLI name (as `--print_config` prints them), each with one distri
     model.network.init_args.hidden: {int: [5, 32]}                  # integers lo..hi (a step: [4, 64, 4])
     model.network.init_args.dropout: {quniform: [0.0, 0.5, 0.05]}   # uniform, rounded to a multiple of 0.05
 
-Everything here is plain Python: a mistake in the file costs no import of torch, Optuna or the Azure SDK. Whether
-each option exists and takes its values is asked of the training CLI itself (`check_options`).
+Reading the file is plain Python: a mistake in it costs no import of torch, Optuna or the Azure SDK. Whether each
+option exists and takes its values is asked of the training CLI itself (`check_options`), and whether the fit logs
+the objective of a short fit of two batches (`check_metric`), both before any trial.
 """
 
 from __future__ import annotations
@@ -375,3 +376,49 @@ def check_options(sweep: Sweep, configs: list[str] | None = None) -> None:
             if json.dumps(values, sort_keys=True) not in tried:
                 tried.add(json.dumps(values, sort_keys=True))
                 parse({**sweep.fixed, **values}, f"search_space.{param.option} = {cli_value(value)}")
+
+
+def check_metric(sweep: Sweep, outputs: Path) -> None:
+    """Runs one epoch of two batches of the first trial's fit in this process, without tracking, and checks that the
+    objective is among the metrics logged when validation ends (where trials report it: an epoch's train metrics come
+    after); a fit that cannot start is reported as its one line."""
+    import logging
+    import tempfile
+
+    from scripts.train import main as train_main
+
+    first = {param.option: param.representatives()[0] for param in sweep.params}
+    with tempfile.TemporaryDirectory(dir=outputs, prefix=".sweep-check-") as folder:
+        names = Path(folder) / "metrics.txt"
+        callback = {"class_path": "scripts.sweep_trial.MetricNames", "init_args": {"path": str(names)}}
+        args = [
+            "fit", *(item for config in sweep.configs for item in ("--config", config)),
+            *option_args({**sweep.fixed, **first}),
+            "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2",
+            "--trainer.num_sanity_val_steps", "0", "--trainer.logger", "false", "--trainer.enable_progress_bar",
+            "false", "--trainer.enable_model_summary", "false", "--trainer.default_root_dir", folder,
+            "--checkpoint_dir", folder, "--test_after_fit", "false", "--trainer.callbacks+", json.dumps(callback),
+        ]  # fmt: skip
+        quiet = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+        levels = [logger.level for logger in quiet]
+        for logger in quiet:
+            logger.setLevel(logging.WARNING)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                train_main(args)
+        except SystemExit as error:
+            if error.code not in (0, None):
+                message = str(error.code).removeprefix("error: ")
+                raise SweepError(f"{sweep.path}: a trial's fit would fail: {message}") from None
+        except Exception as error:  # a crash, not a user's mistake: still one line, the trial would meet it too
+            raise SweepError(f"{sweep.path}: a trial's fit would fail: {type(error).__name__}: {error}") from None
+        finally:
+            for logger, level in zip(quiet, levels):
+                logger.setLevel(level)
+        logged = names.read_text().split() if names.is_file() else []
+    if sweep.metric not in logged:
+        raise SweepError(
+            f"{sweep.path}: objective.metric {sweep.metric} is not a metric the fit logs by each validation's end; "
+            f"give one of {', '.join(logged) or '(none logged)'}"
+        )

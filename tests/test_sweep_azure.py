@@ -61,6 +61,7 @@ def test_the_dry_run_yaml_is_a_sweep_job_of_the_files_space_objective_policy_and
     assert job.experiment_name == "penguins" and job.compute == "cpu-cluster"
 
 
+@pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")  # pytest's own arguments are in sys.argv
 def test_a_trials_command_with_its_values_is_one_the_training_cli_accepts(tmp_path, capsys):
     from scripts.train import cli_main, flatten
 
