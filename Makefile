@@ -31,7 +31,7 @@ MODEL ?= $(CKPT)
 ENDPOINT ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install horovod horovod-gpu test-fast train validate evaluate predict export plot submit spark bench bench-spark mlflow-ui lint format test clean serve-env serve deploy bench-serve
+.PHONY: help install horovod horovod-gpu test-fast train sweep validate evaluate predict export plot submit spark bench bench-spark mlflow-ui lint format test clean serve-env serve deploy bench-serve
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -55,6 +55,9 @@ horovod-gpu: $(VENV)/installed ## build Horovod 0.28.1 with CUDA and NCCL into .
 
 train: $(VENV)/installed ## fit configs/TASK.yaml (penguins, mnist, mnist_tutorial, birds), test its best checkpoint
 	$(PY) -m scripts.train fit --config $(CONFIG) $(ARGS)
+
+sweep: $(VENV)/installed ## Optuna sweep of configs/sweeps/TASK.yaml: trials, best values, a config to train (ARGS="--n_jobs 2")
+	$(PY) -m scripts.sweep configs/sweeps/$(TASK).yaml $(ARGS)
 
 validate: $(VENV)/installed ## validate CKPT on TASK's validation split
 	$(NEED_CKPT)
@@ -104,10 +107,11 @@ submit: $(VENV)/installed ## run configs/TASK.yaml as an Azure ML job on COMPUTE
 spark: $(VENV)/installed ## fit configs/TASK.yaml in PROCESSES Spark tasks (TorchDistributor; MASTER=...; needs Java 17)
 	$(PY) -m scripts.spark fit --config $(CONFIG) --num_processes $(PROCESSES) $(if $(MASTER),--master "$(MASTER)") $(ARGS)
 
-bench: $(VENV)/installed ## time the template against plain PyTorch loops, print the ratios (MNIST_DIR=...)
+bench: $(VENV)/installed ## time the template against plain PyTorch loops, a penguin sweep against one fit (MNIST_DIR=...)
 	$(PY) -m scripts.bench_penguins
 	$(PY) -m scripts.bench_mnist --data-dir $(MNIST_DIR) --repeats 2
 	$(PY) -m scripts.bench_birds
+	$(PY) -m scripts.bench_sweep
 
 bench-spark: $(VENV)/installed ## time the penguin fit on Spark against torchrun, 2 processes each (needs Java 17)
 	$(PY) -m scripts.bench_spark

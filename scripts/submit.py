@@ -159,6 +159,7 @@ def plan_job(
     inputs: list[str] | None = None,
     train_args: str = "",
     image: str = BASE_IMAGE,
+    checkpoints: bool = True,
 ) -> Plan:
     if not Path("environment.yml").is_file():
         raise SubmitError("environment.yml is not in this folder: run from the repository's root (the job's code)")
@@ -199,7 +200,8 @@ def plan_job(
         parts += [f"--trainer.devices {processes_per_node}", f"--trainer.num_nodes {nodes}"]
         launch, shape = distribution, f"{nodes} x {processes_per_node} {distribution}"
     # A job output mounted read-write outlives the node: a job restarted after preemption resumes from it.
-    parts.append("--checkpoint_dir ${{outputs.checkpoints}}")
+    if checkpoints:  # not for a sweep's trials, which would all share it
+        parts.append("--checkpoint_dir ${{outputs.checkpoints}}")
     job_inputs = [parse_input(item) for item in inputs or []]
     names: set[str] = set()
     for job_input in job_inputs:
@@ -224,9 +226,12 @@ def build_job(
     train_args: str = "",
     experiment: str | None = None,
     image: str | None = None,
+    checkpoints: bool = True,
 ):
     """The azure.ai.ml command job that runs `scripts.train fit` on `configs`; see `submit` for the arguments."""
-    plan = plan_job(configs, nodes, processes_per_node, distribution, inputs, train_args, image or BASE_IMAGE)
+    plan = plan_job(
+        configs, nodes, processes_per_node, distribution, inputs, train_args, image or BASE_IMAGE, checkpoints
+    )
     from azure.ai.ml import Input, MpiDistribution, Output, PyTorchDistribution, command
     from azure.ai.ml.entities import BuildContext, Environment
 
@@ -250,7 +255,7 @@ def build_job(
         instance_count=nodes,
         distribution=launch,
         inputs=job_inputs or None,
-        outputs={"checkpoints": Output(type="uri_folder", mode="rw_mount")},
+        outputs={"checkpoints": Output(type="uri_folder", mode="rw_mount")} if checkpoints else None,
         experiment_name=experiment or experiment_of(configs),
         display_name=f"{tasks}: fit, {plan.shape}",
     )
@@ -325,6 +330,7 @@ def submit(
     subscription_id: str | None = None,
     resource_group: str | None = None,
     workspace: str | None = None,
+    sweep: str | None = None,
 ) -> str:
     """Builds the job and submits it (or prints its YAML); returns the job's name (or the YAML).
 
@@ -348,6 +354,8 @@ def submit(
         yaml_file: with dry_run, write the YAML to this file instead, its code path relative to the file's folder.
         stream: follow the submitted job's logs and exit with its status (0 when it completed).
         subscription_id, resource_group, workspace: the workspace, when there is no config.json.
+        sweep: a sweep file (configs/sweeps/TASK.yaml): submit an Azure ML sweep job over its search space, each
+            trial this command with the trial's values (scripts/sweep_azure.py).
     """
     if not compute:
         raise SubmitError("give the compute cluster to run on: --compute NAME")
@@ -355,14 +363,30 @@ def submit(
         raise SubmitError("--stream follows a submitted job: leave out --dry_run")
     check_workspace_ids(subscription_id, resource_group, workspace)  # before the SDK import build_job makes
     configs = [task, *(presets or [])]
-    job = build_job(configs, compute, nodes, processes_per_node, distribution, inputs, train_args, experiment, image)
+    as_yaml = job_yaml
+    if sweep:
+        from scripts.sweep_azure import build_sweep_job, load_for_azure, sweep_yaml, trial_args
+        from scripts.sweep_space import SweepError
+
+        try:
+            spec = load_for_azure(sweep, configs)
+        except SweepError as error:
+            raise SubmitError(f"--sweep {error}") from None
+        args = " ".join(part for part in (trial_args(spec), train_args) if part)
+        trial = build_job(configs, compute, nodes, processes_per_node, distribution, inputs, args, experiment, image,
+                          checkpoints=False)  # fmt: skip
+        job, as_yaml = build_sweep_job(trial, spec, compute), sweep_yaml
+    else:
+        job = build_job(
+            configs, compute, nodes, processes_per_node, distribution, inputs, train_args, experiment, image
+        )
     if dry_run:
         if yaml_file:
-            text = job_yaml(job, Path(yaml_file).parent)
+            text = as_yaml(job, Path(yaml_file).parent)
             Path(yaml_file).write_text(text)
             print(f"wrote {yaml_file}: az ml job create -f {yaml_file}")
             return text
-        text = job_yaml(job)
+        text = as_yaml(job)
         print(text, end="")
         return text
     from azure.core.exceptions import ClientAuthenticationError

@@ -1,0 +1,190 @@
+"""A sweep file as an Azure ML sweep job: the same search space, objective, budget and early termination that
+scripts.sweep runs with Optuna here, run by Azure ML over the trials of a command job.
+
+    python -m scripts.submit configs/penguins.yaml --sweep configs/sweeps/penguins.yaml --compute cpu-cluster
+    python -m scripts.submit configs/mnist.yaml --sweep configs/sweeps/mnist.yaml --compute gpu-cluster \\
+        --presets+ configs/trainer/gpu.yaml --nodes 2 --processes_per_node 4 --dry_run true > sweep.yml
+
+Each trial runs scripts.submit's command (`python -m scripts.train fit --config ...`, DDP for several processes)
+with the file's `fixed` options and `--<option> ${{search_space.<name>}}` for each searched option. Option names
+hold dots, which a search space key cannot: `model.optimizer.init_args.lr` is `model_optimizer_init_args_lr` there
+(`search_space_names` maps them; the job's tags `search_space.<name>` name the option back, and every trial logs the
+resolved config, the option's own name included, as its MLflow parameters). The mapping of the file:
+
+- distributions: choice -> Choice; uniform -> Uniform; loguniform [a, b] -> LogUniform(ln a, ln b) (Azure ML's
+  bounds are the logarithms); quniform -> QUniform; int [a, b, step] -> Choice of a, a+step, ..., b (Azure ML's
+  Randint starts at 0 and its QUniform gives 16.0, which an int option refuses);
+- sampling: random (seeded) / grid / bayesian as named;
+- objective: primary_metric = the metric as the trial logs it to MLflow (val_acc, val_loss), goal as given;
+- early_termination: median -> MedianStoppingPolicy, bandit -> BanditPolicy (delay and interval in epochs: the
+  trial logs its metrics once an epoch); `startup_trials` is Optuna's alone;
+- budget: trials -> max_total_trials, concurrent_trials -> max_concurrent_trials, time -> timeout, trial_time ->
+  trial_timeout.
+Azure ML's trials keep the config's seed_everything (its command has no trial number to add), and write their
+checkpoints to the job's outputs folder only (no `checkpoints` output to resume a preempted trial from).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import re
+from pathlib import Path
+
+import yaml
+
+from scripts.sweep_space import Sweep, SweepError, cli_value, option_args
+
+MAX_AZURE_TRIALS = 1000  # Azure ML's limit on max_total_trials, used when the file gives only a time budget
+MAX_CHOICES = 1000  # an int range wider than this is a Choice too long to send: give quniform or a step
+
+
+def search_space_names(sweep: Sweep) -> dict[str, str]:
+    """Option -> the search space key that stands for it in Azure ML (letters, digits and _ only)."""
+    names: dict[str, str] = {}
+    for param in sweep.params:
+        name = re.sub(r"\W", "_", param.option)
+        while name in names.values():
+            name += "_"
+        names[param.option] = name
+    return names
+
+
+def check_for_azure(sweep: Sweep) -> None:
+    """What Azure ML refuses that Optuna takes, and options the job sets from its processes; raises SweepError
+    before the Azure SDK is imported."""
+    from scripts.submit import LAUNCH_OPTIONS
+
+    for where, options in (("fixed", list(sweep.fixed)), ("search_space", [p.option for p in sweep.params])):
+        for option in options:
+            key = option.removeprefix("trainer.")
+            if option.startswith("trainer.") and key in LAUNCH_OPTIONS:
+                raise SweepError(f"{sweep.path}: {where}.{option}: the job's processes decide it; give submit's "
+                                 f"{LAUNCH_OPTIONS[key]}")  # fmt: skip
+    if sweep.algorithm == "bayesian" and sweep.termination.policy != "none":
+        raise SweepError(
+            f"{sweep.path}: Azure ML's bayesian sampling takes no early termination: give sampling.algorithm random, "
+            "or early_termination.policy none"
+        )
+    for param in sweep.params:
+        if param.kind == "int" and len(param.grid_values()) > MAX_CHOICES:
+            raise SweepError(
+                f"{sweep.path}: search_space.{param.option}: int {list(param.args)} is {len(param.grid_values())} "
+                f"values, more than Azure ML's choice takes here ({MAX_CHOICES}); give a step, e.g. "
+                f"{{int: [{param.args[0]}, {param.args[1]}, {math.ceil(len(param.grid_values()) / MAX_CHOICES)}]}}"
+            )
+
+
+def trial_args(sweep: Sweep) -> str:
+    """The options a trial adds to the training command: the fixed ones, then one search space reference each."""
+    names = search_space_names(sweep)
+    fixed = option_args(sweep.fixed)
+    fixed_text = " ".join(f"{fixed[i]} {quote(fixed[i + 1])}" for i in range(0, len(fixed), 2))
+    searched = " ".join(f"--{option} ${{{{search_space.{name}}}}}" for option, name in names.items())
+    return " ".join(part for part in (fixed_text, searched) if part)
+
+
+def quote(value: str) -> str:
+    import shlex
+
+    return shlex.quote(value)
+
+
+def distribution(param):
+    """The azure.ai.ml.sweep distribution of a search space entry."""
+    from azure.ai.ml.sweep import Choice, LogUniform, QUniform, Uniform
+
+    if param.kind in ("choice", "int"):
+        values = param.grid_values()
+        # Numbers and strings go as they are; true/false/null as the CLI spells them (Azure ML writes the value).
+        return Choice([value if is_plain(value) else cli_value(value) for value in values])
+    low, high = param.args[0], param.args[1]
+    if param.kind == "uniform":
+        return Uniform(min_value=low, max_value=high)
+    if param.kind == "loguniform":
+        return LogUniform(min_value=math.log(low), max_value=math.log(high))
+    return QUniform(min_value=low, max_value=high, q=param.args[2])
+
+
+def is_plain(value) -> bool:
+    return isinstance(value, int | float | str) and not isinstance(value, bool)
+
+
+def sampling(sweep: Sweep):
+    from azure.ai.ml.sweep import BayesianSamplingAlgorithm, GridSamplingAlgorithm, RandomSamplingAlgorithm
+
+    if sweep.algorithm == "grid":
+        return GridSamplingAlgorithm()
+    if sweep.algorithm == "bayesian":
+        return BayesianSamplingAlgorithm()
+    return RandomSamplingAlgorithm(seed=sweep.seed)
+
+
+def early_termination(sweep: Sweep):
+    from azure.ai.ml.sweep import BanditPolicy, MedianStoppingPolicy
+
+    termination = sweep.termination
+    timing = {"delay_evaluation": termination.delay_evaluation, "evaluation_interval": termination.evaluation_interval}
+    if termination.policy == "median":
+        return MedianStoppingPolicy(**timing)
+    if termination.policy == "bandit":
+        slack = {"slack_factor": termination.slack_factor} if termination.slack_factor else {}
+        slack = slack or {"slack_amount": termination.slack_amount}
+        return BanditPolicy(**slack, **timing)
+    return None
+
+
+def build_sweep_job(command_node, sweep: Sweep, compute: str):
+    """The sweep job over `command_node` (scripts.submit.build_job's command job, whose command already ends with
+    trial_args(sweep)), from the sweep file."""
+    names = search_space_names(sweep)
+    node = command_node.sweep(
+        primary_metric=sweep.metric,
+        goal=sweep.goal,
+        sampling_algorithm=sampling(sweep),
+        compute=compute,
+        max_total_trials=sweep.trials or MAX_AZURE_TRIALS,
+        max_concurrent_trials=sweep.concurrent_trials,
+        timeout=sweep.time_s,
+        trial_timeout=sweep.trial_time_s,
+        early_termination_policy=early_termination(sweep),
+        search_space={names[param.option]: distribution(param) for param in sweep.params},
+    )
+    job = node._to_job()  # the job itself, not the pipeline node wrapping it (as scripts.submit.job_yaml)
+    job.display_name = f"{command_node.display_name.split(':')[0]}: sweep {sweep.name}, {sweep.metric} ({sweep.goal})"
+    job.experiment_name = command_node.experiment_name
+    job.tags = {**(job.tags or {}), **{f"search_space.{name}": option for option, name in names.items()}}
+    job.tags["sweep_file"] = sweep.path
+    return job
+
+
+def options_of_trial(job_tags: dict[str, str], hyperparameters: dict[str, object]) -> dict[str, object]:
+    """A trial's search space values (as Azure ML reports them) by option name again, from the job's tags."""
+    return {job_tags[f"search_space.{name}"]: value for name, value in hyperparameters.items()}
+
+
+def sweep_yaml(job, folder: Path = Path(".")) -> str:
+    """The sweep job as `az ml job create -f` takes it from a file in `folder`: the trial's code path relative to that
+    folder, local inputs as the paths they are."""
+    from scripts.submit import is_local
+
+    text = io.StringIO()
+    job.dump(text)
+    data = yaml.safe_load(text.getvalue())
+    data["trial"]["code"] = os.path.relpath(Path.cwd(), folder.resolve())
+    for name, given in (job.inputs or {}).items():
+        path = getattr(given, "path", None)
+        if path and is_local(path):
+            data["inputs"][name]["path"] = path
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def load_for_azure(path: str, configs: list[str]) -> Sweep:
+    """The sweep file, checked for Azure ML and against the CLI options of `configs` (the job's configs)."""
+    from scripts.sweep_space import check_options, load_sweep
+
+    sweep = load_sweep(path)
+    check_for_azure(sweep)
+    check_options(sweep, configs)
+    return sweep

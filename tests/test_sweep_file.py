@@ -1,0 +1,181 @@
+"""A bad sweep file is one line and exit status 1 before any trial starts: the file's own mistakes without any
+import of torch or Optuna, the options and their values asked of the training CLI, the objective of a short fit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from scripts.sweep import main
+from scripts.sweep_space import load_sweep
+from tests.conftest import REPO
+
+LR = "model.optimizer.init_args.lr"
+GOOD = {
+    "config": "configs/penguins.yaml",
+    "objective": {"metric": "val_loss", "goal": "minimize"},
+    "budget": {"trials": 2},
+    "search_space": {LR: {"loguniform": [1.0e-4, 1.0e-1]}},
+}
+
+
+@pytest.fixture(autouse=True)
+def at_repo_root(monkeypatch):
+    monkeypatch.chdir(REPO)  # config paths in sweep files are relative to it
+
+
+def write(folder, data, name="bad.yaml"):
+    path = folder / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def changed(**sections):
+    data = {key: value for key, value in GOOD.items() if sections.get(key, "") is not None}
+    return data | {key: value for key, value in sections.items() if value is not None}
+
+
+@pytest.mark.parametrize(
+    ("data", "line"),
+    [
+        (changed(objective=None), "objective is missing; give objective: {metric: val_acc, goal: maximize}"),
+        (changed(objective={"metric": "val_acc", "goal": "max"}), "objective.goal: 'max'; give maximize or minimize"),
+        (changed(objective={"goal": "maximize"}), "objective.metric: missing; give the epoch metric to optimise"),
+        (changed(search_space=None), "search_space is missing; give search_space: {model.optimizer.init_args.lr:"),
+        (changed(search_spaces={}), "unknown key 'search_spaces'; the keys are config, objective, sampling,"),
+        (changed(config="configs/nope.yaml"), "config: 'configs/nope.yaml' is not a config file here"),
+        (changed(budget={}), "budget: give trials, time, or both"),
+        (changed(budget={"trials": 0}), "budget.trials: 0; give a whole number of trials, 1 or more"),
+        (changed(budget={"trials": 2, "time": "ten minutes"}), "budget.time: 'ten minutes'; give seconds or a"),
+        (changed(search_space={LR: {"logunifrom": [0.1, 1]}}), f"search_space.{LR}: unknown distribution 'logunifrom'"),
+        (changed(search_space={LR: {"loguniform": [0, 1]}}), f"search_space.{LR}: loguniform needs low above 0"),
+        (changed(search_space={LR: {"uniform": [0.1, 0.01]}}), f"search_space.{LR}: uniform: low 0.1 must be below"),
+        (changed(search_space={LR: {"uniform": [0.1]}}), f"search_space.{LR}: uniform takes [low, high]; got [0.1]"),
+        (changed(search_space={LR: {"choice": []}}), f"search_space.{LR}: choice needs a list of values"),
+        (changed(search_space={LR: [0.1, 0.2]}), f"search_space.{LR}: give one distribution (choice, uniform,"),
+        (changed(search_space={LR: {"quniform": [0.05, 0.5, 0.2]}}), f"search_space.{LR}: quniform: low 0.05 and"),
+        (
+            changed(search_space={"data.init_args.batch_size": {"int": [8, 64.0]}}),
+            "search_space.data.init_args.batch_size: int takes whole numbers",
+        ),
+        (
+            changed(search_space={"seed_everything": {"int": [1, 9]}}),
+            "search_space.seed_everything: the sweep sets it itself: each trial's seed is the sweep's seed plus",
+        ),
+        (
+            changed(search_space={"data.init_args.seed": {"choice": [1, 2]}}),
+            "search_space.data.init_args.seed: the sweep sets it itself: the split must be the same for every trial",
+        ),
+        (
+            changed(sampling={"algorithm": "grid"}),
+            f"search_space.{LR}: grid sampling needs choice or int, not loguniform",
+        ),
+        (changed(sampling={"algorithm": "tpe"}), "sampling.algorithm: 'tpe'; give one of random, grid, bayesian"),
+        (
+            changed(early_termination={"policy": "bandit"}),
+            "early_termination: bandit needs one of slack_factor (a ratio, e.g. 0.1) or slack_amount",
+        ),
+        (changed(early_termination={"policy": "asha"}), "early_termination: policy 'asha'; give median, bandit or"),
+        ("objective: [unclosed\n", "bad.yaml, line 2, column 1: not valid YAML"),
+    ],
+)  # fmt: skip
+def test_a_mistake_in_the_file_is_one_line(tmp_path, data, line):
+    path = write(tmp_path, data)
+    with pytest.raises(SystemExit) as exit:
+        main([str(path), "--outputs", str(tmp_path / "outputs")])
+    assert str(exit.value.code).startswith(f"error: {path}"), exit.value.code
+    assert line in str(exit.value.code), exit.value.code
+    assert "\n" not in str(exit.value.code)
+    assert not (tmp_path / "outputs").exists()  # nothing started, nothing written
+
+
+@pytest.mark.parametrize(
+    ("space", "line"),
+    [
+        (
+            {"model.optimizer.init_args.lrr": {"uniform": [0.01, 0.1]}},
+            "search_space.model.optimizer.init_args.lrr: no such option in configs/penguins.yaml (python -m "
+            "scripts.train fit --config configs/penguins.yaml --print_config lists them)",
+        ),
+        (
+            {"model.optimizer.lr": {"uniform": [0.01, 0.1]}},  # the CLI's shorthand: not a name a config file takes
+            "search_space.model.optimizer.lr: no such option in configs/penguins.yaml; did you mean "
+            "model.optimizer.init_args.lr?",
+        ),
+        (
+            {"data.init_args.batch_size": {"uniform": [10, 40]}},
+            "search_space.data.init_args.batch_size = 10.0: data.init_args.batch_size: '10.0' is not a valid value; "
+            "give int",
+        ),
+        (
+            {"data.init_args.preprocessing": {"choice": ["course", "zscore"]}},
+            "search_space.data.init_args.preprocessing = zscore: data.init_args.preprocessing: 'zscore' is not a "
+            "valid value",
+        ),
+    ],
+)
+def test_an_option_the_cli_does_not_have_or_a_value_it_refuses_is_one_line(tmp_path, space, line):
+    path = write(tmp_path, changed(search_space=space))
+    with pytest.raises(SystemExit) as exit:
+        main([str(path), "--outputs", str(tmp_path / "outputs")])
+    assert str(exit.value.code) == f"error: {path}: {line}" or str(exit.value.code).startswith(
+        f"error: {path}: {line}"
+    ), exit.value.code
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_an_objective_the_module_does_not_log_is_one_line_before_any_trial(tmp_path):
+    path = write(tmp_path, changed(objective={"metric": "val_accuracy", "goal": "maximize"}))
+    outputs = tmp_path / "outputs"
+    result = subprocess.run(
+        [sys.executable, "-m", "scripts.sweep", str(path), "--outputs", str(outputs)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"error: {path}: objective.metric val_accuracy is not a metric the fit logs by each validation's end; give "
+        "one of val_acc, val_loss"
+    ]
+    assert not (outputs / "sweeps").exists() and not (outputs / "mlflow.db").exists()  # no study, no run
+
+
+def test_the_shipped_sweep_files_are_valid_and_their_options_exist():
+    from scripts.sweep_space import check_options
+
+    for task in ("penguins", "mnist", "birds"):
+        sweep = load_sweep(f"configs/sweeps/{task}.yaml")
+        assert sweep.configs == (f"configs/{task}.yaml",)
+        check_options(sweep)
+
+
+def test_a_storage_that_cannot_be_opened_is_one_line_before_the_other_checks(tmp_path):
+    path = write(tmp_path, GOOD)
+    with pytest.raises(SystemExit) as exit:
+        main([str(path), "--storage", "postgresql://sweeper@127.0.0.1:1/studies", "--outputs", str(tmp_path / "o")])
+    assert str(exit.value.code).startswith(
+        "error: --storage postgresql://sweeper@127.0.0.1:1/studies: cannot open the study's database ("
+    ), exit.value.code
+    assert "\n" not in str(exit.value.code)
+
+
+def test_a_study_started_from_another_search_space_is_refused_not_mixed(tmp_path):
+    import json
+
+    import optuna
+
+    path = write(tmp_path, GOOD, name="penguins-study.yaml")
+    outputs = tmp_path / "outputs"
+    (outputs / "sweeps").mkdir(parents=True)
+    other = changed(search_space={LR: {"loguniform": [1.0e-3, 1.0e-1]}})
+    study = optuna.create_study(study_name="penguins-study", storage=f"sqlite:///{outputs}/sweeps/optuna.db")
+    study.set_user_attr("sweep_file", json.dumps(load_sweep(str(write(tmp_path, other))).fingerprint(), sort_keys=True))
+    with pytest.raises(SystemExit) as exit:
+        main([str(path), "--outputs", str(outputs)])
+    assert exit.value.code == (
+        f"error: {path}: study penguins-study in sqlite:///{outputs}/sweeps/optuna.db was started with another config, "
+        "objective or search space; give --study_name NEW for a new study (or delete that study to start over)"
+    )
+    assert len(study.trials) == 0  # no trial ran
