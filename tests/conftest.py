@@ -149,3 +149,38 @@ def bird_folders(root: Path, splits=("train", "val"), count: int = 6) -> Path:
         for channel, name in enumerate(CLASSES):
             write_images(root / split / name, count, channel)
     return root
+
+
+# ---- several processes: what one process trains, the reference the distributed tests compare with ----
+DDP_EPOCHS = 3
+
+
+def penguin_fit(outputs: Path, *args: str) -> list[str]:
+    """`fit` of the penguin recipe for DDP_EPOCHS epochs into `outputs`, plus `args`."""
+    return [
+        "fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", str(DDP_EPOCHS),
+        "--trainer.default_root_dir", str(outputs), *args,
+    ]  # fmt: skip
+
+
+def last_checkpoint(outputs: Path) -> dict:
+    """The one last.ckpt under `outputs`."""
+    (last,) = outputs.glob("*/*/checkpoints/last.ckpt")
+    return torch.load(last, weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> dict:
+    """last.ckpt of the recipe in one process, batch 20."""
+    outputs = tmp_path_factory.mktemp("one")
+    result = run_module("scripts.train", *penguin_fit(outputs, "--test_after_fit", "false"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return last_checkpoint(outputs)
+
+
+def assert_same_training(one: dict, two: dict) -> None:
+    """Two processes of batch 10 take, step for step, the rows one process of batch 20 takes: the same weights."""
+    assert one["global_step"] == two["global_step"] == 12 * DDP_EPOCHS  # 240 training rows: 12 steps an epoch
+    assert one["state_dict"].keys() == two["state_dict"].keys()
+    for name, weights in one["state_dict"].items():
+        assert torch.allclose(weights, two["state_dict"][name], atol=1e-5), name

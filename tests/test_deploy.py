@@ -15,7 +15,7 @@ import yaml
 
 from scripts.deploy import batch, main, online
 from tests.conftest import REPO
-from tests.test_submit import WORKSPACE, FakeAzureML, FakeCredential, fake_client, http_response
+from tests.fake_azure import WORKSPACE, FakeAzureML, FakeCredential, fake_client, http_response
 
 SCORING_URI = "https://penguins.westeurope.inference.ml.azure.com/score"
 

@@ -20,45 +20,27 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from tests.conftest import MNIST, REPO, bird_folders, free_port, needs_mnist, run_module, write_images
+from tests.conftest import (
+    DDP_EPOCHS,
+    MNIST,
+    REPO,
+    assert_same_training,
+    bird_folders,
+    free_port,
+    last_checkpoint,
+    needs_mnist,
+    penguin_fit,
+    run_module,
+    write_images,
+)
 
 pytestmark = pytest.mark.slow
 
-EPOCHS = 3
 DDP = ["--config", "configs/trainer/ddp.yaml", "--trainer.accelerator", "cpu", "--trainer.devices", "2"]
 
 
-def penguins(outputs: Path, *args: str) -> list[str]:
-    return [
-        "fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", str(EPOCHS),
-        "--trainer.default_root_dir", str(outputs), *args,
-    ]  # fmt: skip
-
-
-def last_checkpoint(outputs: Path) -> dict:
-    """The one last.ckpt under `outputs`."""
-    (last,) = outputs.glob("*/*/checkpoints/last.ckpt")
-    return torch.load(last, weights_only=False)
-
-
-@pytest.fixture(scope="module")
-def one_process(tmp_path_factory) -> dict:
-    """last.ckpt of the recipe in one process, batch 20."""
-    outputs = tmp_path_factory.mktemp("one")
-    result = run_module("scripts.train", *penguins(outputs, "--test_after_fit", "false"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return last_checkpoint(outputs)
-
-
-def assert_same_training(one: dict, two: dict) -> None:
-    assert one["global_step"] == two["global_step"] == 12 * EPOCHS  # 240 training rows: 12 steps an epoch
-    assert one["state_dict"].keys() == two["state_dict"].keys()
-    for name, weights in one["state_dict"].items():
-        assert torch.allclose(weights, two["state_dict"][name], atol=1e-5), name
-
-
 def test_two_processes_of_batch_10_train_the_weights_one_process_of_batch_20_does(tmp_path, one_process):
-    args = penguins(tmp_path, *DDP, "--data.init_args.batch_size", "10", "--test_after_fit", "false")
+    args = penguin_fit(tmp_path, *DDP, "--data.init_args.batch_size", "10", "--test_after_fit", "false")
     ddp = run_module("scripts.train", *args)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert "Starting with 2 processes" in ddp.stderr
@@ -67,7 +49,7 @@ def test_two_processes_of_batch_10_train_the_weights_one_process_of_batch_20_doe
 
 def test_torchrun_starts_the_same_command_with_one_run_one_set_of_files_one_report(tmp_path):
     outputs = tmp_path / "outputs"
-    args = ["--standalone", "--nproc_per_node", "2", "-m", "scripts.train", *penguins(outputs, *DDP)]
+    args = ["--standalone", "--nproc_per_node", "2", "-m", "scripts.train", *penguin_fit(outputs, *DDP)]
     result = run_module("torch.distributed.run", *args)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in result.stderr
@@ -77,7 +59,7 @@ def test_torchrun_starts_the_same_command_with_one_run_one_set_of_files_one_repo
     (experiment,) = [e for e in client.search_experiments() if e.name == "penguins"]
     (run,) = client.search_runs([experiment.experiment_id])  # one run, not one per process
     assert run.info.status == "FINISHED"
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == list(range(EPOCHS))
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == list(range(DDP_EPOCHS))
     assert run.data.params["trainer.strategy"] == "ddp"
     (run_dir,) = outputs.glob("*/*/checkpoints")
     assert sorted(p.name for p in run_dir.iterdir()) == ["best.ckpt", "last.ckpt"]
@@ -94,7 +76,7 @@ def mpirun(*args: str):
 
 
 def test_mpirun_processes_find_each_other_and_train_as_one(tmp_path, one_process):
-    args = penguins(tmp_path, *MPI, "--trainer.devices", "2", "--data.init_args.batch_size", "10")
+    args = penguin_fit(tmp_path, *MPI, "--trainer.devices", "2", "--data.init_args.batch_size", "10")
     result = mpirun(*args)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in result.stderr
@@ -103,7 +85,7 @@ def test_mpirun_processes_find_each_other_and_train_as_one(tmp_path, one_process
 
 
 def test_mpirun_with_other_devices_than_processes_is_one_line(tmp_path):
-    result = mpirun(*penguins(tmp_path, *MPI, "--trainer.devices", "1"))
+    result = mpirun(*penguin_fit(tmp_path, *MPI, "--trainer.devices", "1"))
     assert result.returncode != 0
     assert (
         "error: mpirun started 2 processes, 2 on this node, but the Trainer has devices 1 x num_nodes 1: "
@@ -131,19 +113,19 @@ def horovodrun(*args: str, python: tuple[str, ...] = ("-m", "scripts.train")):
 
 def test_horovod_processes_train_as_one_with_one_run_and_one_report(tmp_path, one_process):
     outputs = tmp_path / "outputs"
-    result = horovodrun(*penguins(outputs, *HOROVOD, "--trainer.devices", "2", "--data.init_args.batch_size", "10"))
+    result = horovodrun(*penguin_fit(outputs, *HOROVOD, "--trainer.devices", "2", "--data.init_args.batch_size", "10"))
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert len(re.findall(r"test_acc: ", result.stdout)) == 1  # rank 0 alone prints
     assert_same_training(one_process, last_checkpoint(outputs))
     client = MlflowClient(f"sqlite:///{outputs / 'mlflow.db'}")
     (experiment,) = [e for e in client.search_experiments() if e.name == "penguins"]
     (run,) = client.search_runs([experiment.experiment_id])
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == list(range(EPOCHS))
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == list(range(DDP_EPOCHS))
 
 
 def test_horovod_accumulating_two_batches_of_5_trains_what_one_process_of_20_does(tmp_path, one_process):
     args = ["--data.init_args.batch_size", "5", "--trainer.accumulate_grad_batches", "2", "--test_after_fit", "false"]
-    result = horovodrun(*penguins(tmp_path, *HOROVOD, "--trainer.devices", "2", *args))
+    result = horovodrun(*penguin_fit(tmp_path, *HOROVOD, "--trainer.devices", "2", *args))
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert_same_training(one_process, last_checkpoint(tmp_path))
 
@@ -151,7 +133,7 @@ def test_horovod_accumulating_two_batches_of_5_trains_what_one_process_of_20_doe
 def test_horovod_under_plain_mpirun_as_azure_ml_starts_it_trains_as_one(tmp_path, one_process):
     needs_horovod()
     args = ["--trainer.devices", "2", "--data.init_args.batch_size", "10", "--test_after_fit", "false"]
-    result = mpirun(*penguins(tmp_path, *HOROVOD, *args))  # Azure ML's `mpi` distribution: mpirun, no horovodrun
+    result = mpirun(*penguin_fit(tmp_path, *HOROVOD, *args))  # Azure ML's `mpi` distribution: mpirun, no horovodrun
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert_same_training(one_process, last_checkpoint(tmp_path))
 
@@ -190,7 +172,7 @@ def test_horovod_reduces_as_lightning_asks_mean_sum_max_min(tmp_path):
 
 
 def test_horovod_with_other_devices_than_processes_is_one_line(tmp_path):
-    result = horovodrun(*penguins(tmp_path, *HOROVOD, "--trainer.devices", "1"))
+    result = horovodrun(*penguin_fit(tmp_path, *HOROVOD, "--trainer.devices", "1"))
     assert result.returncode != 0
     assert (
         "error: horovod started 2 processes, 2 on this node, but the Trainer has devices 1: give --trainer.devices 2"
@@ -240,7 +222,7 @@ def test_two_nodes_under_torchrun_train_as_one_and_only_the_first_node_writes(tm
         args = [
             "--nnodes", "2", "--node_rank", str(node_rank), "--nproc_per_node", "1",
             "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "scripts.train",
-            *penguins(tmp_path / f"node{node_rank}", *DDP, "--data.init_args.batch_size", "10"),
+            *penguin_fit(tmp_path / f"node{node_rank}", *DDP, "--data.init_args.batch_size", "10"),
             "--trainer.devices", "1", "--trainer.num_nodes", "2",
         ]  # fmt: skip
         command = [sys.executable, "-m", "torch.distributed.run", *args]

@@ -17,8 +17,7 @@ import lightning as L
 import pytest
 from mlflow import MlflowClient
 
-from tests.conftest import run_module
-from tests.test_distributed import EPOCHS, assert_same_training, last_checkpoint, penguins
+from tests.conftest import DDP_EPOCHS, assert_same_training, last_checkpoint, penguin_fit, run_module
 
 needs_java = pytest.mark.skipif(
     shutil.which("java") is None, reason="needs Java 17 for Spark (apt-get install openjdk-17-jre-headless; CI has it)"
@@ -54,15 +53,6 @@ def spark():
             os.environ[name] = value
 
 
-@pytest.fixture(scope="module")
-def one_process(tmp_path_factory) -> dict:
-    """last.ckpt of the recipe in one process, batch 20 (as tests/test_distributed.py's)."""
-    outputs = tmp_path_factory.mktemp("one")
-    result = run_module("scripts.train", *penguins(outputs, "--test_after_fit", "false"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return last_checkpoint(outputs)
-
-
 @pytest.mark.slow
 @needs_java
 def test_two_spark_tasks_train_the_weights_one_process_does_into_one_run_with_one_report(
@@ -71,7 +61,7 @@ def test_two_spark_tasks_train_the_weights_one_process_does_into_one_run_with_on
     from scripts.spark import main
 
     outputs = tmp_path / "outputs"
-    main(["fit", "--num_processes", "2", *penguins(outputs, "--data.init_args.batch_size", "10")[1:]])
+    main(["fit", "--num_processes", "2", *penguin_fit(outputs, "--data.init_args.batch_size", "10")[1:]])
     out, err = capsys.readouterr()
     assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in err  # the tasks' output, streamed here
     assert_same_training(one_process, last_checkpoint(outputs))
@@ -83,7 +73,7 @@ def test_two_spark_tasks_train_the_weights_one_process_does_into_one_run_with_on
     (run,) = client.search_runs([experiment.experiment_id])  # one run, rank 0's
     assert run.info.run_id == run_id and run.info.status == "FINISHED"
     assert f"{run.data.metrics['test_acc']:.4f}" == test_acc
-    assert [m.step for m in client.get_metric_history(run_id, "val_loss")] == list(range(EPOCHS))
+    assert [m.step for m in client.get_metric_history(run_id, "val_loss")] == list(range(DDP_EPOCHS))
     assert (run.data.params["trainer.devices"], run.data.params["trainer.num_nodes"]) == ("1", "2")
     assert run.data.params["trainer.strategy"] == "ddp"
     (checkpoints,) = outputs.glob("*/*/checkpoints")
@@ -98,7 +88,7 @@ def test_a_data_error_in_the_tasks_is_one_line_naming_the_file(tmp_path, spark):
 
     missing = tmp_path / "penguins.csv"
     with pytest.raises(SystemExit) as stop:
-        main(["fit", "--num_processes", "2", *penguins(tmp_path, "--data.init_args.csv_path", str(missing))[1:]])
+        main(["fit", "--num_processes", "2", *penguin_fit(tmp_path, "--data.init_args.csv_path", str(missing))[1:]])
     # Every task meets it; whichever reports first is the one line.
     assert re.fullmatch(
         rf"error: rank [01] of the Spark fit: {re.escape(str(missing))}: no such file; give data.init_args.csv_path "
@@ -112,7 +102,7 @@ def test_a_data_error_in_the_tasks_is_one_line_naming_the_file(tmp_path, spark):
 @needs_java
 def test_a_task_that_fails_fails_the_command_with_its_error_in_one_line(tmp_path):
     failing = '{"class_path": "tests.test_spark.FailOnRank", "init_args": {"rank": 1, "epoch": 1}}'
-    args = penguins(tmp_path / "outputs", "--trainer.callbacks+", failing)
+    args = penguin_fit(tmp_path / "outputs", "--trainer.callbacks+", failing)
     result = run_module("scripts.spark", "fit", "--num_processes", "2", "--master", MASTER, *args[1:])
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
@@ -123,7 +113,7 @@ def test_a_task_that_fails_fails_the_command_with_its_error_in_one_line(tmp_path
 
 @pytest.mark.slow
 def test_a_bad_option_is_one_line_before_spark_starts(tmp_path):
-    args = penguins(tmp_path, "--trainer.max_epochs", "abc")[1:]
+    args = penguin_fit(tmp_path, "--trainer.max_epochs", "abc")[1:]
     result = run_module("scripts.spark", "fit", "--num_processes", "2", *args, env={**os.environ, "JAVA_HOME": "/none"})
     assert result.returncode == 1  # the JVM would not start with that JAVA_HOME: Spark was never asked
     assert result.stderr.strip().splitlines()[-1] == ("error: trainer.max_epochs: 'abc' is not a valid value; give int")

@@ -4,8 +4,6 @@ answering as Azure ML's REST API and the workspace's blob storage would."""
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import os
 import re
@@ -13,21 +11,20 @@ from pathlib import Path
 
 import pytest
 import requests
-import urllib3
 import yaml
 
 from scripts.submit import BASE_IMAGE, GPU_IMAGE, SubmitError, build_job, main, submit, workspace_client
 from tests.conftest import REPO, run_module
-
-WORKSPACE = (
-    "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/rg"
-    "/providers/Microsoft.MachineLearningServices/workspaces/ws"
+from tests.fake_azure import (
+    BLOB_STORE,
+    STUDIO,
+    WORKSPACE,
+    FakeAzureML,
+    FakeCredential,
+    fake_client,
 )
-STUDIO = "https://ml.azure.com/runs/fake"
-BLOB_STORE = "https://account.blob.core.windows.net/container"  # the workspace's default datastore, in the fake
+
 HOROVOD = "configs/trainer/horovod.yaml"
-DISCOVERY = "https://westeurope.api.azureml.ms/discovery"
-RUN_HISTORY = "https://westeurope.api.azureml.ms"
 
 
 @pytest.fixture(autouse=True)
@@ -137,96 +134,6 @@ def test_dry_run_prints_yaml_that_load_job_reads_back(tmp_path, capsys):
     assert loaded.environment.image == job.environment.image
 
 
-def http_response(method: str, url: str, status: int, body: bytes = b"", headers: dict | None = None):
-    raw = urllib3.HTTPResponse(body=io.BytesIO(body), status=status, headers=headers or {}, preload_content=False)
-    return requests.adapters.HTTPAdapter().build_response(requests.Request(method, url).prepare(), raw)
-
-
-class FakeAzureML(requests.Session):
-    """Answers the requests MLClient.jobs.create_or_update makes, as Azure ML's REST API and the workspace's blob
-    storage would, and keeps them. The code snapshot is one the workspace already has (nothing of the repository
-    goes to storage); files that are uploaded (an environment's build context) are kept in `blobs`."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.requests: list[tuple[str, str, dict | None]] = []
-        self.blobs: dict[str, bytes] = {}  # path in the blob container -> content
-        self.logs = {"logs/std_log.txt": b"Epoch 0: val_loss 0.9\ntest_acc: 0.9804\n"}  # a job's log, as a blob
-        self.jobs: dict[str, dict] = {}  # name -> the job as PUT
-        self.final_status = "Completed"  # what a followed job ends as
-        self.details_asked = 0
-
-    def request(self, method, url, data=None, **kwargs):
-        if url.startswith(BLOB_STORE):
-            return self.blob_request(method, url, data)
-        path = url.split("?")[0].removeprefix("https://management.azure.com")
-        sent = json.loads(data) if data else None
-        self.requests.append((method, path, sent))
-        code = {"properties": {"codeUri": f"{BLOB_STORE}/snapshot", "isAnonymous": True}}
-        status, answer = 404, {"error": {"code": "NotFound", "message": "not in this fake"}}
-        if method == "GET" and re.search(r"/codes/[^/]+/versions$", path):  # listed by the snapshot's hash
-            status, answer = 200, {"value": [{"id": f"{path}/1", "name": "1", **code}]}
-        elif method == "GET" and re.search(r"/codes/[^/]+/versions/1$", path):
-            status, answer = 200, {"id": path, "name": "1", **code}
-        elif method == "GET" and path.endswith("/datastores/workspaceblobstore"):
-            store = {"datastoreType": "AzureBlob", "accountName": "account", "containerName": "container"}
-            store |= {
-                "endpoint": "core.windows.net",
-                "protocol": "https",
-                "credentials": {"credentialsType": "AccountKey"},
-            }
-            status, answer = 200, {"id": path, "name": "workspaceblobstore", "properties": store}
-        elif method == "POST" and path.endswith("/datastores/workspaceblobstore/listSecrets"):
-            status, answer = 200, {"secretsType": "AccountKey", "key": base64.b64encode(bytes(64)).decode()}
-        elif method == "PUT" and re.search(r"/environments/[^/]+/versions/[^/]+$", path):
-            status, answer = 201, {"id": path, "name": path.rsplit("/", 1)[1], **sent}
-        elif method == "PUT" and re.search(r"/jobs/[^/]+$", path):
-            status, answer = 201, {"id": path, "name": path.rsplit("/", 1)[1], **sent}
-            answer["properties"] |= {"status": "Starting", "services": {"Studio": {"endpoint": STUDIO}}}
-            self.jobs[answer["name"]] = answer
-        elif method == "GET" and re.search(r"/jobs/[^/]+$", path) and path.rsplit("/", 1)[1] in self.jobs:
-            status, answer = 200, json.loads(json.dumps(self.jobs[path.rsplit("/", 1)[1]]))
-            answer["properties"]["status"] = self.final_status if self.details_asked else "Running"
-        elif method == "GET" and path.endswith("/workspaces/ws"):
-            status, answer = 200, {"id": path, "name": "ws", "location": "westeurope", "properties": {
-                "discoveryUrl": DISCOVERY, "workspaceId": "00000000-0000-0000-0000-00000000000a",
-                "mlFlowTrackingUri": f"azureml://westeurope.api.azureml.ms/mlflow/v1.0{WORKSPACE}"}}  # fmt: skip
-        elif method == "GET" and url == DISCOVERY:
-            status, answer = 200, {"api": RUN_HISTORY, "catalog": RUN_HISTORY, "experimentation": RUN_HISTORY}
-        elif method == "GET" and url.startswith(RUN_HISTORY) and path.endswith("/details"):
-            self.details_asked += 1  # first Running with its log so far, then the job's end
-            running = self.details_asked == 1
-            status, answer = 200, {
-                "runId": path.split("/runs/")[1].split("/")[0], "status": "Running" if running else self.final_status,
-                "logFiles": {"user_logs/std_log.txt": f"{BLOB_STORE}/logs/std_log.txt?sas"},
-            }  # fmt: skip
-        return http_response(method, url, status, json.dumps(answer).encode(), {"Content-Type": "application/json"})
-
-    def blob_request(self, method, url, data):
-        name = url.split("?")[0].removeprefix(f"{BLOB_STORE}/")
-        written = {"ETag": '"0x1"', "Last-Modified": "Mon, 23 Nov 2026 19:00:00 GMT"}
-        if method == "PUT" and "comp=metadata" in url:  # marks an upload complete
-            return http_response(method, url, 200, headers=written)
-        if method == "PUT":
-            self.blobs[name] = data.read() if hasattr(data, "read") else data
-            return http_response(method, url, 201, headers=written)
-        if method == "GET" and name in self.logs:
-            return http_response(method, url, 200, self.logs[name], {"Content-Type": "text/plain"})
-        return http_response(method, url, 404, headers={"x-ms-error-code": "BlobNotFound"})  # nothing uploaded before
-
-
-class FakeCredential:
-    def get_token(self, *scopes, **options):
-        from azure.core.credentials import AccessToken
-
-        return AccessToken("token", 4102444800)
-
-    def get_token_info(self, *scopes, options=None):
-        from azure.core.credentials import AccessTokenInfo
-
-        return AccessTokenInfo("token", 4102444800)
-
-
 def test_submit_puts_the_job_with_its_code_environment_and_compute(monkeypatch, capsys):
     from azure.ai.ml import MLClient
     from azure.core.pipeline.transport import RequestsTransport
@@ -293,14 +200,6 @@ def test_the_workspace_comes_from_config_json_or_all_three_ids(tmp_path, monkeyp
     (tmp_path / "config.json").unlink()
     with pytest.raises(SubmitError, match="no Azure ML workspace: put its config.json"):
         workspace_client(None, None, None)
-
-
-def fake_client(azure: FakeAzureML, credential=None):
-    from azure.ai.ml import MLClient
-    from azure.core.pipeline.transport import RequestsTransport
-
-    return MLClient(credential or FakeCredential(), "00000000-0000-0000-0000-000000000000", "rg", "ws",
-                    transport=RequestsTransport(session=azure))  # fmt: skip
 
 
 @pytest.mark.parametrize(("final", "code"), [("Completed", 0), ("Failed", 1)])

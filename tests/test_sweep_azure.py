@@ -16,7 +16,7 @@ from scripts.submit import main, submit
 from scripts.sweep_azure import options_of_trial, search_space_names
 from scripts.sweep_space import load_sweep
 from tests.conftest import REPO
-from tests.test_submit import FakeAzureML, fake_client
+from tests.fake_azure import FakeAzureML, fake_client
 
 PENGUINS_SWEEP = "configs/sweeps/penguins.yaml"
 
