@@ -18,6 +18,7 @@ import itertools
 import sys
 from pathlib import Path
 
+import lightning as L
 import torch
 
 from datamodules.base import ClassificationDataModule
@@ -56,7 +57,8 @@ def load(checkpoint: Path) -> tuple[ClassificationModule, ClassificationDataModu
         skip_pretrained_weights(init_args)
         overrides["network"] = {**network, "init_args": init_args}
     model = ClassificationModule.load_from_checkpoint(checkpoint, map_location="cpu", **overrides)
-    datamodule = ClassificationDataModule.load_from_checkpoint(checkpoint)
+    # LightningDataModule's own classmethod builds the class the checkpoint names (a subclass's would build itself).
+    datamodule = L.LightningDataModule.load_from_checkpoint(checkpoint)
     return model, datamodule
 
 

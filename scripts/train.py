@@ -386,8 +386,8 @@ def config_error_line(error: ArgumentError, args: list[str]) -> str:
     class_path = re.search(r"class_path='([\w.]+)'|NestedArg\(key='class_path', val='([\w.]+)'\)", text)
     if key and (option := re.search(r"Option '(\w+)' is not accepted", text)):  # an argument the class does not take
         owner = re.search(r"class_path '([\w.]+)'|class_path='([\w.]+)'", text)
-        of = f" ({owner[1] or owner[2]} takes no such argument)" if owner else ""
-        return f"unrecognized arguments: --{key}.init_args.{option[1]}{of} (check the name against --print_config)"
+        of = f"{owner[1] or owner[2]} takes no such argument; " if owner else ""
+        return f"unrecognized arguments: --{key}.init_args.{option[1]} ({of}check the name against --print_config)"
     unusable = re.search(
         r"has no attribute|No module named|to be a subclass of|does not correspond to a subclass", text
     )

@@ -98,7 +98,7 @@ def test_bad_checkpoint_is_one_line_naming_it(tmp_path):
     )
     not_a_checkpoint = tmp_path / "notes.ckpt"
     not_a_checkpoint.write_text("not a checkpoint")
-    with pytest.raises(SystemExit, match=f"error: {re.escape(str(not_a_checkpoint))}: not a readable checkpoint"):
+    with pytest.raises(SystemExit, match=f"error: {re.escape(str(not_a_checkpoint))}: not a checkpoint this can read"):
         main([str(not_a_checkpoint)])
     assert not not_a_checkpoint.with_suffix(".onnx").exists()
 
