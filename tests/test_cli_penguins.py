@@ -13,6 +13,8 @@ from mlflow import MlflowClient
 
 from tests.conftest import REPO, run_module
 
+pytestmark = pytest.mark.slow  # every test here runs the CLI, most of them after a real fit
+
 EPOCHS = 8
 MODEL = "penguins-classifier"
 

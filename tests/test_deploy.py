@@ -101,6 +101,7 @@ def test_yaml_dir_writes_both_files_for_az_ml_run_from_anywhere(tmp_path, capsys
     assert deployment.environment_variables["SCORE_BACKEND"] == "onnxruntime"
 
 
+@pytest.mark.slow
 def test_deploy_creates_the_endpoint_then_the_deployment_then_gives_it_all_traffic(monkeypatch, capsys):
     azure = FakeOnlineEndpoints()
     client = fake_client(azure)

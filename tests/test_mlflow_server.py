@@ -39,6 +39,7 @@ def test_fit_tracks_to_a_real_mlflow_server(mlflow_server, train_cli, tmp_path):
     assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_plot_of_the_newest_local_run(train_cli, tmp_path):
     result = train_cli("fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", 3)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -127,6 +127,7 @@ def test_an_option_the_cli_does_not_have_or_a_value_it_refuses_is_one_line(tmp_p
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.slow
 def test_an_objective_the_module_does_not_log_is_one_line_before_any_trial(tmp_path):
     path = write(tmp_path, changed(objective={"metric": "val_accuracy", "goal": "maximize"}))
     outputs = tmp_path / "outputs"
