@@ -203,11 +203,15 @@ def online(
         return "---\n".join(texts)
     from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
 
+    from scripts.code_snapshot import code_snapshot
+
     client = workspace_client(subscription_id, resource_group, workspace)
     try:
         client.online_endpoints.begin_create_or_update(endpoint_entity).result()
         print(f"endpoint {names.endpoint} is ready; creating deployment {names.deployment} (builds the environment)")
-        client.online_deployments.begin_create_or_update(deployment_entity).result()
+        with code_snapshot(Path.cwd()) as code:  # the SDK's own walk of the folder reads .venv's every file
+            deployment_entity.code_configuration.code = str(code)
+            client.online_deployments.begin_create_or_update(deployment_entity).result()
         created = client.online_endpoints.get(names.endpoint)
         created.traffic = {names.deployment: 100}
         client.online_endpoints.begin_create_or_update(created).result()
@@ -289,8 +293,12 @@ def batch(
         text = job_yaml(job)
         print(text, end="")
         return text
+    from scripts.code_snapshot import code_snapshot
+
     client = workspace_client(subscription_id, resource_group, workspace)
-    submitted = client.jobs.create_or_update(job)
+    with code_snapshot(Path.cwd()) as code:
+        job.code = str(code)
+        submitted = client.jobs.create_or_update(job)
     print(f"submitted {submitted.name}: {submitted.studio_url}")
     return submitted.name
 

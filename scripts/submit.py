@@ -391,9 +391,13 @@ def submit(
         return text
     from azure.core.exceptions import ClientAuthenticationError
 
+    from scripts.code_snapshot import code_snapshot
+
     client = workspace_client(subscription_id, resource_group, workspace)
     try:
-        submitted = client.jobs.create_or_update(job)
+        with code_snapshot(Path.cwd()) as code:  # the SDK's own walk of the folder reads .venv's every file
+            (job.trial if sweep else job).code = str(code)
+            submitted = client.jobs.create_or_update(job)
         print(f"submitted {submitted.name}: {submitted.studio_url}")
         if stream:
             follow(client, submitted.name)

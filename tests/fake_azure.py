@@ -10,6 +10,7 @@ import base64
 import io
 import json
 import re
+import urllib.parse
 
 import requests
 import urllib3
@@ -42,6 +43,7 @@ class FakeAzureML(requests.Session):
         self.jobs: dict[str, dict] = {}  # name -> the job as PUT
         self.final_status = "Completed"  # what a followed job ends as
         self.details_asked = 0
+        self.code_hashes: list[str] = []  # the content hashes the workspace was asked for a code snapshot by
 
     def request(self, method, url, data=None, **kwargs):
         if url.startswith(BLOB_STORE):
@@ -52,6 +54,7 @@ class FakeAzureML(requests.Session):
         code = {"properties": {"codeUri": f"{BLOB_STORE}/snapshot", "isAnonymous": True}}
         status, answer = 404, {"error": {"code": "NotFound", "message": "not in this fake"}}
         if method == "GET" and re.search(r"/codes/[^/]+/versions$", path):  # listed by the snapshot's hash
+            self.code_hashes += urllib.parse.parse_qs(urllib.parse.urlsplit(url).query).get("hash", [])
             status, answer = 200, {"value": [{"id": f"{path}/1", "name": "1", **code}]}
         elif method == "GET" and re.search(r"/codes/[^/]+/versions/1$", path):
             status, answer = 200, {"id": path, "name": "1", **code}

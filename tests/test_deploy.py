@@ -103,6 +103,8 @@ def test_yaml_dir_writes_both_files_for_az_ml_run_from_anywhere(tmp_path, capsys
 
 @pytest.mark.slow
 def test_deploy_creates_the_endpoint_then_the_deployment_then_gives_it_all_traffic(monkeypatch, capsys):
+    from azure.ai.ml._utils._asset_utils import get_content_hash, get_ignore_file
+
     azure = FakeOnlineEndpoints()
     client = fake_client(azure)
     monkeypatch.setattr("scripts.deploy.workspace_client", lambda *ids: client)
@@ -119,6 +121,8 @@ def test_deploy_creates_the_endpoint_then_the_deployment_then_gives_it_all_traff
     assert properties["model"] == f"{WORKSPACE}/models/penguins-classifier/versions/1"
     assert properties["codeConfiguration"]["scoringScript"] == "scripts/score.py"
     assert properties["codeConfiguration"]["codeId"].startswith(f"{WORKSPACE}/codes/")
+    # The code snapshot asked for is this folder's, as the SDK's own walk of it would hash it.
+    assert azure.code_hashes == [get_content_hash(REPO, get_ignore_file(REPO))]
     assert (properties["instanceType"], deployment["sku"]["capacity"]) == ("Standard_DS2_v2", 1)
     assert properties["environmentVariables"] == {"SCORE_BACKEND": "onnxruntime", "WORKER_COUNT": "1"}
     (environment,) = azure.sent("PUT", r"/environments/")

@@ -134,7 +134,6 @@ def test_dry_run_prints_yaml_that_load_job_reads_back(tmp_path, capsys):
     assert loaded.environment.image == job.environment.image
 
 
-@pytest.mark.slow
 def test_submit_puts_the_job_with_its_code_environment_and_compute(monkeypatch, capsys):
     from azure.ai.ml import MLClient
     from azure.core.pipeline.transport import RequestsTransport
@@ -157,7 +156,6 @@ def test_submit_puts_the_job_with_its_code_environment_and_compute(monkeypatch, 
     assert job["distribution"] == {"distributionType": "Mpi", "processCountPerInstance": 2}
 
 
-@pytest.mark.slow
 def test_a_horovod_submission_uploads_only_its_build_context_and_puts_the_environment_built_from_it(
     horovod_context, monkeypatch, capsys
 ):
@@ -204,7 +202,6 @@ def test_the_workspace_comes_from_config_json_or_all_three_ids(tmp_path, monkeyp
         workspace_client(None, None, None)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("final", "code"), [("Completed", 0), ("Failed", 1)])
 def test_stream_follows_the_jobs_logs_and_exits_with_its_status(final, code, monkeypatch, capsys):
     # The SDK's own streaming, over the fake: the job, the workspace's discovery, run history, the log blob.
@@ -226,7 +223,6 @@ def test_stream_follows_the_jobs_logs_and_exits_with_its_status(final, code, mon
     assert (re.search(r"job \S+ completed", out) is not None) == (code == 0)
 
 
-@pytest.mark.slow
 def test_an_azure_login_that_fails_is_one_line(monkeypatch):
     from azure.core.exceptions import ClientAuthenticationError
 

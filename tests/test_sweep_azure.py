@@ -115,7 +115,6 @@ def test_the_yaml_file_runs_from_its_own_folder(tmp_path, monkeypatch):
     assert (target.parent / job.trial.code).resolve() == REPO
 
 
-@pytest.mark.slow
 def test_a_submission_puts_the_sweep_job_over_the_fake_transport(monkeypatch, capsys):
     azure = FakeAzureML()
     client = fake_client(azure)
