@@ -9,6 +9,7 @@ and seed. `EvaluationShard` makes validation and test under several processes ex
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Sized
 
 import lightning as L
@@ -28,17 +29,36 @@ class ClassificationDataModule(L.LightningDataModule):
         class_names: label names in index order (logit i is class i), known right after `__init__` (the CLI gives them
             to the model before `setup`); at validate, test and predict the checkpoint's.
         predict_names: after `setup("predict")`, one name per input, in order (a file, a CSV line).
+        preprocessing_options: the names of the `__init__` arguments that decide what the network sees (a scaling,
+            a crop size): every checkpoint keeps their values, and validate, test, predict and a resumed fit use the
+            checkpoint's, saying so on stderr where the config gives others. A subclass that keeps more state
+            extends `state_dict` and `load_state_dict`.
     Batches are `(inputs, labels)`, `(inputs,)` to predict.
     """
 
     class_names: list[str]
     predict_names: list[str]
+    preprocessing_options: tuple[str, ...] = ()
 
     def __init__(self, batch_size: int, seed: int) -> None:
         super().__init__()
         if batch_size < 1:
             raise DataError(f"data.init_args.batch_size {batch_size}: give 1 or more (samples per step and process)")
         self.batch_size, self.seed = batch_size, seed
+
+    def state_dict(self) -> dict:
+        return {"preprocessing": {name: self.hparams[name] for name in self.preprocessing_options}}
+
+    def load_state_dict(self, state: dict) -> None:
+        # Lightning calls it with the checkpoint's state after setup, before the dataloaders are made.
+        for name, trained in state.get("preprocessing", {}).items():
+            if self.hparams[name] != trained and (self.trainer is None or self.trainer.is_global_zero):
+                print(
+                    f"data.init_args.{name}: {trained!r} as the checkpoint's network was trained, not the config's "
+                    f"{self.hparams[name]!r}",
+                    file=sys.stderr,
+                )
+            self.hparams[name] = trained
 
     @property
     def rank_and_world_size(self) -> tuple[int, int]:

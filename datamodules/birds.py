@@ -69,6 +69,8 @@ class BirdsDataModule(ClassificationDataModule):
             it for large folders, and a bad file then stops the run when its batch is loaded.
     """
 
+    preprocessing_options = ("image_size",)
+
     def __init__(
         self,
         data_dir: str = "data/birds",

@@ -170,6 +170,7 @@ class PenguinDataModule(InMemoryDataModule):
     """
 
     class_names = list(SPECIES)
+    preprocessing_options = ("preprocessing",)
     evaluate_in_one_batch = True  # evaluation does not learn from batches: one slice of a split is cheapest
 
     def __init__(
@@ -221,11 +222,13 @@ class PenguinDataModule(InMemoryDataModule):
         self.splits = {name: (self.features(raw), *labels) for name, (raw, *labels) in self.raw.items()}
 
     def state_dict(self) -> dict:
-        """Saved in every checkpoint: the training split's statistics, which predict, test and export then use."""
-        return {"seen": self.seen}
+        """Saved in every checkpoint: the scaling and the training split's statistics, which predict, test and export
+        then use."""
+        return {**super().state_dict(), "seen": self.seen}
 
     def load_state_dict(self, state: dict) -> None:
         # Lightning calls it after setup, before the dataloaders: inputs are scaled as the checkpoint's model was.
+        super().load_state_dict(state)
         self.seen = state["seen"]
         if hasattr(self, "raw"):
             self.scale()

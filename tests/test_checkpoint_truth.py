@@ -1,5 +1,5 @@
-"""The checkpoint is the truth at predict and test: class names (not the folders of today's data_dir) and the penguin
-scaling statistics (not those of today's CSV) come from it."""
+"""The checkpoint is the truth at predict and test: class names (not the folders of today's data_dir), the penguin
+scaling and its statistics (not those of today's CSV or config) and the birds' crop size come from it."""
 
 from __future__ import annotations
 
@@ -21,9 +21,11 @@ def fit(root, *args: str):
     return best
 
 
-def predict(*args: str) -> str:
+def predict(*args: str, note: str | None = None) -> str:
+    """predict's CSV; `note`: the line stderr must hold (the checkpoint's preprocessing chosen over the config's)."""
     result = run_module("scripts.train", "predict", *args)
     assert result.returncode == 0, result.stderr[-2000:]
+    assert (note in result.stderr.splitlines()) if note else ("checkpoint's network" not in result.stderr)
     return result.stdout
 
 
@@ -40,6 +42,9 @@ def test_birds_predict_labels_with_the_checkpoints_classes_whatever_data_dir_hol
     assert predict(*args, "--data.init_args.data_dir", str(tmp_path / "nowhere")) == with_training_data
     labels = {line.split(",")[1] for line in with_training_data.splitlines()[1:]}
     assert labels <= {"chickens", "turkeys"}
+    note = "data.init_args.image_size: 32 as the checkpoint's network was trained, not the config's 64"
+    bigger = [*args, "--data.init_args.data_dir", str(birds), "--data.init_args.image_size", "64"]
+    assert predict(*bigger, note=note) == with_training_data  # 32 px crops, as trained
 
 
 def test_penguins_predict_scales_as_the_checkpoints_training_data_did(tmp_path):
@@ -52,3 +57,7 @@ def test_penguins_predict_scales_as_the_checkpoints_training_data_did(tmp_path):
     args = [*penguins, "--ckpt_path", str(best), "--data.init_args.predict_path", "configs/examples/penguins.csv"]
     as_trained = predict(*args, "--data.init_args.csv_path", str(subset))
     assert predict(*args) == as_trained  # today's data: PyPI's 344 penguins, whose statistics differ
+    course = ["--config", "configs/penguins.yaml", "--ckpt_path", str(best), *args[-2:]]  # the config's: `course`
+    note = "data.init_args.preprocessing: 'standardize' as the checkpoint's network was trained, not the config's "
+    note += "'course'"
+    assert predict(*course, note=note) == as_trained
