@@ -444,7 +444,14 @@ def main(args: list[str] | None = None) -> TemplateCLI:
     """Mistakes in the user's config, data, weights files or launch end in one line on stderr and exit status 1.
     Returns the CLI that ran (scripts.spark reads the trainer's results from it)."""
     try:
-        return cli_main(args)
+        cli = cli_main(args)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # Before the interpreter's teardown, which otherwise destroys gloo's group while its worker threads are
+            # alive: now and then a process aborts then (SIGABRT, "terminate called without an active exception",
+            # pytorch/pytorch#190489) and a finished fit exits 134. Not after an error: another process may still
+            # be inside a collective.
+            torch.distributed.destroy_process_group()
+        return cli
     except SIGTERMException:
         # Lightning stops at the next batch with this SystemExit, whose status is 0: a killed run would look
         # finished to a shell or a scheduler. 143 (128 + SIGTERM) is what dying of the signal reports.
