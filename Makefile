@@ -25,7 +25,7 @@ COMPUTE ?=
 PROCESSES ?= 2
 # The Spark master for `make spark` (default: the session's, or local[PROCESSES]); e.g. local-cluster[2,1,1024].
 MASTER ?=
-# Serving: Azure ML's inference server runs in its own environment (scripts/serve_environment.yml says why).
+# Serving: Azure ML's inference server runs in its own environment (scripts/serving/environment.yml says why).
 SERVE_VENV ?= .venv-serve
 MODEL ?= $(CKPT)
 ENDPOINT ?=
@@ -76,11 +76,11 @@ export: $(VENV)/installed ## write CKPT as ONNX and check it against PyTorch
 	$(NEED_CKPT)
 	$(PY) -m scripts.export $(CKPT) $(ARGS)
 
-# The pip list of scripts/serve_environment.yml (its `- name==version` lines), read without Python packages.
-$(SERVE_VENV)/installed: scripts/serve_environment.yml
+# The pip list of scripts/serving/environment.yml (its `- name==version` lines), read without Python packages.
+$(SERVE_VENV)/installed: scripts/serving/environment.yml
 	python3 -m venv $(SERVE_VENV)
 	$(SERVE_VENV)/bin/python -m pip install --quiet --upgrade pip
-	sed -n 's/^ *- \([A-Za-z][^ ]*==[^ ]*\).*/\1/p' scripts/serve_environment.yml > $(SERVE_VENV)/requirements.txt
+	sed -n 's/^ *- \([A-Za-z][^ ]*==[^ ]*\).*/\1/p' scripts/serving/environment.yml > $(SERVE_VENV)/requirements.txt
 	$(SERVE_VENV)/bin/python -m pip install --quiet -r $(SERVE_VENV)/requirements.txt
 	touch $@
 
@@ -95,7 +95,7 @@ deploy: $(VENV)/installed ## MODEL=NAME:VERSION (the workspace's registry) to EN
 	$(PY) -m scripts.deploy online $(MODEL) --endpoint $(ENDPOINT) $(ARGS)
 
 bench-serve: $(VENV)/installed $(SERVE_VENV)/installed ## requests/s and p50/p99 of the local server, PyTorch against ONNX Runtime
-	$(PY) -m scripts.bench_serve $(ARGS)
+	$(PY) -m scripts.bench.serve $(ARGS)
 
 plot: $(VENV)/installed ## PNG of training and validation loss of RUN (default: the newest run)
 	$(PY) -m scripts.plot $(RUN) $(ARGS)
@@ -108,13 +108,13 @@ spark: $(VENV)/installed ## fit configs/TASK.yaml in PROCESSES Spark tasks (Torc
 	$(PY) -m scripts.spark fit --config $(CONFIG) --num_processes $(PROCESSES) $(if $(MASTER),--master "$(MASTER)") $(ARGS)
 
 bench: $(VENV)/installed ## time the template against plain PyTorch loops, a penguin sweep against one fit (MNIST_DIR=...)
-	$(PY) -m scripts.bench_penguins
-	$(PY) -m scripts.bench_mnist --data-dir $(MNIST_DIR) --repeats 2
-	$(PY) -m scripts.bench_birds
-	$(PY) -m scripts.bench_sweep
+	$(PY) -m scripts.bench.penguins
+	$(PY) -m scripts.bench.mnist --data-dir $(MNIST_DIR) --repeats 2
+	$(PY) -m scripts.bench.birds
+	$(PY) -m scripts.bench.sweep
 
 bench-spark: $(VENV)/installed ## time the penguin fit on Spark against torchrun, 2 processes each (needs Java 17)
-	$(PY) -m scripts.bench_spark
+	$(PY) -m scripts.bench.spark
 
 mlflow-ui: $(VENV)/installed ## the MLflow UI over outputs/mlflow.db on http://127.0.0.1:5000 (MLFLOW_PORT=, MLFLOW_STORE=)
 	mkdir -p $(dir $(MLFLOW_STORE))

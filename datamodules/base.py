@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Sized
+from typing import Any, ClassVar, Literal
 
 import lightning as L
+import torch
 from torch.utils.data import DistributedSampler
 
 from datamodules.errors import DataError
@@ -34,7 +36,19 @@ class ClassificationDataModule(L.LightningDataModule):
             checkpoint's, saying so on stderr where the config gives others. A subclass that keeps more state
             extends `state_dict` and `load_state_dict`.
     Batches are `(inputs, labels)`, `(inputs,)` to predict.
+
+    Serving (`fit --register_model`, scripts.serve, scripts.score, Azure ML endpoints) asks the datamodule how a raw
+    input becomes the network's input, so that a registered model answers as predict does:
+        serving_kind: "rows" (a table: JSON objects or CSV rows) or "images" (encoded image files); None: the model
+            registers but cannot be served.
+        serving_state(): after `setup`, the JSON-able values the preprocessing needs (training statistics, a crop
+            size); saved in the registered model's metadata.
+        serving_batch(state, inputs, names): a classmethod, given that state: rows as a pandas DataFrame (in the
+            source's own column names) or images as a list of encoded bytes, and one name per input for messages;
+            returns the network's input batch, or raises DataError naming the input and what to send.
     """
+
+    serving_kind: ClassVar[Literal["rows", "images"] | None] = None
 
     class_names: list[str]
     predict_names: list[str]
@@ -45,6 +59,13 @@ class ClassificationDataModule(L.LightningDataModule):
         if batch_size < 1:
             raise DataError(f"data.init_args.batch_size {batch_size}: give 1 or more (samples per step and process)")
         self.batch_size, self.seed = batch_size, seed
+
+    def serving_state(self) -> dict:
+        return {}
+
+    @classmethod
+    def serving_batch(cls, state: dict, inputs: Any, names: list[str]) -> torch.Tensor:
+        raise NotImplementedError(f"{cls.__name__} does not say how to serve its inputs (serving_batch)")
 
     def state_dict(self) -> dict:
         return {"preprocessing": {name: self.hparams[name] for name in self.preprocessing_options}}

@@ -25,6 +25,7 @@ from datamodules.image_folder import (
     check_readable,
     check_same_classes,
     class_folders,
+    decode,
     fetch_archive,
     hidden,
     list_images,
@@ -70,6 +71,7 @@ class BirdsDataModule(ClassificationDataModule):
     """
 
     preprocessing_options = ("image_size",)
+    serving_kind = "images"
 
     def __init__(
         self,
@@ -222,6 +224,21 @@ class BirdsDataModule(ClassificationDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader("predict")
+
+    def serving_state(self) -> dict:
+        return {"image_size": self.hparams.image_size}
+
+    @classmethod
+    def serving_batch(cls, state: dict, inputs: list[bytes], names: list[str]) -> torch.Tensor:
+        """Encoded photos, upright by their EXIF orientation, cropped and normalised as evaluation and predict do."""
+        transform = eval_transform(state["image_size"])
+        images = []
+        for name, data in zip(names, inputs):
+            image, reason = decode(data)
+            if image is None:
+                raise DataError(f"{name}: not a readable image ({reason}); send a JPEG, PNG or WebP file")
+            images.append(transform(image))
+        return normalize_images(torch.stack(images))
 
     def on_after_batch_transfer(self, batch: tuple[torch.Tensor, ...], dataloader_idx: int) -> tuple[torch.Tensor, ...]:
         return (normalize_images(batch[0]), *batch[1:])

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from datamodules.errors import DataError
-from datamodules.image_folder import IMAGE_SUFFIXES, read_image
+from datamodules.image_folder import IMAGE_SUFFIXES, decode, read_image
 from datamodules.in_memory import InMemoryDataModule
 
 # Each file's idx magic number and the MD5 of its uncompressed bytes. torchvision's `resources`
@@ -103,6 +103,7 @@ class MNISTDataModule(InMemoryDataModule):
     """
 
     class_names = [str(digit) for digit in range(10)]
+    serving_kind = "images"
 
     def __init__(
         self,
@@ -241,6 +242,17 @@ class MNISTDataModule(InMemoryDataModule):
         theta = torch.stack([torch.stack([cos, -sin, shift[:, 0]], 1), torch.stack([sin, cos, shift[:, 1]], 1)], 1)
         grid = F.affine_grid(theta, list(images.shape), align_corners=False)
         return F.grid_sample(images, grid, align_corners=False)  # outside the image: 0, the background
+
+    @classmethod
+    def serving_batch(cls, state: dict, inputs: list[bytes], names: list[str]) -> torch.Tensor:
+        """Encoded images of any size and format, grey, resized to 28x28 and normalised as predict reads a folder."""
+        digits = []
+        for name, data in zip(names, inputs):
+            image, reason = decode(data, grey=True)
+            if image is None:
+                raise DataError(f"{name}: not a readable image ({reason}); send a JPEG, PNG or WebP file")
+            digits.append(to_digit(image))
+        return normalize_digits(torch.stack(digits).float() / 255)
 
     def on_after_batch_transfer(self, batch: tuple[torch.Tensor, ...], dataloader_idx: int) -> tuple[torch.Tensor, ...]:
         images = batch[0].float() / 255

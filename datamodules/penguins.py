@@ -44,6 +44,8 @@ SCHEMAS = {
     },
 }
 # The course's scaling: brings flipper length (mm) and body mass (g) near the other features.
+# Every column name of the features in either schema: a request's cells in these must all be given.
+FEATURE_COLUMNS = {column for schema in SCHEMAS.values() for name, column in schema.items() if name in FEATURES}
 COURSE_SCALE = torch.tensor([1.0, 1.0, 1.0, 10.0, 100.0])
 
 
@@ -171,6 +173,7 @@ class PenguinDataModule(InMemoryDataModule):
 
     class_names = list(SPECIES)
     preprocessing_options = ("preprocessing",)
+    serving_kind = "rows"
     evaluate_in_one_batch = True  # evaluation does not learn from batches: one slice of a split is cheapest
 
     def __init__(
@@ -242,6 +245,27 @@ class PenguinDataModule(InMemoryDataModule):
 
     def check_ranges(self, raw: torch.Tensor) -> None:
         check_ranges(raw, self.seen, self.hparams.predict_path, self.predict_names, self.predict_table.attrs["columns"])
+
+    def serving_state(self) -> dict:
+        seen = {key: value.tolist() for key, value in self.seen.items()}  # float32 values, exact as floats
+        return {"preprocessing": self.hparams.preprocessing, "seen": seen}
+
+    @classmethod
+    def serving_batch(cls, state: dict, inputs, names: list[str]) -> torch.Tensor:
+        """Rows in either CSV schema's columns, read, range-checked and scaled as predict reads a CSV. A row with a
+        value missing is refused rather than dropped (predict skips it), so that every answer has its row."""
+        frame = inputs.reset_index(drop=True)
+        known = [column for column in frame.columns if column in FEATURE_COLUMNS]
+        gaps = frame[known].isna()
+        if gaps.to_numpy().any():
+            row = int(gaps.any(axis=1).to_numpy().argmax())
+            missing = ", ".join(column for column in known if gaps.loc[row, column])
+            raise DataError(f"request: {names[row]} has no value for {missing}; give every column")
+        table = penguin_table(frame, "request", need_species=False, row_name=lambda index: names[index])
+        raw = torch.tensor(table[list(FEATURES)].to_numpy(dtype="float32"))
+        seen = {key: torch.tensor(value, dtype=torch.float32) for key, value in state["seen"].items()}
+        check_ranges(raw, seen, "request", names, table.attrs["columns"])
+        return scale_features(raw, seen, state["preprocessing"])
 
 
 def scale_features(raw: torch.Tensor, seen: dict[str, torch.Tensor] | None, preprocessing: str) -> torch.Tensor:

@@ -77,6 +77,8 @@ class ClassificationModule(L.LightningModule):
             self.metrics[f"{split}_acc"] = MulticlassAccuracy(num_classes, average="micro", validate_args=False, **sync)
         self.collected: dict[str, dict[str, list]] = {}
         self.train_epoch_metrics: dict | None = None  # the newest epoch's, with its epoch and step
+        # One input's shape, kept in checkpoints: serving a checkpoint exports the network for it without its data.
+        self.input_shape: tuple[int, ...] | None = None
 
     def _distributed(self) -> bool:
         try:
@@ -99,6 +101,8 @@ class ClassificationModule(L.LightningModule):
 
     def _step(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> torch.Tensor:
         inputs, labels = batch
+        if self.input_shape is None:
+            self.input_shape = tuple(inputs.shape[1:])
         logits = self(inputs)
         loss = F.cross_entropy(logits, labels)
         collected = self.collected.setdefault(split, {"classes": [], "labels": [], "losses": [], "sizes": []})
@@ -160,9 +164,13 @@ class ClassificationModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.train_epoch_metrics is not None:
             checkpoint["train_epoch_metrics"] = self.train_epoch_metrics
+        if self.input_shape is not None:
+            checkpoint["input_shape"] = list(self.input_shape)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.train_epoch_metrics = checkpoint.get("train_epoch_metrics")
+        if checkpoint.get("input_shape"):
+            self.input_shape = tuple(checkpoint["input_shape"])
 
     def on_train_start(self) -> None:
         if self.train_epoch_metrics is not None:  # read back from the checkpoint this fit resumes from

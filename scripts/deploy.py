@@ -8,7 +8,7 @@
 `online` creates (or updates) the endpoint with its auth mode (`key`, or `aml_token`: tokens of the caller's Azure
 login), then the deployment: the model version of the workspace's registry (where `fit --register_model` puts it when
 the fit runs as an Azure ML job), this folder as code (less .amlignore) with scripts/score.py as the scoring script,
-scripts/serve_environment.yml built on Azure ML's Open MPI image (the environment `make serve` runs locally:
+scripts/serving/environment.yml built on Azure ML's Open MPI image (the environment `make serve` runs locally:
 azureml-inference-server-http, torch, ONNX Runtime), the instance type and count, SCORE_BACKEND; then sends it all
 the traffic. `--dry_run true` prints the endpoint's YAML and the deployment's, what `az ml online-endpoint create -f`
 and `az ml online-deployment create -f` take; `--yaml_dir` writes them there.
@@ -33,9 +33,9 @@ from typing import Literal
 
 import yaml
 
-from scripts.submit import BASE_IMAGE, SubmitError, check_workspace_ids, is_local, workspace_client
+from scripts.azure_ml.jobs import BASE_IMAGE, SubmitError, check_workspace_ids, is_local, workspace_client
 
-SERVE_ENVIRONMENT = "scripts/serve_environment.yml"
+SERVE_ENVIRONMENT = "scripts/serving/environment.yml"
 SCORING_SCRIPT = "scripts/score.py"
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{1,30}[A-Za-z0-9]")  # Azure ML's rule for endpoint and deployment names
 MODEL = re.compile(r"(?:azureml:|models:/)?([A-Za-z0-9][\w.-]*)[:/](\d+)")
@@ -75,7 +75,7 @@ def check_names(model: str, endpoint: str, deployment: str) -> Names:
 
 
 def environment():
-    """The serving environment: scripts/serve_environment.yml on Azure ML's Open MPI image, the one jobs use."""
+    """The serving environment: scripts/serving/environment.yml on Azure ML's Open MPI image, the one jobs use."""
     from azure.ai.ml.entities import Environment
 
     return Environment(image=BASE_IMAGE, conda_file=SERVE_ENVIRONMENT)
@@ -203,7 +203,7 @@ def online(
         return "---\n".join(texts)
     from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
 
-    from scripts.code_snapshot import code_snapshot
+    from scripts.azure_ml.code_snapshot import code_snapshot
 
     client = workspace_client(subscription_id, resource_group, workspace)
     try:
@@ -288,12 +288,12 @@ def batch(
     check_workspace_ids(subscription_id, resource_group, workspace)
     job = build_batch(names, data, compute, backend, data_type)
     if dry_run:
-        from scripts.submit import job_yaml
+        from scripts.azure_ml.jobs import job_yaml
 
         text = job_yaml(job)
         print(text, end="")
         return text
-    from scripts.code_snapshot import code_snapshot
+    from scripts.azure_ml.code_snapshot import code_snapshot
 
     client = workspace_client(subscription_id, resource_group, workspace)
     with code_snapshot(Path.cwd()) as code:
@@ -309,7 +309,7 @@ def main(args: list[str] | None = None) -> None:
 
     from jsonargparse import ArgumentError, auto_cli
 
-    from scripts.submit import argument_error_line
+    from scripts.training.cli_errors import argument_error_line
 
     logging.getLogger("azure.ai.ml._utils._experimental").setLevel(logging.ERROR)
     try:

@@ -14,7 +14,6 @@ The file lands next to the checkpoint (`best.ckpt` -> `best.onnx`) unless `--out
 from __future__ import annotations
 
 import importlib
-import itertools
 import sys
 from pathlib import Path
 
@@ -25,12 +24,7 @@ from datamodules.base import ClassificationDataModule
 from datamodules.errors import DataError
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.transfer_net import skip_pretrained_weights
-
-TOLERANCE = 1e-4  # float32 kernels of ONNX Runtime and PyTorch differ around 1e-6 on these nets
-
-
-class ExportError(Exception):
-    """A bad checkpoint, output path or export; the message names the file and what to do."""
+from scripts.serving.mlflow_model import ExportError, test_inputs, write_onnx
 
 
 def load(checkpoint: Path) -> tuple[ClassificationModule, ClassificationDataModule]:
@@ -60,68 +54,6 @@ def load(checkpoint: Path) -> tuple[ClassificationModule, ClassificationDataModu
     # LightningDataModule's own classmethod builds the class the checkpoint names (a subclass's would build itself).
     datamodule = L.LightningDataModule.load_from_checkpoint(checkpoint)
     return model, datamodule
-
-
-def test_inputs(datamodule: ClassificationDataModule, batches: int) -> list[torch.Tensor]:
-    """The network's inputs of the first `batches` test batches, after the hooks a Trainer would run."""
-    datamodule.prepare_data()
-    datamodule.setup("test")
-    inputs = []
-    for batch in itertools.islice(datamodule.test_dataloader(), batches):
-        batch = datamodule.on_after_batch_transfer(datamodule.on_before_batch_transfer(batch, 0), 0)
-        inputs.append(batch[0])
-    if not inputs:
-        raise DataError(f"{type(datamodule).__name__}: the test split is empty; nothing to check the export on")
-    return inputs
-
-
-def write_onnx(network: torch.nn.Module, inputs: list[torch.Tensor], target: Path, opset: int = 18) -> float:
-    """Writes `network` (in eval mode) as ONNX at `target` and returns the largest |onnx - torch| over `inputs` and a
-    batch of another size; raises ExportError above TOLERANCE, leaving an earlier file at `target` in place. Used by
-    `export` and by scripts.tracking.save_model (the ONNX file of a registered model)."""
-    import onnxruntime
-
-    example = inputs[0]
-    if len(example) < 2:
-        example = torch.cat([example, example])  # torch.export takes a size-1 dimension for a constant
-    # Another batch size than the exported one: ONNX Runtime rejects it unless the batch axis is dynamic.
-    inputs = [*inputs, example[: len(example) // 2]]
-    # The dynamo exporter (torch.export + onnxscript, the default since torch 2.9) handles every network here
-    # with onnxscript 0.7.2; the TorchScript one (dynamo=False) works too but is deprecated. Weights stay
-    # inside the one file (external_data=False: the nets are far below ONNX's 2 GB limit). Written beside the
-    # target first, so a failed export or check leaves an earlier good file in place.
-    part = target.with_name(target.name + ".part")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        torch.onnx.export(
-            network,
-            (example,),
-            part,
-            input_names=["input"],
-            output_names=["logits"],
-            dynamic_shapes=({0: torch.export.Dim("batch")},),
-            opset_version=opset,
-            external_data=False,
-            dynamo=True,
-            verbose=False,
-        )
-        session = onnxruntime.InferenceSession(part, providers=["CPUExecutionProvider"])
-        differences = []
-        with torch.no_grad():
-            for batch in inputs:
-                (logits,) = session.run(["logits"], {"input": batch.numpy()})
-                differences.append((torch.from_numpy(logits) - network(batch)).abs().max())
-        difference = torch.stack(differences).max().item()  # torch's max keeps a NaN, Python's may drop it
-        sizes = ", ".join(str(len(batch)) for batch in inputs)
-        if not difference <= TOLERANCE:  # `not <=` so that NaN fails too
-            raise ExportError(
-                f"{target}: ONNX Runtime's logits differ from PyTorch's by {difference:.1e} > {TOLERANCE:.0e} "
-                f"(batch sizes {sizes}); nothing written. Try another --opset"
-            )
-        part.replace(target)
-    finally:
-        part.unlink(missing_ok=True)
-    return difference
 
 
 def export(checkpoint: str, output: str | None = None, batches: int = 1, opset: int = 18) -> float:

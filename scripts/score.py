@@ -8,15 +8,17 @@ one request. Azure ML's inference server runs it, locally (`make serve`) and in 
     python -m scripts.score MODEL_DIR photos/ > predictions.csv    # the same code over a folder or a CSV, in batches
 
 The model is a folder in `AZUREML_MODEL_DIR` (Azure ML mounts the deployment's registered model there; `make serve`
-downloads or converts one): the MLflow model `--register_model` writes (scripts/tracking.py save_model): the network
+downloads or converts one): the MLflow model `--register_model` writes (scripts/serving/mlflow_model.py): the network
 as torch.export's program (`data/model.pt2`), the same network as ONNX (`onnx/model.onnx`), and in its metadata the
-class names and `inputs`, the datamodule's preprocessing with the statistics it needs (penguin scaling and training
-ranges, the image size). The preprocessing is the datamodules' own functions, so an answer is what
-`python -m scripts.train predict` prints for the same input (tested).
+class names and `inputs`: how a request is read (`kind`: rows or images), the datamodule class whose
+`serving_batch` preprocesses it and the values that needs (penguin scaling and training ranges, the image size).
+Nothing here knows a task: any ClassificationDataModule with a serving_kind serves (datamodules/base.py), and an
+answer is what `python -m scripts.train predict` prints for the same input (tested).
 
 Requests (POST /score):
-- penguins: JSON, one row as an object or several as a list of objects, in either CSV schema's column names
-  (island, bill_length_mm, ... or Island, CulmenLength, ...); or a CSV body (Content-Type: text/csv).
+- rows (penguins): JSON, one row as an object or several as a list of objects, in the datamodule's column names
+  (penguins: either CSV schema's, island, bill_length_mm, ... or Island, CulmenLength, ...); or a CSV body
+  (Content-Type: text/csv).
 - images (MNIST digits, birds): files in a multipart form (`curl -F image=@a.jpg`), the bytes of one image as the
   body (Content-Type: image/jpeg, image/png, application/octet-stream), or JSON `{"images": [BASE64, ...]}` (or
   `{"image": BASE64}`).
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import importlib
 import io
 import json
 import logging
@@ -46,18 +49,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from datamodules.birds import BirdsDataModule, eval_transform, normalize_images  # noqa: E402
+from datamodules.base import ClassificationDataModule  # noqa: E402
 from datamodules.errors import DataError  # noqa: E402
-from datamodules.image_folder import decode  # noqa: E402
-from datamodules.mnist import MNISTDataModule, normalize_digits, to_digit  # noqa: E402
-from datamodules.penguins import (  # noqa: E402
-    FEATURES,
-    SCHEMAS,
-    PenguinDataModule,
-    check_ranges,
-    penguin_table,
-    scale_features,
-)
 
 try:  # the inference server's own request and response types: present where it runs (.venv-serve, Azure ML)
     from azureml_inference_server_http.api.aml_request import rawhttp
@@ -70,15 +63,14 @@ except ImportError:  # used as a library: batch scoring, tests
 
 
 BACKENDS = ("onnxruntime", "torch")
-DEFAULT_BACKEND = "onnxruntime"  # its networks ran 3-10x faster on CPUs (README, Measured; scripts/bench_serve.py)
-MAX_ROWS = int(os.environ.get("SCORE_MAX_ROWS", "1000"))  # penguin rows in one request
+DEFAULT_BACKEND = "onnxruntime"  # its networks ran 3-10x faster on CPUs (README, Measured; scripts/bench/serve.py)
+MAX_ROWS = int(os.environ.get("SCORE_MAX_ROWS", "1000"))  # table rows in one request
 MAX_IMAGES = int(os.environ.get("SCORE_MAX_IMAGES", "32"))  # images in one request
 MAX_IMAGE_BYTES = int(os.environ.get("SCORE_MAX_IMAGE_BYTES", str(10 * 2**20)))  # one encoded image
 MAX_IMAGE_PIXELS = int(os.environ.get("SCORE_MAX_IMAGE_PIXELS", str(40_000_000)))  # one decoded image (40 MP)
 MAX_BODY_BYTES = MAX_IMAGES * MAX_IMAGE_BYTES * 4 // 3 + 2**20  # the largest request that could be valid (base64)
 IMAGE_TYPES = ("image/", "application/octet-stream")
 FORM = "application/x-www-form-urlencoded"  # what `curl -d` and `--data-binary` send unless told: taken as the body
-FEATURE_COLUMNS = {column for schema in SCHEMAS.values() for name, column in schema.items() if name in FEATURES}
 
 logger = logging.getLogger("azmlinfsrv.score")  # the server's logger: its lines land in the endpoint's logs
 model: Model | None = None
@@ -113,8 +105,8 @@ class Model:
                 f"{folder}: its MLmodel metadata has no class_names or no inputs of a known kind ({', '.join(KINDS)}); "
                 "serve a model that `fit --register_model` (or scripts.serve from a checkpoint) saved"
             )
-        if self.inputs["kind"] == "penguins":
-            self.seen = {key: torch.tensor(value, dtype=torch.float32) for key, value in self.inputs["seen"].items()}
+        self.kind, self.state = self.inputs["kind"], self.inputs.get("state") or {}
+        self.datamodule = datamodule_class(folder, self.inputs.get("datamodule"))
         # Threads of one request's computation (0: the library's default, one per core). Several server workers on
         # few cores want fewer: torch's OpenMP threads slow down sharply when the cores are busy (README, Measured).
         threads = int(os.environ.get("SCORE_THREADS", "0"))
@@ -139,6 +131,13 @@ class Model:
         with torch.inference_mode():
             return self.program(inputs)
 
+    def preprocess(self, inputs, names: list[str]) -> torch.Tensor:
+        """The datamodule's own preprocessing of raw inputs (a DataFrame of rows, or encoded images)."""
+        try:
+            return self.datamodule.serving_batch(self.state, inputs, names)
+        except DataError as error:
+            raise RequestError(str(error)) from None
+
     def predict(self, inputs: torch.Tensor, names: list[str]) -> list[dict]:
         probabilities = torch.softmax(self.logits(inputs).float(), dim=1)
         answers = []
@@ -157,30 +156,33 @@ class Model:
     def describe(self) -> dict:
         return {
             "classes": self.class_names,
-            "inputs": self.inputs["kind"],
+            "inputs": self.kind,
+            "datamodule": self.inputs["datamodule"],
             "backend": self.backend,
-            "accepts": KINDS[self.inputs["kind"]],
+            "accepts": KINDS[self.kind],
         }
 
 
 KINDS = {
-    "penguins": "JSON rows (an object or a list of objects) in either CSV schema's column names, or a text/csv body",
-    "digits": "images: multipart files, one image as the body, or JSON {'images': [base64, ...]}",
+    "rows": "JSON rows (an object or a list of objects) in the data's column names, or a text/csv body",
     "images": "images: multipart files, one image as the body, or JSON {'images': [base64, ...]}",
 }
 
 
-def serving_inputs(datamodule) -> dict | None:
-    """What `Model` needs to preprocess inputs as `datamodule` does (the `inputs` of the saved model's metadata), or
-    None for a datamodule this script does not know (the model is saved all the same, and cannot be served)."""
-    if isinstance(datamodule, PenguinDataModule):
-        seen = {key: value.tolist() for key, value in datamodule.seen.items()}  # float32 values, exact as floats
-        return {"kind": "penguins", "preprocessing": datamodule.hparams.preprocessing, "seen": seen}
-    if isinstance(datamodule, MNISTDataModule):
-        return {"kind": "digits"}
-    if isinstance(datamodule, BirdsDataModule):
-        return {"kind": "images", "image_size": datamodule.hparams.image_size}
-    return None
+def datamodule_class(folder: Path, path: str | None) -> type[ClassificationDataModule]:
+    """The datamodule class the model's metadata names, whose `serving_batch` preprocesses requests."""
+    module, _, name = (path or "").rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), name, None) if module else None
+    except ImportError as error:
+        raise ModelError(f"{folder}: its datamodule {path} cannot be imported ({error}); serve it with its code") \
+            from None
+    if not (isinstance(found, type) and issubclass(found, ClassificationDataModule)):
+        raise ModelError(
+            f"{folder}: its metadata names no ClassificationDataModule ({path!r}); save the model again with "
+            "`fit --register_model` or scripts.serve from a checkpoint"
+        )
+    return found
 
 
 def model_folder(root: Path) -> Path:
@@ -205,7 +207,7 @@ def init() -> None:
     if not root:
         raise ModelError("AZUREML_MODEL_DIR is not set: give the server --model_dir (make serve does)")
     model = load_model(root)
-    logger.info("serving %s (%s) with %s", model.folder, model.inputs["kind"], model.backend)
+    logger.info("serving %s (%s) with %s", model.folder, model.kind, model.backend)
 
 
 @rawhttp
@@ -234,13 +236,13 @@ def read_request(model: Model, request) -> tuple[torch.Tensor, list[str]]:
     length = request.content_length
     if length is not None and length > MAX_BODY_BYTES:
         raise RequestError(f"request body of {length} bytes is too large; send at most {MAX_BODY_BYTES}", 413)
-    kind, mimetype = model.inputs["kind"], (request.mimetype or "").lower()
-    if kind == "penguins":
+    mimetype = (request.mimetype or "").lower()
+    if model.kind == "rows":
         if mimetype in ("text/csv", "application/csv"):
-            return penguin_inputs(model, csv_rows(body_of(request)), lambda i: f"line {i + 2}")
+            return row_inputs(model, csv_rows(body_of(request)), lambda i: f"line {i + 2}")
         if mimetype not in ("application/json", "", FORM):
-            raise RequestError(f"Content-Type {mimetype}: send penguin rows as application/json (or text/csv)", 415)
-        return penguin_inputs(model, json_rows(body_of(request)), lambda i: f"row {i + 1}")
+            raise RequestError(f"Content-Type {mimetype}: send rows as application/json (or text/csv)", 415)
+        return row_inputs(model, json_rows(body_of(request)), lambda i: f"row {i + 1}")
     if mimetype == "multipart/form-data":
         files = [(file.filename or field, file.read()) for field, file in request.files.items(multi=True)]
         if not files:
@@ -257,7 +259,7 @@ def read_request(model: Model, request) -> tuple[torch.Tensor, list[str]]:
 def body_of(request) -> bytes:
     body = request.get_data(cache=False)
     if not body:
-        raise RequestError("empty request body: send the input (penguin rows as JSON, or images)")
+        raise RequestError("empty request body: send the input (rows as JSON or CSV, or images)")
     return body
 
 
@@ -268,7 +270,7 @@ def json_rows(body: bytes) -> list[dict]:
         raise RequestError(f"request body is not valid JSON ({error})") from None
     rows = [rows] if isinstance(rows, dict) else rows
     if not isinstance(rows, list) or not rows or not all(isinstance(row, dict) for row in rows):
-        raise RequestError("send one penguin as a JSON object, or several as a non-empty list of objects")
+        raise RequestError("send one row as a JSON object, or several as a non-empty list of objects")
     return rows
 
 
@@ -281,30 +283,16 @@ def csv_rows(body: bytes):
         raise RequestError(f"request body is not a readable CSV ({error})") from None
 
 
-def penguin_inputs(model: Model, rows, row_name, max_rows: int = MAX_ROWS) -> tuple[torch.Tensor, list[str]]:
-    """Rows (JSON objects or a CSV's DataFrame) through the penguin datamodule's own reading, range check and scaling;
-    a row with a value missing is refused rather than dropped, so that every answer has its row."""
+def row_inputs(model: Model, rows, row_name, max_rows: int = MAX_ROWS) -> tuple[torch.Tensor, list[str]]:
+    """Rows (JSON objects or a CSV's DataFrame) through the datamodule's own reading, checks and scaling; `row_name(i)`
+    names the row of index i in messages and answers."""
     import pandas as pd
 
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame.from_records(rows)
     if len(frame) > max_rows:
         raise RequestError(f"{len(frame)} rows in one request; send at most {max_rows}", 413)
-    # read_penguins drops incomplete rows; a request gets an answer for every row, or a message naming the gap.
-    known = [column for column in frame.columns if column in FEATURE_COLUMNS]
-    gaps = frame[known].isna()
-    if gaps.to_numpy().any():
-        index = gaps.any(axis=1).idxmax()
-        missing = ", ".join(column for column in known if gaps.loc[index, column])
-        raise RequestError(f"request: {row_name(index)} has no value for {missing}; give every column")
-    try:
-        table = penguin_table(frame, "request", need_species=False, row_name=row_name)
-        columns = table.attrs["columns"]
-        raw = torch.tensor(table[list(FEATURES)].to_numpy(dtype="float32"))
-        names = [row_name(index) for index in table.index]
-        check_ranges(raw, model.seen, "request", names, columns)
-    except DataError as error:
-        raise RequestError(str(error)) from None
-    return scale_features(raw, model.seen, model.inputs["preprocessing"]), names
+    names = [row_name(index) for index in frame.index]
+    return model.preprocess(frame, names), names
 
 
 def json_images(body: bytes) -> list[tuple[str, bytes]]:
@@ -330,20 +318,14 @@ def json_images(body: bytes) -> list[tuple[str, bytes]]:
 def image_inputs(
     model: Model, files: list[tuple[str, bytes]], max_images: int = MAX_IMAGES
 ) -> tuple[torch.Tensor, list[str]]:
-    """Encoded images through the datamodule's own decoding, resizing and normalisation."""
+    """Encoded images, each checked for size before it is decoded, through the datamodule's own decoding, resizing and
+    normalisation."""
     if len(files) > max_images:
         raise RequestError(f"{len(files)} images in one request; send at most {max_images}", 413)
-    digits = model.inputs["kind"] == "digits"
-    transform = None if digits else eval_transform(model.inputs["image_size"])
-    images = []
     for name, data in files:
         check_image_size(name, data)
-        image, reason = decode(data, grey=digits)
-        if image is None:
-            raise RequestError(f"{name}: not a readable image ({reason}); send a JPEG, PNG or WebP file")
-        images.append(to_digit(image) if digits else transform(image))
-    batch = torch.stack(images)
-    return (normalize_digits(batch.float() / 255) if digits else normalize_images(batch)), [name for name, _ in files]
+    names = [name for name, _ in files]
+    return model.preprocess([data for _, data in files], names), names
 
 
 def check_image_size(name: str, data: bytes) -> None:
@@ -368,15 +350,15 @@ def check_image_size(name: str, data: bytes) -> None:
 
 
 def score_files(model: Model, source: Path, chunk: int) -> list[dict]:
-    """Batch scoring of a CSV of penguins or a folder (or file) of images, `chunk` inputs at a time."""
-    if model.inputs["kind"] == "penguins":
+    """Batch scoring of a CSV of rows or a folder (or file) of images, `chunk` inputs at a time."""
+    if model.kind == "rows":
         import pandas as pd
 
         frame = pd.read_csv(source)
         answers = []
         for start in range(0, len(frame), chunk):
             part = frame.iloc[start : start + chunk]
-            inputs, names = penguin_inputs(model, part, lambda i: f"line {i + 2}", chunk)
+            inputs, names = row_inputs(model, part, lambda i: f"line {i + 2}", chunk)
             answers += model.predict(inputs, names)
         return answers
     files = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
@@ -404,7 +386,7 @@ def main(args: list[str] | None = None) -> None:
         if not source.exists():
             raise ModelError(f"{source}: no such file or folder; give a CSV of penguins or a folder of images")
         loaded = load_model(options.model_dir, options.backend)
-        chunk = options.chunk or (MAX_ROWS if loaded.inputs["kind"] == "penguins" else MAX_IMAGES)
+        chunk = options.chunk or (MAX_ROWS if loaded.kind == "rows" else MAX_IMAGES)
         answers = score_files(loaded, source, max(1, chunk))
     except (ModelError, RequestError, DataError, OSError) as error:
         sys.exit(f"error: {error}")

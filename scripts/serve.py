@@ -8,7 +8,7 @@ runs it: the scoring script scripts/score.py under azmlinfsrv, on http://127.0.0
 The model becomes a folder under outputs/serving/ (a registered version downloaded; a checkpoint saved as
 `--register_model` saves it: pt2 program, ONNX, class names and preprocessing) and the server gets it as
 AZUREML_MODEL_DIR, what Azure ML mounts in a deployment. The server runs in its own environment, .venv-serve (`make
-serve-env`, pinned in scripts/serve_environment.yml, which is also the deployment's): azureml-inference-server-http
+serve-env`, pinned in scripts/serving/environment.yml, which is also the deployment's): azureml-inference-server-http
 pins pydantic and OpenTelemetry versions that the training environment's MLflow and Azure packages are past. Ctrl-C
 stops it. Mistakes (a model that is not there, no .venv-serve, a bad option) are one line and exit 1.
 """
@@ -72,13 +72,12 @@ def download(uri: str, target: Path) -> Path:
 
 
 def from_checkpoint(checkpoint: Path, target: Path) -> Path:
-    """The checkpoint saved as a registered model would be (scripts.tracking.save_model) in `target`; kept while it
+    """The checkpoint saved as a registered model would be (scripts/serving/mlflow_model.py) in `target`; kept while it
     is newer than the checkpoint."""
     import torch
 
-    from scripts.export import ExportError, load
-    from scripts.score import serving_inputs
-    from scripts.tracking import save_model
+    from scripts.export import load
+    from scripts.serving.mlflow_model import ExportError, save_model, serving_inputs, test_inputs
 
     if (target / "MLmodel").is_file() and (target / "MLmodel").stat().st_mtime > checkpoint.stat().st_mtime:
         return target
@@ -89,12 +88,13 @@ def from_checkpoint(checkpoint: Path, target: Path) -> Path:
     inputs = serving_inputs(datamodule)
     if inputs is None:
         raise ServeError(
-            f"{checkpoint}: scripts/score.py does not know the preprocessing of {type(datamodule).__name__}; "
-            "add it to serving_inputs and the request readers there"
+            f"{checkpoint}: {type(datamodule).__name__} has no serving_kind; give it serving_kind, serving_state "
+            "and serving_batch (datamodules/base.py says how)"
         )
-    size = inputs.get("image_size")
-    shape = {"penguins": (5,), "digits": (1, 28, 28), "images": (3, size, size)}[inputs["kind"]]
-    example = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))  # torch.export needs shapes alone
+    if module.input_shape is not None:  # torch.export needs shapes alone
+        example = torch.randn(2, *module.input_shape, generator=torch.Generator().manual_seed(0))
+    else:  # a checkpoint that does not say: the shape of a test batch of its data
+        example = test_inputs(datamodule, batches=1)[0]
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as part:
         save_model(module.network, example, module.class_names, Path(part) / "model", inputs)
         shutil.rmtree(target, ignore_errors=True)
@@ -131,7 +131,7 @@ def server_command(
     folder: Path, port: int, workers: int, host: str, python: Path = SERVE_VENV / "bin" / "python"
 ) -> list[str]:
     return [
-        str(python), "-m", "scripts.inference_server", "--host", host, "--entry_script", "scripts/score.py",
+        str(python), "-m", "scripts.serving.inference_server", "--host", host, "--entry_script", "scripts/score.py",
         "--model_dir", str(folder.resolve()), "--port", str(port), "--worker_count", str(workers),
     ]  # fmt: skip
 
@@ -180,7 +180,7 @@ def main(args: list[str] | None = None) -> None:
     try:
         auto_cli(serve, args=args, as_positional=True, exit_on_error=False)
     except ArgumentError as error:
-        from scripts.submit import argument_error_line
+        from scripts.training.cli_errors import argument_error_line
 
         sys.exit(f"error: {argument_error_line(str(error))} (python -m scripts.serve --help lists the options)")
     except ServeError as error:

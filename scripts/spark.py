@@ -107,7 +107,8 @@ def resolve_trainer(args: list[str]) -> Namespace:
 
     from jsonargparse import ArgumentError
 
-    from scripts.train import USER_ERRORS, TemplateCLI, cli_main, config_error_line
+    from scripts.training.cli import USER_ERRORS, TemplateCLI, cli_main
+    from scripts.training.cli_errors import config_error_line
 
     class Parsed(Exception):
         def __init__(self, config) -> None:

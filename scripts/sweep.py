@@ -6,7 +6,7 @@
 
 Every trial is `python -m scripts.train fit --config <task> <fixed options> <the trial's values> --seed_everything
 <sweep seed + trial number>` in its own process, so a crash, a NaN or an out-of-memory ends that trial alone; the
-data split (the datamodule's own seed) is the same for all. scripts.sweep_trial's callback in the fit reports the
+data split (the datamodule's own seed) is the same for all. scripts.sweeps.trial's callback in the fit reports the
 objective every epoch and stops the trial when the pruner says so. The study lives in outputs/sweeps/optuna.db
 (sqlite; --storage names a database server instead): the same command resumes a stopped sweep, a trial it stopped
 runs again from its last checkpoint in the same MLflow run, and two processes started on the same study share its
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import yaml
 
-from scripts.sweep_runs import child_run, experiment_id, log_values, mark, parent_run, tag_best, tracking_store
-from scripts.sweep_space import (
+from scripts.sweeps.records import child_run, experiment_id, log_values, mark, parent_run, tag_best, tracking_store
+from scripts.sweeps.space import (
     Param,
     Sweep,
     SweepError,
@@ -131,7 +131,7 @@ class Runner:
     def objective(self, trial) -> float:
         import optuna
 
-        from scripts.sweep_trial import PRUNED_AT, TRIAL_ID
+        from scripts.sweeps.trial import PRUNED_AT, TRIAL_ID
 
         values = suggest(trial, self.sweep.params, self.sweep.algorithm == "grid")
         frozen = self.storage.get_trial(self.trial_id(trial))
@@ -153,7 +153,7 @@ class Runner:
         log_values(self.client, run_id, values)
         seed = self.sweep.seed + original
         callback = {
-            "class_path": "scripts.sweep_trial.SweepTrial",
+            "class_path": "scripts.sweeps.trial.SweepTrial",
             "init_args": {
                 "storage": self.storage_url, "study_name": self.study.study_name, "sweep_file": self.sweep.path,
                 "metric": self.sweep.metric,
@@ -239,7 +239,7 @@ class Runner:
         """Trials left RUNNING by a process of this host that is gone (SIGKILL, a crash) fail and queue again."""
         import optuna
 
-        from scripts.tracking import process_alive
+        from scripts.training.tracking import process_alive
 
         host = socket.gethostname()
         study_id = self.storage.get_study_id_from_name(self.study.study_name)
@@ -337,7 +337,7 @@ def write_best(runner: Runner, best) -> Path:
 
 def connect(storage_url: str):
     """The study database (with the sweep processes' heartbeat), or one line saying why it cannot be opened."""
-    from scripts.sweep_trial import open_storage
+    from scripts.sweeps.trial import open_storage
 
     try:
         return open_storage(storage_url, heartbeat=True)
@@ -352,7 +352,7 @@ def open_study(sweep: Sweep, study_name: str, storage, folder: Path):
     import optuna
     from filelock import FileLock
 
-    from scripts.sweep_trial import make_pruner
+    from scripts.sweeps.trial import make_pruner
 
     with FileLock(str(folder / "study.lock")):
         study = optuna.create_study(study_name=study_name, storage=storage, direction=sweep.goal, load_if_exists=True)
@@ -406,7 +406,7 @@ def sweep(
     storage_url = storage or f"sqlite:///{outputs_path / SWEEPS / 'optuna.db'}"
     from mlflow import MlflowClient
 
-    from scripts.submit import experiment_of
+    from scripts.azure_ml.jobs import experiment_of
 
     tracking_uri, artifact_location = tracking_store(outputs_path)
     experiment = experiment_id(MlflowClient(tracking_uri), experiment_of(list(spec.configs)), artifact_location)
@@ -476,8 +476,8 @@ def main(args: list[str] | None = None) -> None:
     """A mistake in the sweep file or the command is one line on stderr and exit status 1."""
     from jsonargparse import ArgumentError, auto_cli
 
-    from scripts.submit import argument_error_line
-    from scripts.tracking import TrackingError
+    from scripts.training.cli_errors import argument_error_line
+    from scripts.training.tracking import TrackingError
 
     try:
         status = auto_cli(sweep, args=args, as_positional=True, exit_on_error=False)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from azure.ai.ml._utils._asset_utils import get_content_hash, get_ignore_file, get_upload_files_from_folder
 
-from scripts.code_snapshot import code_snapshot, uploaded_files
+from scripts.azure_ml.code_snapshot import code_snapshot, uploaded_files
 from scripts.submit import submit
 from tests.conftest import REPO
 from tests.fake_azure import FakeAzureML, fake_client

@@ -83,7 +83,7 @@ def test_dry_run_prints_the_endpoint_and_deployment_yaml_that_az_ml_loads_back(t
     assert deployment.code_configuration.scoring_script == "scripts/score.py"
     assert deployment.environment_variables == {"SCORE_BACKEND": "torch", "WORKER_COUNT": "2"}
     assert deployment.request_settings.max_concurrent_requests_per_instance == 2
-    conda = yaml.safe_load((REPO / "scripts/serve_environment.yml").read_text())
+    conda = yaml.safe_load((REPO / "scripts/serving/environment.yml").read_text())
     assert deployment.environment.conda_file == conda  # the environment `make serve` runs
     assert deployment.environment.image == "mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04:latest"
 
@@ -127,7 +127,7 @@ def test_deploy_creates_the_endpoint_then_the_deployment_then_gives_it_all_traff
     assert properties["environmentVariables"] == {"SCORE_BACKEND": "onnxruntime", "WORKER_COUNT": "1"}
     (environment,) = azure.sent("PUT", r"/environments/")
     conda = yaml.safe_load(environment["properties"]["condaFile"])
-    assert conda == yaml.safe_load((REPO / "scripts/serve_environment.yml").read_text())
+    assert conda == yaml.safe_load((REPO / "scripts/serving/environment.yml").read_text())
     out = capsys.readouterr().out
     assert f"deployment blue takes all traffic of {SCORING_URI}" in out
     assert "az ml online-endpoint get-credentials -n penguins" in out
@@ -162,7 +162,7 @@ def test_batch_scoring_is_the_scoring_code_as_a_command_job(tmp_path, capsys):
     assert job.inputs["model"].type == "mlflow_model" and job.inputs["model"].path.endswith("birds-classifier:2")
     assert (job.inputs["data"].type, job.inputs["data"].path) == ("uri_folder", str(tmp_path / "photos"))
     assert job.compute == "cpu-cluster" and job.outputs["predictions"].type == "uri_folder"
-    conda = yaml.safe_load((REPO / "scripts/serve_environment.yml").read_text())
+    conda = yaml.safe_load((REPO / "scripts/serving/environment.yml").read_text())
     assert job.environment.conda_file == conda
     text = batch("penguins-classifier:1", "azureml://datastores/blob/paths/new.csv", "c", dry_run=True)
     assert yaml.safe_load(text)["inputs"]["data"]["type"] == "uri_file"

@@ -28,9 +28,9 @@ def test_installed_versions_match_the_pins():
 
 
 def test_the_serving_environment_pins_every_package_and_shares_the_training_versions():
-    """scripts/serve_environment.yml: .venv-serve (make serve-env) and the Azure ML deployment's conda file."""
+    """scripts/serving/environment.yml: .venv-serve (make serve-env) and the Azure ML deployment's conda file."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    serve = yaml.safe_load((REPO / "scripts" / "serve_environment.yml").read_text())
+    serve = yaml.safe_load((REPO / "scripts" / "serving" / "environment.yml").read_text())
     (pip_section,) = [d["pip"] for d in serve["dependencies"] if isinstance(d, dict)]
     assert "python=3.11" in serve["dependencies"]
     assert all("==" in requirement for requirement in pip_section)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from scripts.score import Model, ModelError, load_model
-from scripts.tracking import save_model
+from scripts.serving.mlflow_model import save_model
 
-INPUTS = {"kind": "digits"}
+INPUTS = {"kind": "images", "datamodule": "datamodules.mnist.MNISTDataModule", "state": {}}
 
 
 def network() -> torch.nn.Module:
@@ -19,7 +19,7 @@ def test_a_network_onnx_cannot_express_is_saved_without_it_and_serves_with_torch
     def refuse(*args, **kwargs):
         raise RuntimeError("an operator ONNX has not")
 
-    monkeypatch.setattr("scripts.export.write_onnx", refuse)
+    monkeypatch.setattr("scripts.serving.mlflow_model.write_onnx", refuse)
     save_model(network(), torch.randn(4, 1, 28, 28), [str(d) for d in range(10)], tmp_path / "1" / "model", INPUTS)
     assert "warning: the model is saved without ONNX (an operator ONNX has not)" in capsys.readouterr().err
     assert not (tmp_path / "1" / "model" / "onnx").exists()

@@ -25,7 +25,7 @@ import torch
 from torchvision.io import write_jpeg, write_png
 
 from scripts.serve import main as serve_main
-from scripts.train import cli_main
+from scripts.training.cli import cli_main
 from tests.conftest import MNIST, REPO, bird_folders, free_port, needs_mnist, run_module
 
 SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
@@ -158,7 +158,7 @@ def test_the_server_listens_on_loopback_only_and_describes_its_model(penguins):
     _, _, servers = penguins
     for backend, server in servers.items():
         assert f"Listening at: http://127.0.0.1:{server.port}" in server.log.read_text()  # not 0.0.0.0, azmlinfsrv's
-        assert (server.card["classes"], server.card["inputs"]) == (["Adelie", "Gentoo", "Chinstrap"], "penguins")
+        assert (server.card["classes"], server.card["inputs"]) == (["Adelie", "Gentoo", "Chinstrap"], "rows")
         assert server.card["backend"] == backend
         assert urllib.request.urlopen(server.url + "/", timeout=10).status == 200  # Azure ML's liveness probe
 
@@ -311,7 +311,7 @@ def test_digit_answers_are_predicts(tmp_path):
                            str(digits))  # fmt: skip
     server = Server(best, tmp_path)
     try:
-        assert server.card["inputs"] == "digits" and server.card["classes"] == [str(d) for d in range(10)]
+        assert server.card["inputs"] == "images" and server.card["classes"] == [str(d) for d in range(10)]
         files = [(Path(name).name, Path(name).read_bytes()) for name in expected]
         status, answer = server.post(*multipart(files))
         assert status == 200

@@ -253,7 +253,7 @@ def test_on_databricks_the_tasks_track_to_its_mlflow_with_the_driver_s_credentia
     from mlflow.utils.credentials import MlflowHostCreds
 
     from scripts.spark import SparkFitError, tracking_environment
-    from scripts.tracking import check_tracking_uri
+    from scripts.training.tracking import check_tracking_uri
 
     monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "18.0")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -262,7 +262,7 @@ def test_on_databricks_the_tasks_track_to_its_mlflow_with_the_driver_s_credentia
 
     def logger(experiment: str) -> Namespace:
         init_args = Namespace(experiment_name=experiment, tracking_uri=None)
-        return Namespace(class_path="scripts.tracking.BufferedMLFlowLogger", init_args=init_args)
+        return Namespace(class_path="scripts.training.tracking.BufferedMLFlowLogger", init_args=init_args)
 
     environment = tracking_environment(logger("/Users/me@example.com/penguins"))
     assert environment["MLFLOW_TRACKING_URI"] == "databricks"

@@ -13,7 +13,8 @@ import pytest
 import requests
 import yaml
 
-from scripts.submit import BASE_IMAGE, GPU_IMAGE, SubmitError, build_job, main, submit, workspace_client
+from scripts.azure_ml.jobs import BASE_IMAGE, GPU_IMAGE, SubmitError, build_job, workspace_client
+from scripts.submit import main, submit
 from tests.conftest import REPO, run_module
 from tests.fake_azure import (
     BLOB_STORE,
@@ -60,7 +61,7 @@ def test_several_processes_run_ddp_with_devices_and_nodes_that_match_the_job(dis
 
 @pytest.fixture
 def horovod_context(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setattr("scripts.submit.HOROVOD_CONTEXT", tmp_path / "horovod-image")  # not this repo's outputs/
+    monkeypatch.setattr("scripts.azure_ml.jobs.HOROVOD_CONTEXT", tmp_path / "horovod-image")  # not this repo's outputs/
     return tmp_path / "horovod-image"
 
 

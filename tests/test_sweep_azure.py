@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from scripts.submit import main, submit
-from scripts.sweep_azure import options_of_trial, search_space_names
-from scripts.sweep_space import load_sweep
+from scripts.sweeps.azure import options_of_trial, search_space_names
+from scripts.sweeps.space import load_sweep
 from tests.conftest import REPO
 from tests.fake_azure import FakeAzureML, fake_client
 
@@ -63,7 +63,7 @@ def test_the_dry_run_yaml_is_a_sweep_job_of_the_files_space_objective_policy_and
 
 @pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")  # pytest's own arguments are in sys.argv
 def test_a_trials_command_with_its_values_is_one_the_training_cli_accepts(tmp_path, capsys):
-    from scripts.train import cli_main, flatten
+    from scripts.training.cli import cli_main, flatten
 
     job, _ = dry_run_job(tmp_path, "configs/penguins.yaml", "cpu-cluster", sweep=PENGUINS_SWEEP)
     drawn = {

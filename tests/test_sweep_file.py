@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from scripts.sweep import main
-from scripts.sweep_space import load_sweep
+from scripts.sweeps.space import load_sweep
 from tests.conftest import REPO
 
 LR = "model.optimizer.init_args.lr"
@@ -144,7 +144,7 @@ def test_an_objective_the_module_does_not_log_is_one_line_before_any_trial(tmp_p
 
 
 def test_the_shipped_sweep_files_are_valid_and_their_options_exist():
-    from scripts.sweep_space import check_options
+    from scripts.sweeps.space import check_options
 
     for task in ("penguins", "mnist", "birds"):
         sweep = load_sweep(f"configs/sweeps/{task}.yaml")

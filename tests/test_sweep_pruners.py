@@ -6,8 +6,8 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from scripts.sweep_space import Termination
-from scripts.sweep_trial import BanditPruner, make_pruner
+from scripts.sweeps.space import Termination
+from scripts.sweeps.trial import BanditPruner, make_pruner
 
 
 def study_with(direction: str, finished: list[list[float]], pruner) -> optuna.Study:

@@ -8,7 +8,7 @@ import torch
 from mlflow import MlflowClient
 from torch.utils.data import DataLoader, TensorDataset
 
-from scripts.tracking import BufferedMLFlowLogger
+from scripts.training.tracking import BufferedMLFlowLogger
 
 
 @pytest.fixture

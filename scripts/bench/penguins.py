@@ -1,6 +1,6 @@
 """The penguin recipe (100 epochs, batch 20, Adam 1e-3) timed side by side, per epoch:
 
-    python -m scripts.bench_penguins [--epochs 100]
+    python -m scripts.bench.penguins [--epochs 100]
 
 - plain:    a bare PyTorch loop over the tensors, computing the same epoch metrics (the floor);
 - course:   the Microsoft Learn course's loop, DataLoader(num_workers=1), training and testing each epoch;
@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from datamodules.penguins import PenguinDataModule
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.penguin_net import PenguinNet
-from scripts.train import TemplateCLI, cli_main
+from scripts.training.cli import TemplateCLI, cli_main
 
 BATCH = 20
 

@@ -1,10 +1,10 @@
 """The birds image pipeline timed side by side, on CUDA when there is one, else the CPU:
 
-    python -m scripts.bench_birds [--backbone efficientnet_lite0] [--batch-size 16] [--batches 8] [--image-size 224]
+    python -m scripts.bench.birds [--backbone efficientnet_lite0] [--batch-size 16] [--batches 8] [--image-size 224]
         [--num-workers 2] [--precision 32-true|bf16-mixed] [--channels-last] [--images 64] [--repeats 1]
 
 e.g. the GPU target (pipeline >= 0.9x synthetic):
-    python -m scripts.bench_birds --backbone resnet50 --precision bf16-mixed --channels-last --batch-size 128 \\
+    python -m scripts.bench.birds --backbone resnet50 --precision bf16-mixed --channels-last --batch-size 128 \\
         --batches 20 --images 1280 --num-workers 14
 
 Over a temporary folder of synthetic photo-like JPEGs (500x375, `train/` and `val/` of `chickens/` and
@@ -36,7 +36,7 @@ from torch import nn
 from datamodules.birds import BirdsDataModule, ImageFiles
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.transfer_net import TransferNet
-from scripts.throughput import EpochThroughput
+from scripts.training.throughput import EpochThroughput
 
 CLASSES = ("chickens", "turkeys")
 WIDTH, HEIGHT = 500, 375  # the size of the Azure ML tutorial's fowl photos

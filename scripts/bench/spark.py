@@ -1,6 +1,6 @@
 """What the fit costs on Spark against torchrun, for the same 2 DDP processes on this machine, side by side:
 
-    python -m scripts.bench_spark [--epochs 30] [--rounds 2] [--master "local-cluster[2,1,1024]"]
+    python -m scripts.bench.spark [--epochs 30] [--rounds 2] [--master "local-cluster[2,1,1024]"]
 
 Each runs the penguin recipe (batch 20 per process) as a user would, in rounds that alternate them:
 - torchrun: `torchrun --standalone --nproc_per_node 2 -m scripts.train fit ... --trainer.devices 2`;

@@ -1,6 +1,6 @@
 """A sweep measured against the config it searches around, in one run on this machine:
 
-    python -m scripts.bench_sweep [--sweep configs/sweeps/penguins.yaml]
+    python -m scripts.bench.sweep [--sweep configs/sweeps/penguins.yaml]
 
 1. the task's default config, trained once as `make train` does (the reference: its wall time, and the validation
    accuracy and loss at the epoch of its best checkpoint, the lowest val_loss);
@@ -50,7 +50,7 @@ def main() -> None:
     import optuna
     from mlflow import MlflowClient
 
-    from scripts.sweep_space import load_sweep
+    from scripts.sweeps.space import load_sweep
 
     sweep = load_sweep(args.sweep)
     configs = [item for config in sweep.configs for item in ("--config", config)]

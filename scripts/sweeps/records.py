@@ -15,13 +15,13 @@ import contextlib
 import os
 from pathlib import Path
 
-from scripts.sweep_space import Sweep, cli_value
+from scripts.sweeps.space import Sweep, cli_value
 
 
 def tracking_store(outputs: Path) -> tuple[str, str | None]:
     """The tracking URI trials log to (MLFLOW_TRACKING_URI, checked, or outputs/mlflow.db) and the artifact location of
     an experiment created in the local store (where scripts.train puts it)."""
-    from scripts.tracking import check_tracking_uri, credentials_out_of_uri
+    from scripts.training.tracking import check_tracking_uri, credentials_out_of_uri
 
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
@@ -29,7 +29,7 @@ def tracking_store(outputs: Path) -> tuple[str, str | None]:
         os.environ["MLFLOW_TRACKING_URI"] = uri
         check_tracking_uri(uri, "MLFLOW_TRACKING_URI")
         return uri, None
-    from scripts.train import open_sqlite_store
+    from scripts.training.tracking import open_sqlite_store
 
     uri = f"sqlite:///{outputs / 'mlflow.db'}"
     open_sqlite_store(uri)

@@ -338,7 +338,8 @@ def check_options(sweep: Sweep, configs: list[str] | None = None) -> None:
     SweepError naming the first that does not. Imports Lightning (a few seconds, once)."""
     from jsonargparse import ArgumentError
 
-    from scripts.train import cli_main, config_error_line, flatten
+    from scripts.training.cli import cli_main, flatten
+    from scripts.training.cli_errors import config_error_line
 
     configs = list(configs or sweep.configs)
     base = ["fit", *(item for config in configs for item in ("--config", config))]
@@ -390,7 +391,7 @@ def check_metric(sweep: Sweep, outputs: Path) -> None:
     first = {param.option: param.representatives()[0] for param in sweep.params}
     with tempfile.TemporaryDirectory(dir=outputs, prefix=".sweep-check-") as folder:
         names = Path(folder) / "metrics.txt"
-        callback = {"class_path": "scripts.sweep_trial.MetricNames", "init_args": {"path": str(names)}}
+        callback = {"class_path": "scripts.sweeps.trial.MetricNames", "init_args": {"path": str(names)}}
         args = [
             "fit", *(item for config in sweep.configs for item in ("--config", config)),
             *option_args({**sweep.fixed, **first}),

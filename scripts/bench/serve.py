@@ -1,8 +1,8 @@
 """Requests per second and p50 / p99 latency of the local inference server (azmlinfsrv running scripts/score.py, as
 `make serve` runs it), PyTorch's pt2 program against ONNX Runtime, side by side in one run.
 
-    python -m scripts.bench_serve                       # make bench-serve
-    python -m scripts.bench_serve --requests 400 --rounds 5 --workers 2
+    python -m scripts.bench.serve                       # make bench-serve
+    python -m scripts.bench.serve --requests 400 --rounds 5 --workers 2
 
 Three requests: one penguin row, a batch of 100 rows, one bird photo (a 500x375 JPEG, efficientnet_lite0 at 224 px).
 The networks are untrained (time does not depend on the weights), saved as `--register_model` saves a model. Every
@@ -30,7 +30,7 @@ import torch
 
 from scripts.score import BACKENDS
 from scripts.serve import SERVE_VENV, server_command
-from scripts.tracking import save_model
+from scripts.serving.mlflow_model import save_model
 
 PENGUIN = {"island": "Biscoe", "bill_length_mm": 50.4, "bill_depth_mm": 15.3, "flipper_length_mm": 200}
 PENGUIN["body_mass_g"] = 5000

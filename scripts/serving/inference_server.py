@@ -1,6 +1,6 @@
 """Azure ML's inference server (`azmlinfsrv`, PyPI's azureml-inference-server-http) listening on one address.
 
-    .venv-serve/bin/python -m scripts.inference_server --host 127.0.0.1 --entry_script scripts/score.py \\
+    .venv-serve/bin/python -m scripts.serving.inference_server --host 127.0.0.1 --entry_script scripts/score.py \\
         --model_dir outputs/serving/penguins-classifier-1 --port 5001
 
 Runs in the serving environment (.venv-serve, `make serve-env`); `make serve` / `python -m scripts.serve` start it.
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     from azureml_inference_server_http import amlserver
 
     if not hasattr(amlserver, "DEFAULT_HOST"):
-        sys.exit("error: azureml-inference-server-http has no DEFAULT_HOST: install scripts/serve_environment.yml's")
+        sys.exit("error: azureml-inference-server-http has no DEFAULT_HOST: install scripts/serving/environment.yml's")
     amlserver.DEFAULT_HOST = host
     # gunicorn 27 opens a control socket at one path per user (~/.gunicorn/gunicorn.ctl): two servers would share it.
     os.environ.setdefault("GUNICORN_CMD_ARGS", "--no-control-socket")

@@ -1,6 +1,6 @@
 """MNIST training throughput (samples/s over one epoch, batch 128, SGD 0.03 momentum 0.5), side by side:
 
-    python -m scripts.bench_mnist [--data-dir ../shared/data/mnist] [--batches 150] [--repeats 3]
+    python -m scripts.bench.mnist [--data-dir ../shared/data/mnist] [--batches 150] [--repeats 3]
 
 - plain:    a bare PyTorch loop slicing the in-memory uint8 tensors (the floor);
 - classic:  the torchvision.datasets.MNIST way: a Dataset that turns each sample into a PIL image
@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 from datamodules.mnist import MEAN, STD, MNISTDataModule
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.mnist_net import MNISTNet
-from scripts.throughput import EpochThroughput
+from scripts.training.throughput import EpochThroughput
 
 BATCH = 128
 OPTIMIZER = partial(torch.optim.SGD, lr=0.03, momentum=0.5)

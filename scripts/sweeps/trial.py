@@ -1,7 +1,7 @@
 """The trial's side of a local sweep: the callback scripts.sweep adds to each trial's fit, and the pruners.
 
 scripts.sweep runs every trial as `python -m scripts.train fit --config <task> <the trial's values> ...
---trainer.callbacks+ '{"class_path": "scripts.sweep_trial.SweepTrial", ...}'`. At every validation's end the
+--trainer.callbacks+ '{"class_path": "scripts.sweeps.trial.SweepTrial", ...}'`. At every validation's end the
 callback reports the objective metric to the trial in the study's storage (the sqlite file in outputs/sweeps, or a
 database server) and asks the study's pruner whether the trial should stop; when it should, the fit ends after that
 epoch, as a finished fit does, and the trial is marked so that the sweep records it PRUNED. A loss or an objective
@@ -76,7 +76,7 @@ class BanditPruner(optuna.pruners.BasePruner):
 
 
 def make_pruner(termination) -> optuna.pruners.BasePruner:
-    """The pruner of a sweep file's early_termination (scripts.sweep_space.Termination)."""
+    """The pruner of a sweep file's early_termination (scripts.sweeps.space.Termination)."""
     if termination.policy == "median":
         return optuna.pruners.MedianPruner(
             n_startup_trials=termination.startup_trials,
@@ -143,7 +143,7 @@ class SweepTrial(L.Callback):
     @property
     def trial(self) -> optuna.trial.Trial:
         if self._trial is None:
-            from scripts.sweep_space import load_sweep
+            from scripts.sweeps.space import load_sweep
 
             pruner = make_pruner(load_sweep(self.sweep_file).termination)
             storage = open_storage(self.storage_url)

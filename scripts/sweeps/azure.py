@@ -34,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from scripts.sweep_space import Sweep, SweepError, cli_value, option_args
+from scripts.sweeps.space import Sweep, SweepError, cli_value, option_args
 
 MAX_AZURE_TRIALS = 1000  # Azure ML's limit on max_total_trials, used when the file gives only a time budget
 MAX_CHOICES = 1000  # an int range wider than this is a Choice too long to send: give quniform or a step
@@ -54,7 +54,7 @@ def search_space_names(sweep: Sweep) -> dict[str, str]:
 def check_for_azure(sweep: Sweep) -> None:
     """What Azure ML refuses that Optuna takes, and options the job sets from its processes; raises SweepError
     before the Azure SDK is imported."""
-    from scripts.submit import LAUNCH_OPTIONS
+    from scripts.azure_ml.jobs import LAUNCH_OPTIONS
 
     for where, options in (("fixed", list(sweep.fixed)), ("search_space", [p.option for p in sweep.params])):
         for option in options:
@@ -136,7 +136,7 @@ def early_termination(sweep: Sweep):
 
 
 def build_sweep_job(command_node, sweep: Sweep, compute: str):
-    """The sweep job over `command_node` (scripts.submit.build_job's command job, whose command already ends with
+    """The sweep job over `command_node` (scripts.azure_ml.jobs.build_job's command job, whose command already ends with
     trial_args(sweep)), from the sweep file."""
     names = search_space_names(sweep)
     node = command_node.sweep(
@@ -151,7 +151,7 @@ def build_sweep_job(command_node, sweep: Sweep, compute: str):
         early_termination_policy=early_termination(sweep),
         search_space={names[param.option]: distribution(param) for param in sweep.params},
     )
-    job = node._to_job()  # the job itself, not the pipeline node wrapping it (as scripts.submit.job_yaml)
+    job = node._to_job()  # the job itself, not the pipeline node wrapping it (as scripts.azure_ml.jobs.job_yaml)
     job.display_name = f"{command_node.display_name.split(':')[0]}: sweep {sweep.name}, {sweep.metric} ({sweep.goal})"
     job.experiment_name = command_node.experiment_name
     job.tags = {**(job.tags or {}), **{f"search_space.{name}": option for option, name in names.items()}}
@@ -167,7 +167,7 @@ def options_of_trial(job_tags: dict[str, str], hyperparameters: dict[str, object
 def sweep_yaml(job, folder: Path = Path(".")) -> str:
     """The sweep job as `az ml job create -f` takes it from a file in `folder`: the trial's code path relative to that
     folder, local inputs as the paths they are."""
-    from scripts.submit import is_local
+    from scripts.azure_ml.jobs import is_local
 
     text = io.StringIO()
     job.dump(text)
@@ -182,7 +182,7 @@ def sweep_yaml(job, folder: Path = Path(".")) -> str:
 
 def load_for_azure(path: str, configs: list[str]) -> Sweep:
     """The sweep file, checked for Azure ML and against the CLI options of `configs` (the job's configs)."""
-    from scripts.sweep_space import check_options, load_sweep
+    from scripts.sweeps.space import check_options, load_sweep
 
     sweep = load_sweep(path)
     check_for_azure(sweep)

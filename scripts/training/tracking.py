@@ -1,11 +1,11 @@
 """The MLflow logger the configs name: Lightning's, sending metrics in batches instead of per call, epoch
 metrics at step = epoch, and keeping the store to runs that measured something; the checks of a tracking URI
-before a run starts; model registration.
+before a run starts.
 
 Lightning's MLFlowLogger makes one `log_batch` call per `log_metrics`: a few of them per epoch.
 Each costs ~7 ms of SQLAlchemy on the local sqlite store and a network round trip on a tracking
 server or inside Azure ML. This one keeps the metrics and sends them at most every `flush_every_s`
-seconds, before every last.ckpt (scripts/checkpoints.py) and when the run ends (also when it fails or is
+seconds, before every last.ckpt (checkpoints.py) and when the run ends (also when it fails or is
 interrupted: Lightning calls `finalize` then), 1,000 per request, MLflow's limit.
 
     python -m scripts.train fit --config configs/penguins.yaml --trainer.logger.init_args.flush_every_s 0
@@ -17,13 +17,11 @@ import contextlib
 import os
 import re
 import socket
-import sys
 import time
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-import torch
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
@@ -40,7 +38,7 @@ class BufferedMLFlowLogger(MLFlowLogger):
     """
     Args:
         flush_every_s: most seconds between sends; 0 sends every call, as Lightning's logger does. Everything is
-            also sent before last.ckpt is written (scripts/checkpoints.py), so a fit resumed from it loses no metric.
+            also sent before last.ckpt is written (checkpoints.py), so a fit resumed from it loses no metric.
         epoch_as_step: metrics whose step Lightning picks (it adds their `epoch` then: every
             `self.log` flush) are logged at step = epoch, so curves of runs with other batch sizes or
             process counts line up; a metric sent with its own step (ClassificationModule's
@@ -225,75 +223,15 @@ def credentials_out_of_uri(uri: str, environ: MutableMapping[str, str] = os.envi
     return urlunsplit(parts._replace(netloc=host))
 
 
-def save_model(
-    network: torch.nn.Module,
-    example: torch.Tensor,
-    class_names: list[str],
-    folder: str | Path,
-    inputs: dict | None = None,
-) -> None:
-    """Saves `network` as an MLflow model in `folder`: torch.export's program (MLflow's pt2 format), which loads with
-    torch alone, without this repository's code, and takes any batch size; the same network as ONNX in
-    `onnx/model.onnx` (checked against PyTorch on `example`, as scripts.export does; a network the ONNX exporter cannot
-    express is saved without it, with a warning, and serves with the torch backend); in its metadata the class names
-    (index i for logit i) and `inputs`, what the scoring script (scripts/score.py serving_inputs) needs to preprocess
-    a request as the datamodule does (penguin scaling statistics and training ranges, the image size)."""
-    import mlflow
-    from mlflow.models import infer_signature
+def open_sqlite_store(tracking_uri: str) -> None:
+    """Opens (and, if new, creates) the sqlite MLflow store before anything else does, one process at a time.
 
-    from scripts.export import write_onnx
-
-    network, example = network.eval().cpu(), example[:8].cpu()
-    with torch.no_grad():
-        logits = network(example)
-    metadata = {"class_names": list(class_names)}
-    if inputs is not None:
-        metadata["inputs"] = inputs
-    mlflow.pytorch.save_model(
-        network,
-        str(folder),
-        signature=infer_signature(example.numpy(), logits.numpy()),
-        input_example=example.numpy(),
-        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],  # what loading a pt2 program needs
-        metadata=metadata,
-    )
-    try:
-        write_onnx(network, [example], Path(folder) / "onnx" / "model.onnx")
-    except Exception as error:  # the exporter's many types: a network ONNX cannot express still registers, as pt2
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        print(f"warning: the model is saved without ONNX ({reason}); serve it with --backend torch", file=sys.stderr)
-
-
-def register_model(
-    tracking_uri: str,
-    run_id: str,
-    network: torch.nn.Module,
-    example: torch.Tensor,
-    class_names: list[str],
-    name: str,
-    inputs: dict | None = None,
-) -> str:
-    """Saves `network` as an MLflow model (`save_model`) in the run's artifacts (`model/`) and registers it as a new
-    version of `name`; returns the version.
-
-    It is saved locally and uploaded as plain artifacts, not with `log_model`: MLflow 3's `log_model` creates a
-    "logged model" through REST routes that Azure ML's tracking does not serve (404). Inside Azure ML the registry is
-    the workspace's, and `python -m scripts.deploy` serves a version of it from an online endpoint.
-
-        python -m scripts.train fit --config configs/penguins.yaml --register_model penguins-classifier
+    Processes started together (torchrun, mpirun, horovodrun) each build the logger, whose MLflow client creates the
+    tables of a new store; two at once collide ("duplicate column name"). MLflow keeps the store open per URI,
+    so the logger's client then finds it ready.
     """
-    import tempfile
-
-    import mlflow
+    from filelock import FileLock
     from mlflow import MlflowClient
 
-    client = MlflowClient(tracking_uri)
-    with tempfile.TemporaryDirectory() as folder:
-        save_model(network, example, class_names, f"{folder}/model", inputs)
-        client.log_artifacts(run_id, f"{folder}/model", "model")
-    mlflow.set_tracking_uri(tracking_uri)  # register_model's client, and the registry's, follow it
-    try:
-        version = mlflow.register_model(f"runs:/{run_id}/model", name)
-    finally:
-        mlflow.set_tracking_uri(None)
-    return str(version.version)
+    with FileLock(f"{tracking_uri.removeprefix('sqlite:///')}.lock"):
+        MlflowClient(tracking_uri)

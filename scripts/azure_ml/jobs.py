@@ -1,0 +1,296 @@
+"""Azure ML command jobs built from training configs, checked before the SDK is imported: the plan (what runs, on
+which image, how processes are started), the job itself, its YAML, and the workspace client. scripts.submit runs them;
+scripts.deploy and scripts/sweeps/azure.py reuse the images, the launch rules and the client.
+
+    python -m scripts.submit configs/penguins.yaml --compute cpu-cluster --dry_run true
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shlex
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+BASE_IMAGE = "mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04:latest"  # Open MPI: the mpirun of `mpi` jobs
+# GPU jobs: Azure ML's Open MPI image on CUDA with the InfiniBand user space (libibverbs) and Mellanox's NCCL RDMA/SHARP
+# plugin on LD_LIBRARY_PATH, so NCCL between ND-series nodes goes over InfiniBand instead of TCP. torch from PyPI
+# brings its own CUDA 13 runtime and NCCL (the image's CUDA 11.8 toolkit is not used): the node needs an NVIDIA driver
+# R580 or newer and a GPU of compute capability 7.5 or more (T4, A10, A100, H100; not V100, see the README).
+GPU_IMAGE = "mcr.microsoft.com/azureml/openmpi4.1.0-cuda11.8-cudnn8-ubuntu22.04:latest"
+GPU_ACCELERATORS = ("gpu", "cuda")
+# Presets that choose how processes are spread: submit adds them itself, from --nodes and --distribution.
+LAUNCH_PRESETS = {"configs/trainer/ddp.yaml", "configs/trainer/ddp_mpi.yaml"}
+# Trainer options that submit sets from its own: in --train_args they would disagree with the processes started.
+LAUNCH_OPTIONS = {
+    "devices": "--processes_per_node",
+    "num_nodes": "--nodes",
+    "strategy": "--distribution (or --presets+ a preset)",
+}
+INPUT_TYPES = ("uri_folder", "uri_file")
+INPUT_MODES = ("ro_mount", "download", "direct", "eval_mount", "eval_download")
+PRESETS = {"pytorch": "configs/trainer/ddp.yaml", "mpi": "configs/trainer/ddp_mpi.yaml"}
+DEFAULT_EXPERIMENT = "lightning-template"  # scripts.train's default logger's
+HOROVOD_DOCKERFILE = Path("strategies/horovod.Dockerfile")
+HOROVOD_GPU_DOCKERFILE = Path("strategies/horovod_gpu.Dockerfile")  # Horovod with CUDA and NCCL, on GPU_IMAGE
+HOROVOD_CONTEXT = Path("outputs/horovod-image")  # the Dockerfile and the files it COPYs, what Azure ML builds from
+
+
+class SubmitError(Exception):
+    """A bad config path, option or workspace; the message names it and what to give instead."""
+
+
+def trainer_setting(configs: list[str], key: str) -> object:
+    """What the configs set `trainer.<key>` to (the last config that sets it wins), or None."""
+    value = None
+    for path in configs:
+        trainer = (yaml.safe_load(Path(path).read_text()) or {}).get("trainer") or {}
+        value = trainer.get(key, value)
+    return value
+
+
+def experiment_of(configs: list[str]) -> str:
+    """The MLflow experiment the configs' logger names."""
+    logger = trainer_setting(configs, "logger")
+    if isinstance(logger, dict):
+        return (logger.get("init_args") or {}).get("experiment_name", DEFAULT_EXPERIMENT)
+    return DEFAULT_EXPERIMENT
+
+
+def horovod_build_context(gpu: bool = False) -> Path:
+    """HOROVOD_CONTEXT (-gpu), made a Docker build context: the Horovod Dockerfile (as Dockerfile) and the files of
+    this folder it COPYs, at their paths.
+
+    Azure ML builds an environment again whenever its context changes: with the whole repository as the
+    context, every code change would rebuild the conda environment and Horovod (tens of minutes)."""
+    dockerfile = HOROVOD_GPU_DOCKERFILE if gpu else HOROVOD_DOCKERFILE
+    folder = HOROVOD_CONTEXT.with_name(HOROVOD_CONTEXT.name + ("-gpu" if gpu else ""))
+    shutil.rmtree(folder, ignore_errors=True)
+    for line in dockerfile.read_text().splitlines():
+        if line.startswith("COPY "):
+            for source in line.split()[1:-1]:
+                (folder / source).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(source, folder / source)
+    shutil.copy(dockerfile, folder / "Dockerfile")
+    return folder
+
+
+@dataclass
+class JobInput:
+    option: str  # the scripts.train option it is given as, e.g. data.init_args.data_dir
+    path: str
+    type: str
+    mode: str
+
+    @property
+    def name(self) -> str:
+        return self.option.rsplit(".", 1)[-1]  # data.init_args.data_dir -> ${{inputs.data_dir}}
+
+
+def parse_input(item: str) -> JobInput:
+    """OPTION=PATH[,type=uri_folder|uri_file][,mode=ro_mount|download|...]: the type of a local path is what it is on
+    disk; anything else (a data asset azureml:NAME:VERSION, a datastore or https URI) is a folder unless given."""
+    option, _, rest = item.partition("=")
+    path, *settings = rest.split(",")
+    if not option or not path or option.startswith("-"):
+        raise SubmitError(f"--inputs {item}: give OPTION=PATH, e.g. data.init_args.data_dir=azureml:mnist:1")
+    given = {}
+    for setting in settings:
+        key, _, value = setting.partition("=")
+        allowed = {"type": INPUT_TYPES, "mode": INPUT_MODES}.get(key)
+        if allowed is None or value not in allowed:
+            raise SubmitError(
+                f"--inputs {item}: {setting!r} is not type=({'|'.join(INPUT_TYPES)}) or mode=({'|'.join(INPUT_MODES)})"
+            )
+        given[key] = value
+    kind = given.get("type", "uri_folder")
+    if is_local(path):  # uploaded with the job
+        if not Path(path).exists():
+            raise SubmitError(f"--inputs {item}: no such file or folder {path}")
+        kind = "uri_file" if Path(path).is_file() else "uri_folder"
+        if given.get("type", kind) != kind:
+            raise SubmitError(f"--inputs {item}: {path} is a {'file' if Path(path).is_file() else 'folder'}")
+        path = str(Path(path).resolve())
+    return JobInput(option, path, kind, given.get("mode", "ro_mount"))
+
+
+@dataclass
+class Plan:
+    """What the job runs, decided and checked before azure.ai.ml is imported (a mistake costs no 4 s import)."""
+
+    command: str
+    configs: list[str]
+    horovod: bool
+    gpu: bool
+    launch: str | None  # None: one process; else "pytorch" or "mpi"
+    shape: str
+    inputs: list[JobInput]
+
+
+def plan_job(
+    configs: list[str],
+    nodes: int = 1,
+    processes_per_node: int = 1,
+    distribution: str = "pytorch",
+    inputs: list[str] | None = None,
+    train_args: str = "",
+    image: str = BASE_IMAGE,
+    checkpoints: bool = True,
+) -> Plan:
+    if not Path("environment.yml").is_file():
+        raise SubmitError("environment.yml is not in this folder: run from the repository's root (the job's code)")
+    for path in configs:
+        if Path(path).is_absolute() or not Path(path).is_file():
+            raise SubmitError(f"{path}: no such config in this folder; give a path like configs/penguins.yaml")
+        try:
+            yaml.safe_load(Path(path).read_text())
+        except yaml.YAMLError as error:
+            raise SubmitError(f"{path}: not valid YAML ({getattr(error, 'problem', error)})") from None
+    for path in configs[1:]:
+        if Path(path).as_posix() in LAUNCH_PRESETS:
+            raise SubmitError(
+                f"--presets {path}: submit adds it itself; give --nodes, --processes_per_node and --distribution"
+            )
+    for option in shlex.split(train_args):
+        key = option.removeprefix("--trainer.").split("=", 1)[0]
+        if option.startswith("--trainer.") and key in LAUNCH_OPTIONS:
+            raise SubmitError(f"--train_args {option}: the job's processes decide it; give {LAUNCH_OPTIONS[key]}")
+    if nodes < 1 or processes_per_node < 1:
+        raise SubmitError(f"--nodes {nodes} --processes_per_node {processes_per_node}: both must be 1 or more")
+    several = nodes * processes_per_node > 1
+    horovod = "horovod" in str(trainer_setting(configs, "strategy")).lower()
+    accelerator = str(trainer_setting(configs, "accelerator"))
+    accelerator = dict(re.findall(r"--trainer\.(accelerator)[= ](\S+)", train_args)).get("accelerator", accelerator)
+    gpu = accelerator in GPU_ACCELERATORS
+    if horovod:
+        if several and distribution != "mpi":
+            raise SubmitError("Horovod's processes are started by mpirun: add --distribution mpi")
+        if image != BASE_IMAGE:
+            dockerfile = HOROVOD_GPU_DOCKERFILE if gpu else HOROVOD_DOCKERFILE
+            raise SubmitError(f"--image: Horovod jobs run on the image {dockerfile} builds; edit its FROM")
+    parts = ["python -m scripts.train fit", *(f"--config {path}" for path in configs)]
+    launch, shape = None, "1 process"
+    if several:
+        if not horovod:  # the configs' Horovod strategy joins mpirun's processes itself
+            parts.append(f"--config {PRESETS[distribution]}")
+        parts += [f"--trainer.devices {processes_per_node}", f"--trainer.num_nodes {nodes}"]
+        launch, shape = distribution, f"{nodes} x {processes_per_node} {distribution}"
+    # A job output mounted read-write outlives the node: a job restarted after preemption resumes from it.
+    if checkpoints:  # not for a sweep's trials, which would all share it
+        parts.append("--checkpoint_dir ${{outputs.checkpoints}}")
+    job_inputs = [parse_input(item) for item in inputs or []]
+    names: set[str] = set()
+    for job_input in job_inputs:
+        if job_input.name in names:
+            raise SubmitError(
+                f"--inputs {job_input.option}={job_input.path}: another input also ends in .{job_input.name}"
+            )
+        names.add(job_input.name)
+        parts.append(f"--{job_input.option} ${{{{inputs.{job_input.name}}}}}")
+    if train_args:
+        parts.append(train_args)
+    return Plan(" ".join(parts), configs, horovod, gpu, launch, shape, job_inputs)
+
+
+def build_job(
+    configs: list[str],
+    compute: str,
+    nodes: int = 1,
+    processes_per_node: int = 1,
+    distribution: Literal["pytorch", "mpi"] = "pytorch",
+    inputs: list[str] | None = None,
+    train_args: str = "",
+    experiment: str | None = None,
+    image: str | None = None,
+    checkpoints: bool = True,
+):
+    """The azure.ai.ml command job that runs `scripts.train fit` on `configs`; see `submit` for the arguments."""
+    plan = plan_job(
+        configs, nodes, processes_per_node, distribution, inputs, train_args, image or BASE_IMAGE, checkpoints
+    )
+    from azure.ai.ml import Input, MpiDistribution, Output, PyTorchDistribution, command
+    from azure.ai.ml.entities import BuildContext, Environment
+
+    if plan.horovod:
+        context = horovod_build_context(plan.gpu)
+        environment = Environment(build=BuildContext(path=str(context), dockerfile_path="Dockerfile"))
+    else:
+        environment = Environment(image=image or (GPU_IMAGE if plan.gpu else BASE_IMAGE), conda_file="environment.yml")
+    launch = None
+    if plan.launch:
+        launch = (PyTorchDistribution if plan.launch == "pytorch" else MpiDistribution)(
+            process_count_per_instance=processes_per_node
+        )
+    job_inputs = {i.name: Input(type=i.type, path=i.path, mode=i.mode) for i in plan.inputs}
+    tasks = ", ".join(Path(path).stem for path in configs)
+    return command(
+        code=".",
+        command=plan.command,
+        environment=environment,
+        compute=compute,
+        instance_count=nodes,
+        distribution=launch,
+        inputs=job_inputs or None,
+        outputs={"checkpoints": Output(type="uri_folder", mode="rw_mount")} if checkpoints else None,
+        experiment_name=experiment or experiment_of(configs),
+        display_name=f"{tasks}: fit, {plan.shape}",
+    )
+
+
+def is_local(path: str) -> bool:
+    return "://" not in path and not path.startswith("azureml:")
+
+
+def job_yaml(job, folder: Path = Path(".")) -> str:
+    """The job as `az ml job create -f` takes it from a file in `folder`: its code path relative to that folder (the
+    SDK writes this machine's absolute path), local inputs as the paths they are."""
+    text = io.StringIO()
+    job._to_job().dump(text)  # the job itself, not the node wrapping it in a component
+    data = yaml.safe_load(text.getvalue())
+    data["code"] = os.path.relpath(Path.cwd(), folder.resolve())
+    for name, given in (job.inputs or {}).items():
+        if is_local(given.path):  # the SDK's dump writes a local path as an asset name: "azureml:/home/..."
+            data["inputs"][name]["path"] = given.path
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def check_workspace_ids(subscription_id: str | None, resource_group: str | None, workspace: str | None) -> None:
+    if (subscription_id or resource_group or workspace) and not (subscription_id and resource_group and workspace):
+        raise SubmitError("name the workspace with all three of --subscription_id --resource_group --workspace")
+
+
+def workspace_client(subscription_id: str | None, resource_group: str | None, workspace: str | None):
+    check_workspace_ids(subscription_id, resource_group, workspace)
+    from azure.ai.ml import MLClient
+    from azure.identity import DefaultAzureCredential
+
+    credential = DefaultAzureCredential()
+    if subscription_id and resource_group and workspace:
+        return MLClient(credential, subscription_id, resource_group, workspace)
+    try:
+        return MLClient.from_config(credential)
+    except Exception:  # the SDK raises its ValidationException when no config.json is found
+        raise SubmitError(
+            "no Azure ML workspace: put its config.json (the studio's 'Download config file') in this folder, "
+            "or give --subscription_id --resource_group --workspace"
+        ) from None
+
+
+def follow(client, name: str) -> None:
+    """Prints the job's logs until it ends; raises SubmitError unless it completed."""
+    from azure.ai.ml.exceptions import JobException
+
+    with contextlib.suppress(JobException):  # the SDK's word for a job that ended Failed: its status says it below
+        client.jobs.stream(name)
+    status = client.jobs.get(name).status
+    status = str(getattr(status, "value", status))  # the SDK's JobStatus enum, or a plain string
+    if status != "Completed":
+        raise SubmitError(f"job {name} ended {status}; its logs are above and in the studio")
+    print(f"job {name} completed")

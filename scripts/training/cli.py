@@ -1,0 +1,361 @@
+"""The template's LightningCLI: one classification module, any ClassificationDataModule, the MLflow logger set up
+(Azure ML's run handover, a checked tracking URI, the sqlite store), checkpoints that resume, the run's record, and
+after `fit` the best checkpoint tested and, with --register_model, registered. scripts.train runs it; the sweeps,
+Spark and the benches build it too.
+
+    python -m scripts.train fit --config configs/penguins.yaml --print_config
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from urllib.parse import urlparse
+
+import lightning as L
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from datamodules.base import ClassificationDataModule
+from datamodules.errors import DataError
+from lightning_modules.classifier import ClassificationModule, OptimizerError
+from lightning_modules.transfer_net import WeightsError, skip_pretrained_weights
+from scripts.serving.mlflow_model import register_model, serving_inputs, test_inputs
+from scripts.training.checkpoints import add_checkpoint_arguments, keep_run_id, resume_from, saved_run_id
+from scripts.training.throughput import EpochThroughput
+from scripts.training.tracking import (
+    BufferedMLFlowLogger,
+    TrackingError,
+    check_tracking_uri,
+    credentials_out_of_uri,
+    open_sqlite_store,
+)
+from strategies.checkpoint_io import CheckpointError, RankZeroCheckpointIO, check_checkpoint_file
+from strategies.launch_check import check_launch, launched_rank
+from strategies.mpi_environment import LaunchError
+
+OUTPUTS = Path("outputs")  # Azure ML uploads ./outputs of every job
+MLFLOW_LOGGER = "scripts.training.tracking.BufferedMLFlowLogger"
+
+
+def run_dir(trainer: L.Trainer) -> Path:
+    """outputs/<experiment id>/<run id>: where checkpoints go, so a run's files sit together."""
+    logger = trainer.logger
+    if logger is None:
+        return Path(trainer.default_root_dir)
+    return Path(trainer.default_root_dir) / str(logger.name) / str(logger.version)
+
+
+def flatten(config: dict | list, prefix: str = "") -> dict[str, object]:
+    """`{"a": {"b": [{"c": 1}]}}` -> `{"a.b.0.c": 1}`: the config as MLflow parameters."""
+    flat: dict[str, object] = {}
+    items = config.items() if isinstance(config, dict) else enumerate(config)
+    for key, value in items:
+        if isinstance(value, dict | list) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+class TrackConfig(SaveConfigCallback):
+    """The run's record: the resolved config beside the checkpoints and in MLflow (file and parameters), metrics
+    sent before each epoch's checkpoints, and no record at all of a run that failed before measuring anything."""
+
+    def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "predict":  # no run to file it under: it would overwrite outputs/config.yaml
+            return
+        text = self.parser.dump(self.config, skip_none=False)
+        path = run_dir(trainer) / "config.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if isinstance(trainer.logger, MLFlowLogger):
+            import yaml
+            from mlflow.entities import Param
+
+            params = flatten(yaml.safe_load(text))
+            params.pop("config", None)  # the paths of the YAML files: the artifact says it all
+            # A resumed run (--checkpoint_dir, a restarted Azure ML job) has its parameters; MLflow refuses changes
+            # (a longer max_epochs, say): those are in the config.yaml logged below, which replaces the first one.
+            client, run_id = trainer.logger.experiment, trainer.logger.run_id
+            logged = client.get_run(run_id).data.params
+            new = [Param(key, str(value)[:500]) for key, value in params.items() if key not in logged]
+            for start in range(0, len(new), 100):  # MLflow's most parameters a request
+                client.log_batch(run_id, params=new[start : start + 100])
+            trainer.logger.experiment.log_artifact(trainer.logger.run_id, str(path))
+            if stage == "fit":
+                keep_run_id(trainer, self.config.get("checkpoint_dir"), trainer.logger.run_id)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        # Called while a checkpoint is made, before it is written: a fit resumed from it has every metric logged so
+        # far. What Lightning logs after an epoch's checkpoints, the epoch's training metrics, travels in them.
+        if isinstance(trainer.logger, BufferedMLFlowLogger):
+            trainer.logger.flush(wait=True)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        # A run that failed before measuring anything leaves no folder (its logger deletes its MLflow run).
+        logger = trainer.logger
+        if not (isinstance(logger, BufferedMLFlowLogger) and trainer.is_global_zero and logger.started):
+            return
+        folder = run_dir(trainer)
+        if not logger.measured and not any(folder.glob("checkpoints/*")):
+            shutil.rmtree(folder, ignore_errors=True)
+            with contextlib.suppress(OSError):  # the experiment's folder, when this was its only run
+                folder.parent.rmdir()
+
+
+class TemplateCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
+        add_checkpoint_arguments(parser)
+        parser.add_lightning_class_args(EpochThroughput, "throughput")
+        parser.add_argument(
+            "--test_after_fit", type=bool, default=True, help="fit: test the best checkpoint at the end"
+        )
+        parser.add_argument(
+            "--register_model", type=str | None, default=None,
+            help="fit: log the best checkpoint's network as the run's MLflow model, registered under this name",
+        )  # fmt: skip
+
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        ckpt_path = subcommand and self.config[subcommand].get("ckpt_path")
+        if ckpt_path and ckpt_path not in ("best", "last", "hpc", "registry") and launched_rank() == 0:
+            # LightningCLI reads the checkpoint's hyperparameters next, with a bare torch.load: check the file first.
+            # Rank 0 only: on other nodes it need not exist (rank 0 reads it for all: strategies/checkpoint_io.py).
+            check_checkpoint_file(ckpt_path)
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand]
+        if self.subcommand in ("validate", "test", "predict") and not config.get("ckpt_path"):
+            raise ConfigError(
+                f"{self.subcommand} needs --ckpt_path: the .ckpt a fit wrote (outputs/<exp>/<run>/checkpoints/"
+                "best.ckpt; `make evaluate` and `make predict` find the newest); without it the network is untrained"
+            )
+        if config.get("ckpt_path") and config.model.network.get("init_args"):
+            skip_pretrained_weights(config.model.network.init_args)
+        if self.subcommand != "fit" and config.get("ckpt_path"):
+            # LightningCLI has read the checkpoint's hyperparameters into model: its class names are the truth. A
+            # datamodule that takes `classes` gets them (predict labels with them; test checks its folders have them).
+            classes, data_args = config.model.get("class_names"), config.data.get("init_args") or {}
+            self.checkpoint_classes = list(classes or [])
+            if classes and "classes" in data_args:
+                data_args["classes"] = list(classes)
+        if self.subcommand == "fit" and (last := resume_from(config)):
+            config.ckpt_path = str(last)
+            rank_zero_print(f"resuming from {last}")
+        if self.subcommand == "predict":
+            # Its output is a CSV on stdout (`predict > out.csv`): no progress bar there. It records nothing: no run.
+            config.trainer.enable_progress_bar, config.trainer.logger = False, False
+        check_trainer(config.trainer, writes=self.subcommand != "predict")
+        logger = config.trainer.logger
+        if is_mlflow_logger(logger):
+            args = logger.init_args
+            set_up_tracking(args, Path(config.trainer.default_root_dir or OUTPUTS), self.subcommand)
+            if self.subcommand == "fit" and args.run_id is None:  # a resumed fit goes on in its own run
+                args.run_id = existing_run(args.tracking_uri, saved_run_id(config.checkpoint_dir))
+                args.run_name = None if args.run_id else args.run_name
+
+    def instantiate_trainer(self, **kwargs) -> L.Trainer:
+        try:
+            trainer = super().instantiate_trainer(**kwargs)
+        except ValueError as error:  # the Trainer's own checks of its options (a strategy name that does not exist)
+            raise ConfigError(f"trainer: {str(error).strip().splitlines()[0]}") from None
+        check_launch(trainer.num_devices, trainer.num_nodes)
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # a user's own plugin is left alone
+            trainer.strategy.checkpoint_io = RankZeroCheckpointIO(trainer.strategy)
+        return trainer
+
+    def before_fit(self) -> None:
+        checkpoint = self.trainer.checkpoint_callback
+        if self.config.fit.register_model and not (isinstance(self.trainer.logger, MLFlowLogger) and checkpoint):
+            sys.exit("error: --register_model needs the MLflow logger and checkpoints; check trainer.logger")
+
+    def after_fit(self) -> None:
+        checkpoint = self.trainer.checkpoint_callback
+        if checkpoint is not None and checkpoint.best_model_path:
+            rank_zero_print(f"best checkpoint: {checkpoint.best_model_path}")
+        if self.config.fit.test_after_fit:
+            ckpt_path = "best" if checkpoint is not None and checkpoint.best_model_path else None
+            (results,) = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt_path)
+            rank_zero_print(f"test_acc: {results['test_acc']:.4f}")  # reduced over all processes
+        if self.config.fit.register_model and checkpoint.best_model_path and self.trainer.is_global_zero:
+            self.register_best(self.config.fit.register_model, checkpoint)
+
+    def register_best(self, name: str, checkpoint: ModelCheckpoint) -> None:
+        logger = self.trainer.logger
+        state = torch.load(checkpoint.best_model_path, map_location="cpu", weights_only=False)["state_dict"]
+        self.model.load_state_dict(state)
+        example = test_inputs(self.datamodule, batches=1)[0]
+        tracking_uri = self.config.fit.trainer.logger.init_args.tracking_uri
+        network, classes, inputs = self.model.network, self.model.class_names, serving_inputs(self.datamodule)
+        version = register_model(tracking_uri, logger.run_id, network, example, classes, name, inputs)
+        print(f"registered model: {name} version {version}")
+
+    def check_classes(self) -> None:
+        """The data's classes must be the checkpoint's, in its order: else every label would mean another class."""
+        trained, given = self.checkpoint_classes, list(self.datamodule.class_names)
+        if trained and trained != given:
+            raise ConfigError(
+                f"--ckpt_path {self.config[self.subcommand].ckpt_path}: trained on classes {trained}, but the data has "
+                f"{given}; give the checkpoint of this task, or data of its classes"
+            )
+
+    def before_validate(self) -> None:
+        self.check_classes()
+
+    def before_test(self) -> None:
+        self.check_classes()
+
+    def before_predict(self) -> None:
+        self.check_classes()
+        if self.trainer.world_size > 1:  # each process would predict, and print, its own share of the rows
+            sys.exit("error: predict runs in one process: give --trainer.devices 1 --trainer.num_nodes 1")
+
+    def after_predict(self) -> None:
+        rows = [row for batch in self.trainer.predict_loop.predictions for row in batch]
+        print("input,class,probability")
+        for name, (label, probability) in zip(self.datamodule.predict_names, rows):
+            print(f"{name},{label},{probability:.4f}")
+
+
+def is_mlflow_logger(logger) -> bool:
+    """Whether the config's logger is Lightning's MLFlowLogger or a subclass (ours, a user's): those get the tracking
+    set-up, Azure ML's run handover included."""
+    class_path = getattr(logger, "class_path", None)
+    if not class_path:
+        return False
+    module, _, name = class_path.rpartition(".")
+    logger_class = getattr(importlib.import_module(module), name, None)
+    return isinstance(logger_class, type) and issubclass(logger_class, MLFlowLogger)
+
+
+class ConfigError(Exception):
+    """Trainer options this machine cannot run; the message names the option and what to give."""
+
+
+def check_trainer(trainer: dict, writes: bool) -> None:
+    """Stops before anything starts when the Trainer's device, or the output folder of a run that `writes`, cannot
+    work here."""
+    if str(trainer.accelerator) in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ConfigError(
+            f"--trainer.accelerator {trainer.accelerator}: torch sees no GPU on this machine; give "
+            "--trainer.accelerator cpu (or leave out configs/trainer/gpu.yaml)"
+        )
+    if not writes:
+        return
+    outputs = Path(trainer.default_root_dir or OUTPUTS)
+    try:
+        outputs.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=outputs):
+            pass
+    except OSError as error:
+        raise ConfigError(
+            f"{outputs}: cannot write there ({error.strerror or error}); give --trainer.default_root_dir a folder "
+            "you can write"
+        ) from None
+
+
+def set_up_tracking(args, outputs: Path, subcommand: str) -> None:
+    """The MLflow logger's store, run and name: what Azure ML hands over (MLFLOW_TRACKING_URI, MLFLOW_RUN_ID), the
+    user's server, or outputs/mlflow.db; checked before the run starts."""
+    from_environment = os.environ.get("MLFLOW_TRACKING_URI")
+    if args.tracking_uri is None:  # Lightning's logger defaults to MLFLOW_TRACKING_URI as it was at import
+        args.tracking_uri = from_environment
+    given = args.tracking_uri == from_environment
+    source = "MLFLOW_TRACKING_URI" if given else "--trainer.logger.init_args.tracking_uri"
+    if args.tracking_uri is not None:
+        args.tracking_uri = credentials_out_of_uri(args.tracking_uri)
+        if "MLFLOW_TRACKING_URI" in os.environ:  # what MLflow itself and processes started from this one read
+            os.environ["MLFLOW_TRACKING_URI"] = credentials_out_of_uri(os.environ["MLFLOW_TRACKING_URI"])
+        check_tracking_uri(args.tracking_uri, source)
+    else:
+        args.tracking_uri = f"sqlite:///{outputs / 'mlflow.db'}"
+        if args.artifact_location is None:  # else MLflow puts artifacts in ./mlruns
+            args.artifact_location = (outputs / "mlartifacts").resolve().as_uri()
+    if args.run_id is None:
+        args.run_id = os.environ.get("MLFLOW_RUN_ID")
+    if args.run_id is None and args.run_name is None:
+        # MLflow draws names from `random`, which the seed fixes: every run of a config would be named alike.
+        args.run_name = f"{subcommand}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}"
+    scheme = urlparse(args.tracking_uri).scheme
+    if scheme == "sqlite":
+        open_sqlite_store(args.tracking_uri)
+    if args.synchronous is None and scheme != "sqlite":
+        # A server (or Azure ML's tracking) costs a network round trip per logged batch of metrics: queue them
+        # instead; ending the run drains the queue. Local sqlite stays synchronous: there the queue's threads only
+        # add GIL contention.
+        args.synchronous = False
+
+
+def existing_run(tracking_uri: str, run_id: str | None) -> str | None:
+    """`run_id` if that run is in the store at `tracking_uri` (a --checkpoint_dir may have come from another store)."""
+    if run_id is None:
+        return None
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return run_id if MlflowClient(tracking_uri).get_run(run_id).info.lifecycle_stage == "active" else None
+    except MlflowException:
+        return None
+
+
+@rank_zero_only
+def rank_zero_print(line: str) -> None:
+    print(line)
+
+
+def cli_main(args: list[str] | None = None, cli_class: type[TemplateCLI] = TemplateCLI) -> TemplateCLI:
+    # TransferNet keeps a frozen backbone's BatchNorm in eval mode on purpose; Lightning warns of it.
+    warnings.filterwarnings("ignore", r"Found \d+ module\(s\) in eval mode")
+    # Lightning 2.6.6 on torch 2.14: a deprecation inside Lightning, printed on every run; nothing to do for users.
+    warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # ClassificationModule's epoch metrics are already reduced over all processes (torchmetrics' compute).
+    warnings.filterwarnings("ignore", r"It is recommended to use `self.log\('\w+', ..., sync_dist=True\)`")
+    # best.ckpt's callback comes first: `ckpt_path="best"` takes it, as Lightning says at length.
+    warnings.filterwarnings("ignore", r".*configured with multiple `ModelCheckpoint`")
+    # ClassificationModule logs train_loss_step every log_every_n_steps global steps, across epochs too.
+    warnings.filterwarnings("ignore", r"The number of training batches .* is smaller than the logging interval")
+    return cli_class(
+        ClassificationModule,
+        ClassificationDataModule,
+        subclass_mode_data=True,
+        save_config_callback=TrackConfig,
+        save_config_kwargs={"save_to_log_dir": False},
+        trainer_defaults={
+            "default_root_dir": str(OUTPUTS),
+            "logger": {
+                "class_path": MLFLOW_LOGGER,
+                "init_args": {"experiment_name": "lightning-template", "log_model": True},
+            },
+        },
+        parser_kwargs={"exit_on_error": False},
+        args=args,
+    )
+
+
+# What a user's config, data, checkpoint, weights, launch or tracking can cause: each says what to give instead.
+USER_ERRORS = (
+    DataError,
+    WeightsError,
+    LaunchError,
+    CheckpointError,
+    ConfigError,
+    TrackingError,
+    OptimizerError,
+    MisconfigurationException,
+)

@@ -1,0 +1,80 @@
+"""One line for a command-line mistake that jsonargparse explains over many: the option, the value given and what
+fits; a --config file that is not valid YAML with its line and column. Every command prints these.
+
+    python -m scripts.train fit --config configs/penguins.yaml --trainer.max_epochs many   # one line, exit 1
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from jsonargparse import ArgumentError
+
+
+def config_error_line(error: ArgumentError, args: list[str]) -> str:
+    """jsonargparse explains a bad option over many lines; this keeps the culprit, what was given and what fits."""
+    text = str(error)
+    if text.startswith("Problems parsing config"):  # a YAML syntax error, in one of the --config files
+        return yaml_error_line(args) or text.splitlines()[0]
+    if missing := re.search(r"File does not exist: '([^']+)'", text):
+        return f"--config {missing[1]}: no such file; give a YAML file such as configs/penguins.yaml"
+    lines = [line.strip(" -") for line in text.splitlines() if line.strip(" -")]
+    keys = re.findall(r'Parser key "([^"]+)"', text)
+    # A class's own option (data: a datamodule's, model.optimizer: the optimizer's) is reported by its own name.
+    key = f"{keys[0]}.init_args.{'.'.join(keys[1:])}" if len(keys) > 1 else keys[0] if keys else ""
+    class_path = re.search(r"class_path='([\w.]+)'|NestedArg\(key='class_path', val='([\w.]+)'\)", text)
+    if key and (option := re.search(r"Option '(\w+)' is not accepted", text)):  # an argument the class does not take
+        owner = re.search(r"class_path '([\w.]+)'|class_path='([\w.]+)'", text)
+        of = f"{owner[1] or owner[2]} takes no such argument; " if owner else ""
+        return f"unrecognized arguments: --{key}.init_args.{option[1]} ({of}check the name against --print_config)"
+    unusable = re.search(
+        r"has no attribute|No module named|to be a subclass of|does not correspond to a subclass", text
+    )
+    if key and class_path and unusable:  # a class that cannot be imported, or is not of the kind the option takes
+        name = class_path[1] or class_path[2]
+        if wanted := re.search(r"does not correspond to a subclass of (\w+)", text):
+            return f"{key}: {name} is not a {wanted[1]}; give a class derived from it, as configs/ do"
+        reason = re.search(r"callable class: (.+?)\.*(?: Got value|$)", text, re.M)
+        return f"{key}: {name} cannot be used here ({reason[1] if reason else lines[-1]}); give a class as configs/ do"
+    given = re.search(r"(?:Given value|Got value): (.*?)(?:\. Got value: |\n|$)", text)
+    if key and given:
+        expected = [name for name in re.findall(r"Expected a <class '([\w.]+)'>", text) if name != "NoneType"]
+        for values in re.findall(r"Expected a typing\.Literal\[(.*)\]", text):  # choices: list them
+            expected += [value.strip().strip("'") for value in values.split(",")]
+        wanted = f"; give {' or '.join(dict.fromkeys(expected))}" if expected else ""
+        return f"{key}: {given.group(1).strip()!r} is not a valid value{wanted}"
+    if "unrecognized arguments" in text or "does not accept" in text:
+        return f"{lines[0]} (check the name against --print_config)"
+    return lines[0]
+
+
+def yaml_error_line(args: list[str]) -> str | None:
+    """The first --config file that is not valid YAML, with the line and column of the mistake."""
+    import yaml
+
+    paths = [value for option, value in zip(args, args[1:]) if option == "--config"]
+    paths += [arg.split("=", 1)[1] for arg in args if arg.startswith("--config=")]
+    for path in paths:
+        try:
+            yaml.safe_load(Path(path).read_text())
+        except OSError:
+            continue
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            return f"{path}{where}: not valid YAML ({getattr(error, 'problem', None) or error}); fix the file there"
+    return None
+
+
+def argument_error_line(text: str) -> str:
+    """jsonargparse's many lines about a bad option, as one: the option, the value given, what it takes."""
+    key = re.search(r'Parser key "([^"]+)"', text)
+    given = re.search(r"Got value: (.*?)(?:\n|$)", text)
+    if key and given:
+        expected = re.search(r"Expected a (?:typing\.Literal\[(.*?)\]|<class '(\w+)'>)", text)
+        wanted = ""
+        if expected:
+            wanted = f"; give {expected.group(1).replace(chr(39), '') if expected.group(1) else expected.group(2)}"
+        return f"--{key.group(1)}: {given.group(1).strip()!r} is not a valid value{wanted}"
+    return text.strip().splitlines()[0]
