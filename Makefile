@@ -34,7 +34,9 @@ ENDPOINT ?=
 .PHONY: help install horovod horovod-gpu test-fast train sweep validate evaluate predict export plot submit spark bench bench-spark mlflow-ui lint format test clean serve-env serve deploy bench-serve
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ name[NR] = $$1; text[NR] = $$2; \
+		if (length($$1) > width) width = length($$1) } \
+		END { for (i = 1; i <= NR; i++) printf "  make %-" width "s  %s\n", name[i], text[i] }'
 
 $(VENV)/installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -130,7 +132,7 @@ format: $(VENV)/installed ## ruff format and fix in place
 
 test: $(VENV)/installed ## lint, then every test (the slow ones too)
 	$(MAKE) lint
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q --durations=15 $(ARGS)
 
 test-fast: $(VENV)/installed ## lint, then the tests not marked slow: the edit loop
 	$(MAKE) lint

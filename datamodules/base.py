@@ -42,7 +42,8 @@ class ClassificationDataModule(L.LightningDataModule):
         serving_kind: "rows" (a table: JSON objects or CSV rows) or "images" (encoded image files); None: the model
             registers but cannot be served.
         serving_state(): after `setup`, the JSON-able values the preprocessing needs (training statistics, a crop
-            size); saved in the registered model's metadata.
+            size); saved in every checkpoint and in the registered model's metadata, so a checkpoint serves without
+            its data (`checkpoint_serving_state`).
         serving_batch(state, inputs, names): a classmethod, given that state: rows as a pandas DataFrame (in the
             source's own column names) or images as a list of encoded bytes, and one name per input for messages;
             returns the network's input batch, or raises DataError naming the input and what to send.
@@ -68,10 +69,15 @@ class ClassificationDataModule(L.LightningDataModule):
         raise NotImplementedError(f"{cls.__name__} does not say how to serve its inputs (serving_batch)")
 
     def state_dict(self) -> dict:
-        return {"preprocessing": {name: self.hparams[name] for name in self.preprocessing_options}}
+        state = {"preprocessing": {name: self.hparams[name] for name in self.preprocessing_options}}
+        if self.serving_kind is not None:  # Lightning saves it while fitting, after setup
+            state["serving"] = self.serving_state()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        # Lightning calls it with the checkpoint's state after setup, before the dataloaders are made.
+        # Lightning calls it with the checkpoint's state after setup, before the dataloaders are made (and when it
+        # builds a datamodule from a checkpoint).
+        self.checkpoint_serving_state: dict | None = state.get("serving")
         for name, trained in state.get("preprocessing", {}).items():
             if self.hparams[name] != trained and (self.trainer is None or self.trainer.is_global_zero):
                 print(

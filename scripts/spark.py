@@ -431,10 +431,34 @@ def fit_on_spark(argv: list[str], spark=None) -> dict:
             local.stop()
 
 
+USAGE = """usage: python -m scripts.spark fit --num_processes N [--master MASTER] [scripts.train fit options]
+
+Fit a task on Spark: one DDP process per Spark barrier task, started by TorchDistributor.
+
+options:
+  -h, --help            show this help and exit; `fit --help` adds scripts.train fit's options
+  --num_processes N     processes to train (Spark barrier tasks x the GPUs of a task), 1 or more
+  --master MASTER       the Spark master when this process has no session (default local[N]),
+                        e.g. local-cluster[2,1,1024] or spark://host:7077
+  every other option is scripts.train fit's (--config, --trainer.*, --data.*, --model.*), except
+  --trainer.devices and --trainer.num_nodes, which --num_processes sets
+"""
+
+
 def main(argv: list[str] | None = None) -> None:
     """Prints rank 0's best checkpoint, MLflow run and test_acc; a failure is one line on stderr and exit status 1."""
+    argv = sys.argv[1:] if argv is None else argv
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(USAGE)
+        if argv[:1] == ["fit"]:
+            from scripts.training.cli import cli_main
+
+            print("scripts.train fit's options:", flush=True)
+            sys.argv[1:] = ["fit", "--help"]  # from sys.argv: LightningCLI warns of args given beside it
+            cli_main()  # prints them and exits 0
+        return
     try:
-        result = fit_on_spark(sys.argv[1:] if argv is None else argv)
+        result = fit_on_spark(argv)
     except SparkFitError as error:
         sys.exit(f"error: {error}")
     if result.get("best_checkpoint"):

@@ -1,4 +1,4 @@
-"""best.ckpt and last.ckpt (Lightning's ModelCheckpoint twice: scripts/training/checkpoints.py) through the real CLI: last.ckpt
+"""best.ckpt and last.ckpt (ModelCheckpoint twice: scripts/training/checkpoints.py) through the CLI: last.ckpt
 is the end of every finished epoch, also after SIGTERM or SIGKILL; a fit started again with its --checkpoint_dir
 resumes bit for bit and goes on in its MLflow run, every epoch's metrics there once, as a preempted Azure ML job
 restarted with the same command."""

@@ -188,8 +188,8 @@ def test_penguin_answers_are_predicts_for_a_csv_and_for_json_rows(penguins, peng
 BAD_PENGUIN_REQUESTS = [
     (b'{"island": "Biscoe", ', "application/json", 400, "request body is not valid JSON"),
     (b"", "application/json", 400, "empty request body: send the input"),
-    (b"[]", "application/json", 400, "send one penguin as a JSON object, or several as a non-empty list of objects"),
-    (b'"Biscoe"', "application/json", 400, "send one penguin as a JSON object"),
+    (b"[]", "application/json", 400, "send one row as a JSON object, or several as a non-empty list of objects"),
+    (b'"Biscoe"', "application/json", 400, "send one row as a JSON object"),
     ({k: v for k, v in PENGUIN.items() if k != "body_mass_g"}, None, 400, "request: missing columns; a penguin CSV"),
     ({**PENGUIN, "island": "Atlantis"}, None, 400, "request: unknown island 'Atlantis' in column island; the model"),
     ([PENGUIN, {**PENGUIN, "bill_depth_mm": "deep"}], None, 400, "request: column bill_depth_mm has a non-numeric"),
@@ -197,7 +197,7 @@ BAD_PENGUIN_REQUESTS = [
     ({**PENGUIN, "flipper_length_mm": 20}, None, 400, "request: row 1: flipper_length_mm 20 is far outside"),
     ([PENGUIN] * 1001, None, 413, "1001 rows in one request; send at most 1000"),
     (b"island=Biscoe", "application/x-www-form-urlencoded", 400, "request body is not valid JSON"),  # curl -d
-    (b"\x89PNG", "image/png", 415, "Content-Type image/png: send penguin rows as application/json (or text/csv)"),
+    (b"\x89PNG", "image/png", 415, "Content-Type image/png: send rows as application/json (or text/csv)"),
     (b"a,b\n1,2\n", "text/csv", 400, "request: missing columns"),
 ]
 

@@ -45,7 +45,7 @@ def free_port() -> int:
 def penguin_model(folder: Path) -> Path:
     from datamodules.penguins import PenguinDataModule
     from lightning_modules.penguin_net import PenguinNet
-    from scripts.score import serving_inputs
+    from scripts.serving.mlflow_model import serving_inputs
 
     data = PenguinDataModule()
     data.setup("fit")
@@ -151,7 +151,7 @@ def model_only(folders: dict[str, Path], threads: int, rounds: int) -> list[str]
     return lines
 
 
-def main(requests: int = 300, image_requests: int = 60, rounds: int = 3, workers: int = 1, threads: int = 0) -> None:
+def bench(requests: int = 300, image_requests: int = 60, rounds: int = 3, workers: int = 1, threads: int = 0) -> None:
     """
     Args:
         requests: penguin requests per round and variant.
@@ -205,7 +205,11 @@ def main(requests: int = 300, image_requests: int = 60, rounds: int = 3, workers
     print("\n".join(network_lines))
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
     from jsonargparse import auto_cli
 
-    auto_cli(main)
+    auto_cli(bench, args=argv)
+
+
+if __name__ == "__main__":
+    main()

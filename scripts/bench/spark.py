@@ -91,12 +91,12 @@ def measure(command, epochs: int, master: str) -> tuple[float, float]:
         return wall, epoch_seconds(outputs)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--master", default="local-cluster[2,1,1024]")
-    options = parser.parse_args()
+    options = parser.parse_args(argv)
     best: dict[str, tuple[float, float]] = {}
     for _ in range(options.rounds):
         for command in (torchrun, spark, spark_session_running):

@@ -43,10 +43,10 @@ def test_acc(stdout: str) -> float:
     return float(stdout.rsplit("test_acc:", 1)[1].split()[0])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", default="configs/sweeps/penguins.yaml")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     import optuna
     from mlflow import MlflowClient
 

@@ -94,7 +94,9 @@ def serving_inputs(datamodule: ClassificationDataModule) -> dict | None:
         return None
     datamodule_class = type(datamodule)
     path = f"{datamodule_class.__module__}.{datamodule_class.__qualname__}"
-    return {"kind": kind, "datamodule": path, "state": datamodule.serving_state()}
+    # A datamodule built from a checkpoint has the state its network was trained with, and perhaps no data.
+    state = getattr(datamodule, "checkpoint_serving_state", None)
+    return {"kind": kind, "datamodule": path, "state": state if state is not None else datamodule.serving_state()}
 
 
 def save_model(

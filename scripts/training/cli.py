@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 import shutil
 import sys
@@ -319,7 +320,18 @@ def rank_zero_print(line: str) -> None:
     print(line)
 
 
+class NoAdvertisements(logging.Filter):
+    """Drops Lightning's tips to install its cloud services (litlogger, litmodels), printed on every run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip:")
+
+
 def cli_main(args: list[str] | None = None, cli_class: type[TemplateCLI] = TemplateCLI) -> TemplateCLI:
+    # Lightning's rank-zero messages go to this logger (lightning/pytorch/utilities/rank_zero.py).
+    rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, NoAdvertisements) for f in rank_zero_logger.filters):
+        rank_zero_logger.addFilter(NoAdvertisements())
     # TransferNet keeps a frozen backbone's BatchNorm in eval mode on purpose; Lightning warns of it.
     warnings.filterwarnings("ignore", r"Found \d+ module\(s\) in eval mode")
     # Lightning 2.6.6 on torch 2.14: a deprecation inside Lightning, printed on every run; nothing to do for users.

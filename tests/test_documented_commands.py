@@ -1,0 +1,123 @@
+"""Every command the README and docs/ show is one the code takes: each `python -m scripts.<verb> ...` (also after
+torchrun, mpirun or horovodrun) is parsed by its own command line, nothing run. jsonargparse's commands parse it with
+--print_config (a renamed or mistyped option fails there; --help would stop before checking); the argparse ones
+(score, plot, build_horovod, the benches) must list every option it gives in their --help. A renamed option fails
+this test, not a user."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PRINT_CONFIG = {"scripts.train", "scripts.submit", "scripts.sweep", "scripts.serve", "scripts.deploy", "scripts.export"}
+SHELL_ENDS = {"|", ">", ">>", "2>", "2>&1", "&&", ";", "&"}
+
+
+def documented_commands() -> list[tuple[str, str, list[str]]]:
+    """(where, module, args) of every command shown: whole lines of fenced blocks, `inline code` elsewhere."""
+    found = []
+    for page in PAGES:
+        fenced = False
+        lines = page.read_text().replace("\\\n", " ").splitlines()
+        for number, line in enumerate(lines, 1):
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+                continue
+            texts = [line] if fenced else re.findall(r"`([^`]*-m scripts\.[^`]*)`", line)
+            for text in texts:
+                at = text.find("-m scripts.")
+                if at < 0:
+                    continue
+                tokens = shlex.split(text[at:], comments=True)[1:]
+                args = []
+                for token in tokens[1:]:
+                    if token in SHELL_ENDS:
+                        break
+                    args.append(token)
+                found.append((f"{page.relative_to(REPO)}:{number}", tokens[0], args))
+    return found
+
+
+COMMANDS = documented_commands()
+
+
+def run_main(module: str, args: list[str]) -> tuple[int, str]:
+    """The command's main() on `args` in this process: its exit status and what it printed."""
+    main = importlib.import_module(module).main
+    output = io.StringIO()
+    argv, sys.argv = sys.argv, [module]  # as `python -m module` has it (LightningCLI warns of pytest's arguments)
+    with contextlib.ExitStack() as restore:
+        restore.callback(setattr, sys, "argv", argv)
+        restore.enter_context(contextlib.redirect_stdout(output))
+        restore.enter_context(contextlib.redirect_stderr(output))
+        try:
+            main(args)
+            status = 0
+        except SystemExit as stop:
+            status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+            if not isinstance(stop.code, int | None):
+                output.write(str(stop.code))
+    return status, output.getvalue()
+
+
+def test_the_pages_show_commands_of_every_kind():
+    modules = {module for _, module, _ in COMMANDS}
+    assert {"scripts.train", "scripts.submit", "scripts.sweep", "scripts.spark", "scripts.serve"} <= modules
+    assert {"scripts.deploy", "scripts.score", "scripts.export", "scripts.build_horovod"} <= modules
+    assert any(module.startswith("scripts.bench.") for module in modules)
+
+
+@pytest.mark.parametrize(("where", "module", "args"), COMMANDS, ids=[where for where, _, _ in COMMANDS])
+def test_a_documented_command_parses(where, module, args):
+    if module == "scripts.spark":  # its own two options, then scripts.train fit's
+        from scripts.spark import split_options
+
+        _, _, rest = split_options(args)
+        module, args = "scripts.train", ["fit", *rest]
+    if module in PRINT_CONFIG:
+        status, output = run_main(module, [*args, "--print_config"])
+        assert status == 0, f"{where}: python -m {module} {shlex.join(args)}\n{output}"
+        return
+    status, output = run_main(module, ["--help"])
+    assert status == 0 and "usage" in output, f"{where}: python -m {module} --help\n{output}"
+    for option in (arg.split("=")[0] for arg in args if arg.startswith("--")):
+        assert option in output, f"{where}: python -m {module} has no option {option}"
+
+
+def test_a_renamed_option_fails_the_parse():
+    status, output = run_main("scripts.train", ["fit", "--config", "configs/penguins.yaml", "--trainer.max_epoks", "5",
+                                                "--print_config"])  # fmt: skip
+    assert status == 1 and "--trainer.max_epoks" in output
+    status, output = run_main("scripts.submit", ["configs/penguins.yaml", "--computer", "c", "--print_config"])
+    assert status == 1 and "--computer" in output
+
+
+COMMAND_MODULES = sorted(f"scripts.{path.stem}" for path in (REPO / "scripts").glob("*.py") if path.stem != "__init__")
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+@pytest.mark.parametrize("module", COMMAND_MODULES)
+def test_every_command_answers_help_with_its_usage(module, flag):
+    status, output = run_main(module, [flag])
+    assert status == 0 and "usage" in output.lower(), output
+    assert "error" not in output.lower().split("usage")[0], output
+
+
+def test_a_subcommands_help_lists_its_options():
+    for module, args, option in [
+        ("scripts.spark", ["fit", "--help"], "--num_processes"),
+        ("scripts.spark", ["fit", "--help"], "--trainer.max_epochs"),
+        ("scripts.train", ["fit", "--help"], "--checkpoint_dir"),
+        ("scripts.deploy", ["online", "--help"], "--endpoint"),
+    ]:
+        status, output = run_main(module, args)
+        assert status == 0 and option in output, (module, args, output)
