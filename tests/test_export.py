@@ -71,7 +71,7 @@ def test_penguins_export_matches_pytorch(penguins_checkpoint, capsys):
 def test_failed_check_leaves_earlier_file_and_exits_with_one_line(penguins_checkpoint, tmp_path, monkeypatch):
     output = tmp_path / "model.onnx"
     output.write_bytes(b"an earlier export")
-    monkeypatch.setattr("scripts.export.TOLERANCE", -1.0)  # every difference is now too large
+    monkeypatch.setattr("scripts.serving.mlflow_model.TOLERANCE", -1.0)  # every difference is now too large
     with pytest.raises(SystemExit) as exit_info:
         main([str(penguins_checkpoint), "--output", str(output)])
     message = str(exit_info.value.code)
