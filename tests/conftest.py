@@ -19,6 +19,7 @@ from torchvision.io import write_jpeg, write_png
 
 from datamodules.birds import BirdsDataModule
 from datamodules.mnist import FILES as MNIST_FILES
+from tests import warm_launcher
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -33,15 +34,23 @@ CLASSES = ("chickens", "turkeys")  # the bird folders tests make
 def run_module(
     module: str, *args: str, env: dict | None = None, timeout: int = 600, launcher: list[str] = ()
 ) -> subprocess.CompletedProcess:
-    """`[launcher] python -m <module> args...` from the repository root, as a user types it."""
-    return subprocess.run(
-        [*launcher, sys.executable, "-m", module, *map(str, args)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-    )
+    """`[launcher] python -m <module> args...` from the repository root, as a user types it: a process of its own,
+    forked from a warm launcher that has imported torch, Lightning and MLflow (tests/warm_launcher.py) unless another
+    program starts it or it is Spark's (whose JVM and workers are not forked from the launcher)."""
+    if launcher or module.startswith("scripts.spark"):
+        return subprocess.run(
+            [*launcher, sys.executable, "-m", module, *map(str, args)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+        )
+    return warm_launcher.run(module, [str(arg) for arg in args], REPO, env, timeout)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    warm_launcher.close()
 
 
 def free_port() -> int:

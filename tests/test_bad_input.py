@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import warm_launcher
 from tests.conftest import REPO, bird_folders, free_port, write_images
 
 pytestmark = pytest.mark.slow
@@ -408,9 +409,9 @@ def trained(tmp_path_factory) -> dict[str, Path]:
     }
 
     def fit(task: str) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "scripts.train", "fit", *tasks[task], "--trainer.max_epochs", "1",
-                   "--test_after_fit", "false", "--trainer.default_root_dir", str(root / task)]  # fmt: skip
-        return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+        args = ["fit", *tasks[task], "--trainer.max_epochs", "1", "--test_after_fit", "false",
+                "--trainer.default_root_dir", str(root / task)]  # fmt: skip
+        return warm_launcher.run("scripts.train", args, REPO, timeout=600)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = dict(zip(tasks, pool.map(fit, tasks)))
@@ -451,10 +452,13 @@ def run_case(case: Case, folder: Path, template: Path, checkpoints: dict[str, Pa
             args += ["--trainer.default_root_dir", str(outputs)]
         if "--config" not in args or args[args.index("--config") + 1].startswith("configs/trainer/"):
             args[1:1] = ["--config", "configs/penguins.yaml"]  # the penguins task unless the case names one
-    python = [sys.executable, "-X", "importtime"] if case.module == "scripts.submit" else [sys.executable]
     environ = {**os.environ, **{key: value.format(**values) for key, value in case.env.items()}}
-    result = subprocess.run([*python, "-m", case.module, *args], cwd=case.cwd.format(**values), env=environ,
-                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    cwd = case.cwd.format(**values)
+    if case.module == "scripts.submit":  # a fresh interpreter: -X importtime tells what it imported before the error
+        result = subprocess.run([sys.executable, "-X", "importtime", "-m", case.module, *args], cwd=cwd, env=environ,
+                                capture_output=True, text=True, timeout=600)  # fmt: skip
+    else:
+        result = warm_launcher.run(case.module, args, cwd, environ, timeout=600)
     return Outcome(result, values, checksums(*theirs) == before, outputs)
 
 
