@@ -1,7 +1,7 @@
-"""best.ckpt and last.ckpt (Lightning's ModelCheckpoint twice: scripts/training/checkpoints.py) through the real CLI: last.ckpt
-is the end of every finished epoch, also after SIGTERM or SIGKILL; a fit started again with its --checkpoint_dir
-resumes bit for bit and goes on in its MLflow run, every epoch's metrics there once, as a preempted Azure ML job
-restarted with the same command."""
+"""best.ckpt and last.ckpt (Lightning's ModelCheckpoint twice: scripts/training/checkpoints.py) through the real CLI:
+last.ckpt is the end of every finished epoch, also after SIGTERM or SIGKILL; a fit started again with its
+--checkpoint_dir resumes bit for bit and goes on in its MLflow run, every epoch's metrics there once, as a preempted
+Azure ML job restarted with the same command."""
 
 from __future__ import annotations
 
