@@ -175,8 +175,9 @@ def datamodule_class(folder: Path, path: str | None) -> type[ClassificationDataM
     try:
         found = getattr(importlib.import_module(module), name, None) if module else None
     except ImportError as error:
-        raise ModelError(f"{folder}: its datamodule {path} cannot be imported ({error}); serve it with its code") \
-            from None
+        raise ModelError(
+            f"{folder}: its datamodule {path} cannot be imported ({error}); serve it with its code"
+        ) from None
     if not (isinstance(found, type) and issubclass(found, ClassificationDataModule)):
         raise ModelError(
             f"{folder}: its metadata names no ClassificationDataModule ({path!r}); save the model again with "
