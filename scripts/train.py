@@ -28,16 +28,15 @@ def main(args: list[str] | None = None) -> TemplateCLI:
     Returns the CLI that ran (scripts.spark reads the trainer's results from it)."""
     try:
         cli = cli_main(args)
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            # Before the interpreter's teardown, which otherwise destroys gloo's group while its worker threads are
-            # alive: now and then a process aborts then (SIGABRT, "terminate called without an active exception",
-            # pytorch/pytorch#190489) and a finished fit exits 134. Not after an error: another process may still
-            # be inside a collective.
-            torch.distributed.destroy_process_group()
+        end_process_group()
         return cli
     except SIGTERMException:
-        # Lightning stops at the next batch with this SystemExit, whose status is 0: a killed run would look
-        # finished to a shell or a scheduler. 143 (128 + SIGTERM) is what dying of the signal reports.
+        # Every process stops with this SystemExit at the same point (scripts/training/sigterm.py), none inside a
+        # collective. Its status is 0: a killed run would look finished to a shell or a scheduler. 143 (128 +
+        # SIGTERM) is what dying of the signal reports. Another SIGTERM now would make it -15: torchrun and mpirun send
+        # one to every process once one of them has ended.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        end_process_group()
         sys.exit(128 + signal.SIGTERM)
     except ArgumentError as error:
         sys.exit(f"error: {config_error_line(error, sys.argv[1:] if args is None else args)}")
@@ -52,6 +51,15 @@ def main(args: list[str] | None = None) -> TemplateCLI:
         if "\n" in message:  # raised in a DataLoader worker: PyTorch re-raises it with the worker's traceback
             message = message.splitlines()[-1].split(": ", 1)[-1]  # "datamodules.errors.DataError: <message>"
         sys.exit(f"error: {message}")
+
+
+def end_process_group() -> None:
+    """Before the interpreter's teardown, which otherwise destroys gloo's group while its worker threads are alive:
+    now and then a process aborts then (SIGABRT, "terminate called without an active exception",
+    pytorch/pytorch#190489) and a finished fit exits 134. Not after an error: another process may still be inside a
+    collective."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

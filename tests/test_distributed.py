@@ -33,6 +33,7 @@ from tests.conftest import (
     run_module,
     write_images,
 )
+from tests.preemption import rank_processes, signal_pids, wait_all, wait_for_epoch
 
 pytestmark = pytest.mark.slow
 
@@ -289,3 +290,51 @@ def test_evaluation_on_two_processes_counts_every_item_once(tmp_path, task):
         assert result.returncode == 0, result.stderr[-3000:]
         metrics[processes] = validation_metrics(outputs)
     assert metrics["two"] == pytest.approx(metrics["one"], abs=1e-6)
+
+
+def preemptible_fit(outputs: Path, *args: str) -> list[str]:
+    """A fit long enough to be signalled in its middle: 12 epochs of 30 steps a process (batch 4), last.ckpt in
+    outputs/checkpoints."""
+    return [
+        "fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", "12", "--data.init_args.batch_size", "4",
+        "--trainer.callbacks", "[]", "--trainer.enable_progress_bar", "false", "--test_after_fit", "false",
+        "--trainer.default_root_dir", str(outputs), "--checkpoint_dir", str(outputs / "checkpoints"), *args,
+    ]  # fmt: skip
+
+
+def preempt_launched(command: list[str], outputs: Path, rank_variable: str, signalled: list[int], env=None) -> str:
+    """Starts `command` (a launcher of 2 processes), sends SIGTERM to the processes of ranks `signalled` once a third
+    epoch is saved; the launcher, so every process, must end within GRACE_S, last.ckpt at an epoch's end. Returns
+    the launcher's output and status."""
+    log = outputs / "launcher.log"
+    outputs.mkdir(parents=True)
+    with open(log, "w") as out:  # a file, not a pipe nobody reads while it runs
+        launcher = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+    last = outputs / "checkpoints" / "last.ckpt"
+    wait_for_epoch(last, 2, [launcher])
+    ranks = rank_processes(launcher, rank_variable, 2)
+    (status,) = wait_all([launcher], signal_pids([ranks[rank] for rank in signalled]))
+    stopped = torch.load(last, weights_only=False)
+    assert 2 <= stopped["epoch"] < 11 and stopped["global_step"] == (stopped["epoch"] + 1) * 30  # an epoch's end
+    return f"{log.read_text()}\nstatus: {status}"
+
+
+@pytest.mark.parametrize("signalled", [[0, 1], [0]])
+def test_sigterm_under_torchrun_ends_every_process_with_143_at_an_epoch_end(tmp_path, signalled):
+    args = ["--standalone", "--nproc_per_node", "2", "-m", "scripts.train", *preemptible_fit(tmp_path / "o", *DDP)]
+    output = preempt_launched([sys.executable, "-m", "torch.distributed.run", *args], tmp_path / "o", "RANK", signalled)
+    # torchrun reports each process that failed: both, each with 143, none killed by torchrun's own SIGTERM (-15).
+    assert re.findall(r"^\s+exitcode\s+: (-?\d+)", output, re.M) == ["143", "143"], output[-3000:]
+    assert output.endswith("status: 1")  # torchrun's, for failed processes
+
+
+@pytest.mark.parametrize("signalled", [[0, 1], [0]])
+def test_sigterm_under_mpirun_ends_every_process_with_143_at_an_epoch_end(tmp_path, signalled):
+    if shutil.which("mpirun") is None:
+        pytest.skip("needs Open MPI's mpirun (apt-get install openmpi-bin; .ci/run installs it)")
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    command = ["mpirun", "--oversubscribe", "-np", "2", sys.executable, "-m", "scripts.train"]
+    command += preemptible_fit(tmp_path / "o", *MPI, "--trainer.devices", "2")
+    output = preempt_launched(command, tmp_path / "o", "OMPI_COMM_WORLD_RANK", signalled, env=env)
+    # mpirun reports the first process that failed and exits with its status; it would have killed the others.
+    assert re.search(r"Exit code:\s+143\b", output) and output.endswith("status: 143"), output[-3000:]

@@ -35,6 +35,7 @@ from lightning_modules.classifier import ClassificationModule, OptimizerError
 from lightning_modules.transfer_net import WeightsError, skip_pretrained_weights
 from scripts.serving.mlflow_model import register_model, serving_inputs, test_inputs
 from scripts.training.checkpoints import add_checkpoint_arguments, keep_run_id, resume_from, saved_run_id
+from scripts.training.sigterm import StopTogether
 from scripts.training.throughput import EpochThroughput
 from scripts.training.tracking import (
     BufferedMLFlowLogger,
@@ -176,6 +177,7 @@ class TemplateCLI(LightningCLI):
         except ValueError as error:  # the Trainer's own checks of its options (a strategy name that does not exist)
             raise ConfigError(f"trainer: {str(error).strip().splitlines()[0]}") from None
         check_launch(trainer.num_devices, trainer.num_nodes)
+        trainer.callbacks.append(StopTogether())  # not in trainer.callbacks' option: a config's list would drop it
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # a user's own plugin is left alone
             trainer.strategy.checkpoint_io = RankZeroCheckpointIO(trainer.strategy)
         return trainer
