@@ -35,6 +35,10 @@ class StopTogether(L.Callback):
 
     def stop_if_signalled(self, trainer: L.Trainer) -> None:
         """A collective: every process calls it at the same point."""
+        if trainer.world_size == 1:  # no collective, and no device sync of a step's result on a GPU
+            if self.signalled:
+                raise SIGTERMException
+            return
         signalled = torch.tensor(float(self.signalled), device=trainer.strategy.root_device)
         if trainer.strategy.reduce(signalled, reduce_op="max").item():
             raise SIGTERMException
