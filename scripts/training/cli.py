@@ -9,6 +9,7 @@ Spark and the benches build it too.
 from __future__ import annotations
 
 import contextlib
+import csv
 import importlib
 import logging
 import os
@@ -228,9 +229,10 @@ class TemplateCLI(LightningCLI):
 
     def after_predict(self) -> None:
         rows = [row for batch in self.trainer.predict_loop.predictions for row in batch]
-        print("input,class,probability")
+        out = csv.writer(sys.stdout, lineterminator="\n")  # quotes a name holding a comma: `turkey, wild.jpg`
+        out.writerow(["input", "class", "probability"])
         for name, (label, probability) in zip(self.datamodule.predict_names, rows):
-            print(f"{name},{label},{probability:.4f}")
+            out.writerow([name, label, f"{probability:.4f}"])
 
 
 def is_mlflow_logger(logger) -> bool:
