@@ -63,20 +63,20 @@ sweep: $(VENV)/installed ## Optuna sweep of configs/sweeps/TASK.yaml: trials, be
 
 validate: $(VENV)/installed ## validate CKPT on TASK's validation split
 	$(NEED_CKPT)
-	$(PY) -m scripts.train validate --config $(CONFIG) --ckpt_path $(CKPT) $(ARGS)
+	$(PY) -m scripts.train validate --config "$(CONFIG)" --ckpt_path "$(CKPT)" $(ARGS)
 
 evaluate: $(VENV)/installed ## test CKPT on TASK's test split (the `test` subcommand)
 	$(NEED_CKPT)
-	$(PY) -m scripts.train test --config $(CONFIG) --ckpt_path $(CKPT) $(ARGS)
+	$(PY) -m scripts.train test --config "$(CONFIG)" --ckpt_path "$(CKPT)" $(ARGS)
 
 predict: $(VENV)/installed ## classify INPUT (a CSV or an image folder) with CKPT
 	$(NEED_CKPT)
 	@test -n "$(INPUT)" || { echo "error: give INPUT=<a folder of images or a file> to classify" >&2; exit 1; }
-	$(PY) -m scripts.train predict --config $(CONFIG) --ckpt_path $(CKPT) --data.predict_path $(INPUT) $(ARGS)
+	$(PY) -m scripts.train predict --config "$(CONFIG)" --ckpt_path "$(CKPT)" --data.predict_path "$(INPUT)" $(ARGS)
 
 export: $(VENV)/installed ## write CKPT as ONNX and check it against PyTorch
 	$(NEED_CKPT)
-	$(PY) -m scripts.export $(CKPT) $(ARGS)
+	$(PY) -m scripts.export "$(CKPT)" $(ARGS)
 
 # The pip list of scripts/serving/environment.yml (its `- name==version` lines), read without Python packages.
 $(SERVE_VENV)/installed: scripts/serving/environment.yml

@@ -27,7 +27,7 @@ from datamodules.image_folder import (
     class_folders,
     decode,
     fetch_archive,
-    hidden,
+    files_below,
     list_images,
     read_image,
     seeded_split,
@@ -183,7 +183,7 @@ class BirdsDataModule(ClassificationDataModule):
             return [path]
         if not path.is_dir():
             raise DataError(f"{path}: no such file or folder; give predict_path a folder of images or one image")
-        files = sorted(p for p in path.rglob("*") if p.is_file() and not hidden(p, path))
+        files = files_below(path)
         if not files:
             raise DataError(f"{path}: no images in this folder")
         return files

@@ -8,6 +8,8 @@ classes, files that do not decode (all of them in one message, found before trai
 
 from __future__ import annotations
 
+import lzma
+import os
 import re
 import shutil
 import tarfile
@@ -15,6 +17,7 @@ import tempfile
 import urllib.error
 import urllib.request
 import zipfile
+import zlib
 from pathlib import Path
 
 import torch
@@ -25,21 +28,50 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")  # what torchvision.io.decod
 
 
 def hidden(path: Path, root: Path) -> bool:
-    """Dot files and macOS zip debris (`__MACOSX/`) are no one's data."""
+    """Dot files (macOS's `._x.jpg` resource forks too) and macOS zip debris (`__MACOSX/`) are no one's data."""
     return any(part.startswith(".") or part == "__MACOSX" for part in path.relative_to(root).parts)
+
+
+def files_below(folder: Path) -> list[Path]:
+    """The files at any depth below `folder`, sorted, hidden ones left out. Links are followed, to folders too
+    (`Path.rglob` skips linked folders without a word); a folder reached twice through links is read once; a link
+    to nothing is a DataError naming it."""
+    files, seen = [], set()
+    for top, folders, names in os.walk(folder, followlinks=True):
+        real = os.path.realpath(top)
+        if real in seen:  # a link back up the tree, or a second link to one folder
+            folders.clear()
+            continue
+        seen.add(real)
+        folders[:] = [name for name in folders if not name.startswith(".") and name != "__MACOSX"]
+        for name in names:
+            path = Path(top) / name
+            if name.startswith("."):
+                continue
+            if not path.exists():
+                raise dangling_link(path)
+            files.append(path)
+    return sorted(files)
 
 
 def class_folders(split_dir: Path) -> list[Path]:
     """The class subfolders of a split, sorted by name (their index is the label)."""
     if not split_dir.is_dir():
         raise DataError(f"{split_dir}: no such folder; give data_dir a folder of class subfolders of images")
-    loose = sorted(p.name for p in split_dir.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    loose = sorted(
+        p.name
+        for p in split_dir.iterdir()
+        if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not hidden(p, split_dir)
+    )
     if loose:
         shown = ", ".join(loose[:3]) + (f" and {len(loose) - 3} more" if len(loose) > 3 else "")
         raise DataError(
             f"{split_dir}: images not labelled ({shown} lie directly in it); put each image in a subfolder "
             f"named after its class, e.g. {split_dir / '<class>' / loose[0]}"
         )
+    for path in split_dir.iterdir():
+        if path.is_symlink() and not path.exists():
+            raise dangling_link(path)
     folders = sorted(p for p in split_dir.iterdir() if p.is_dir() and not hidden(p, split_dir))
     if not folders:
         raise DataError(f"{split_dir}: no class subfolders; put the images of each class in a folder named after it")
@@ -50,7 +82,7 @@ def list_images(split_dir: Path) -> dict[str, list[Path]]:
     """Class name -> its files (any depth below the class folder), sorted; every class must have some."""
     classes = {}
     for folder in class_folders(split_dir):
-        files = sorted(p for p in folder.rglob("*") if p.is_file() and not hidden(p, folder))
+        files = files_below(folder)
         if not files:
             raise DataError(f"{folder}: class {folder.name!r} has no images; add some or remove the folder")
         classes[folder.name] = files
@@ -151,15 +183,7 @@ def fetch_archive(archive: str, target: Path) -> None:
             if not source.is_file():
                 raise DataError(f"{archive}: no such archive; give data.init_args.archive an existing .zip or .tar.gz")
         unpacked = temp / "unpacked"
-        try:
-            if zipfile.is_zipfile(source):
-                with zipfile.ZipFile(source) as archive_file:
-                    archive_file.extractall(unpacked)  # drops ".." and absolute parts of member names
-            else:
-                with tarfile.open(source) as archive_file:
-                    archive_file.extractall(unpacked, filter="data")  # refuses paths outside, links out, devices
-        except (zipfile.BadZipFile, tarfile.TarError, OSError) as error:
-            raise DataError(f"{archive}: cannot be extracted ({error}); check the file or download it again") from None
+        extract(source, unpacked, archive)
         entries = [p for p in unpacked.iterdir() if not hidden(p, unpacked)]
         root = entries[0] if len(entries) == 1 and entries[0].is_dir() else unpacked
         try:
@@ -167,3 +191,46 @@ def fetch_archive(archive: str, target: Path) -> None:
         except OSError:
             if not target.is_dir():  # else another process finished first: its copy is as good
                 raise
+
+
+def extract(source: Path, folder: Path, archive: str) -> None:
+    """Extracts the zip or tar (gzip, bzip2, xz or none) `source` into `folder`, checked whole: a DataError naming
+    `archive` and the reason when it is damaged or cut short, so no damaged image is trained on without a word."""
+    with source.open("rb") as file:
+        zip_like = file.read(2) == b"PK"  # a zip begins with its first member's header, and ends with its directory
+    try:
+        if zip_like or zipfile.is_zipfile(source):
+            if not zipfile.is_zipfile(source):
+                raise DataError(
+                    f"{archive}: a zip archive without its central directory (cut short?); download it again"
+                )
+            with zipfile.ZipFile(source) as archive_file:
+                archive_file.extractall(folder)  # checks each member's CRC-32; drops ".." and absolute parts of names
+            return
+        with tarfile.open(source) as archive_file:
+            archive_file.extractall(folder, filter="data")  # refuses paths outside, links out, devices
+            # tarfile stops at the archive's end marker; the compressed stream's own check (gzip's CRC-32, xz's and
+            # bzip2's) runs only when it is read to its very end.
+            while archive_file.fileobj.read(1 << 20):
+                pass
+    except tarfile.ReadError as error:
+        if "could not be opened successfully" in str(error):  # its multi-line list of the formats tried
+            raise DataError(f"{archive}: neither a zip nor a tar archive; give a .zip, .tar or .tar.gz") from None
+        raise DataError(f"{archive}: a damaged or cut-short tar archive ({error}); download it again") from None
+    except OSError as error:
+        if error.errno is not None:  # the system's: a full disk, no permission
+            raise DataError(
+                f"{archive}: cannot be extracted into {folder.parent} ({error}); free space there"
+            ) from None
+        raise damaged(archive, error) from None  # gzip's "CRC check failed", bzip2's "Invalid data stream"
+    except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, NotImplementedError,
+            RuntimeError) as error:  # fmt: skip
+        raise damaged(archive, error) from None
+
+
+def damaged(archive: str, error: BaseException) -> DataError:
+    return DataError(f"{archive}: damaged or cut short ({error}); download it again")
+
+
+def dangling_link(path: Path) -> DataError:
+    return DataError(f"{path}: a link to {os.readlink(path)}, which does not exist; remove it or restore its target")

@@ -8,7 +8,8 @@ downloads missing ones from torchvision's mirrors and checks their MD5. The whol
 uint8 tensor (N, 1, 28, 28), on the training GPU when there is one; batches are slices of it
 (`InMemoryBatches`), scaled, normalised and, when training with `augment`, randomly warped a
 whole batch at a time in `on_after_batch_transfer`. Predict reads a folder of PNG/JPEG/WebP images
-(white digit on black, as MNIST; any size, made grey 28x28) or an idx file of images.
+(white digit on black, as MNIST; any size, made grey 28x28; dark digits on a light background are inverted, saying
+so on stderr) or an idx file of images.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import gzip
 import hashlib
 import math
 import struct
+import sys
 import urllib.error
 import urllib.request
 import zlib
@@ -26,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from datamodules.errors import DataError
-from datamodules.image_folder import IMAGE_SUFFIXES, decode, read_image
+from datamodules.image_folder import IMAGE_SUFFIXES, decode, hidden, read_image
 from datamodules.in_memory import InMemoryDataModule
 
 # Each file's idx magic number and the MD5 of its uncompressed bytes. torchvision's `resources`
@@ -80,6 +82,21 @@ def to_digit(image: torch.Tensor) -> torch.Tensor:
     from torchvision.transforms.v2.functional import resize
 
     return resize(image, [28, 28], antialias=True)
+
+
+def light_background(digits: torch.Tensor) -> torch.Tensor:
+    """Per digit of a uint8 batch (N, 1, 28, 28): whether its border is light (two thirds of white on average), a dark
+    digit on a light background. MNIST's are white on black (their borders are black): the network reads the reverse
+    as noise, and answers it with confidence."""
+    border = torch.ones(28, 28, dtype=torch.bool)
+    border[3:-3, 3:-3] = False
+    return digits[:, 0, border].float().mean(1) > 170
+
+
+def as_white_on_black(digits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the digits, those on a light background inverted; which were)."""
+    light = light_background(digits)
+    return torch.where(light[:, None, None, None], 255 - digits, digits), light
 
 
 def normalize_digits(images: torch.Tensor) -> torch.Tensor:
@@ -198,7 +215,7 @@ class MNISTDataModule(InMemoryDataModule):
             raise DataError("predict needs data.init_args.predict_path: a folder of digit images or an idx file")
         path = Path(self.hparams.predict_path)
         if path.is_dir():
-            files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+            files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and not hidden(p, path))
             if not files:
                 raise DataError(f"{path}: no {', '.join(IMAGE_SUFFIXES)} image in this folder")
             return torch.stack([read_digit(p) for p in files]), [str(p) for p in files]
@@ -223,6 +240,14 @@ class MNISTDataModule(InMemoryDataModule):
             self.splits["test"] = self.load("t10k")
         elif stage == "predict":
             images, self.predict_names = self.read_predict()
+            images, light = as_white_on_black(images)
+            if light.any():
+                inverted = [name for name, flag in zip(self.predict_names, light.tolist()) if flag]
+                more = f" and {len(inverted) - 1} more" if len(inverted) > 1 else ""
+                print(
+                    f"{inverted[0]}{more}: dark digits on a light background; inverted to MNIST's white on black",
+                    file=sys.stderr,
+                )
             self.splits["predict"] = (images,)
         device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
         if device.type != "cpu":  # batches become slices on the GPU: nothing is copied per step
@@ -252,7 +277,8 @@ class MNISTDataModule(InMemoryDataModule):
             if image is None:
                 raise DataError(f"{name}: not a readable image ({reason}); send a JPEG, PNG or WebP file")
             digits.append(to_digit(image))
-        return normalize_digits(torch.stack(digits).float() / 255)
+        digits, _ = as_white_on_black(torch.stack(digits))  # as predict does
+        return normalize_digits(digits.float() / 255)
 
     def on_after_batch_transfer(self, batch: tuple[torch.Tensor, ...], dataloader_idx: int) -> tuple[torch.Tensor, ...]:
         images = batch[0].float() / 255

@@ -18,6 +18,7 @@ weights after some epochs at a lower learning rate (configs/birds.yaml); BatchNo
 from __future__ import annotations
 
 import re
+import socket
 import urllib.error
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -33,6 +34,9 @@ CLASSIFIER = {"efficientnet_lite0": "_fc", "resnet18": "fc", "resnet50": "fc", "
 DENSENET_OLD_KEY = re.compile(
     r"^(.*denselayer\d+\.(?:norm|relu|conv))\.((?:[12])\.(?:weight|bias|running_mean|running_var))$"
 )
+
+
+DOWNLOAD_TIMEOUT_S = 60.0  # most seconds a weights download waits for the server's next bytes
 
 
 class WeightsError(Exception):
@@ -54,19 +58,27 @@ def imagenet_url(name: str) -> str:
 
 
 def download_weights(url: str) -> dict[str, torch.Tensor]:
-    """A state dict from torch.hub's cache, downloaded there first if missing (to a temporary name, then moved)."""
+    """A state dict from torch.hub's cache, downloaded there first if missing (to a temporary name, then moved). A
+    server that stops answering ends it after DOWNLOAD_TIMEOUT_S without data, as the birds' archive download does."""
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)  # torch.hub takes no timeout: its sockets get this one
     try:
         return torch.hub.load_state_dict_from_url(
             url, map_location="cpu", progress=False, check_hash=True, weights_only=True
         )
     except (urllib.error.URLError, OSError) as error:
         cache = Path(torch.hub.get_dir()) / "checkpoints"
+        reason = getattr(error, "reason", error)
+        if isinstance(reason, TimeoutError):
+            reason = f"no answer in {DOWNLOAD_TIMEOUT_S:g} s"
         raise WeightsError(
-            f"{url}: download of ImageNet weights failed ({getattr(error, 'reason', error)}); put the file in "
+            f"{url}: download of ImageNet weights failed ({reason}); put the file in "
             f"{cache}, or set model.network.init_args.weights_path to a local copy, or weights: none"
         ) from None
     except RuntimeError as error:  # torch.hub's check of the SHA-256 prefix in the file name; it kept nothing
         raise WeightsError(f"{url}: {str(error).splitlines()[0]}; the download is corrupt or not that file") from None
+    finally:
+        socket.setdefaulttimeout(previous)
 
 
 def build(name: str) -> nn.Module:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import csv
 import importlib
 import io
 import json
@@ -391,16 +392,19 @@ def main(args: list[str] | None = None) -> None:
         answers = score_files(loaded, source, max(1, chunk))
     except (ModelError, RequestError, DataError, OSError) as error:
         sys.exit(f"error: {error}")
-    lines = ["input,class,probability", *(f"{a['input']},{a['class']},{a['probability']:.4f}" for a in answers)]
+    text = io.StringIO()
+    out = csv.writer(text, lineterminator="\n")  # quotes a name holding a comma, as predict does
+    out.writerow(["input", "class", "probability"])
+    out.writerows([a["input"], a["class"], f"{a['probability']:.4f}"] for a in answers)
     if options.output:
         target = Path(options.output)
         if target.is_dir() or not target.suffix:
             target = target / "predictions.csv"
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text("\n".join(lines) + "\n")
+        target.write_text(text.getvalue())
         print(f"wrote {len(answers)} predictions to {target}")
     else:
-        print("\n".join(lines))
+        print(text.getvalue(), end="")
 
 
 if __name__ == "__main__":

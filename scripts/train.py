@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -20,7 +21,7 @@ from jsonargparse import ArgumentError
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from scripts.training.cli import USER_ERRORS, TemplateCLI, cli_main
-from scripts.training.cli_errors import config_error_line
+from scripts.training.cli_errors import config_error_line, full_disk_line
 
 
 def main(args: list[str] | None = None) -> TemplateCLI:
@@ -40,12 +41,19 @@ def main(args: list[str] | None = None) -> TemplateCLI:
         sys.exit(128 + signal.SIGTERM)
     except ArgumentError as error:
         sys.exit(f"error: {config_error_line(error, sys.argv[1:] if args is None else args)}")
+    except BrokenPipeError:
+        # `predict ... | head -1`: the reader has gone. End quietly, as Unix tools do: no traceback, nor Python's
+        # "Exception ignored" when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(128 + signal.SIGPIPE)
     except Exception as error:
         # jsonargparse wraps what a class raises while it is built: look for ours in the chain.
         cause: BaseException | None = error
         while cause is not None and not isinstance(cause, USER_ERRORS):
             cause = cause.__cause__ or cause.__context__
         if cause is None:
+            if line := full_disk_line(error):
+                sys.exit(f"error: {line}")
             raise
         message = str(cause).strip()
         if "\n" in message:  # raised in a DataLoader worker: PyTorch re-raises it with the worker's traceback

@@ -11,11 +11,14 @@ installs it for every Trainer:
 
 from __future__ import annotations
 
+import io
+import os
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.strategies import Strategy
 
@@ -37,6 +40,18 @@ def check_checkpoint_file(path: str | Path) -> None:
         )
 
 
+def write_whole(path: Path, data: bytes) -> None:
+    """`data` as `path`, whole or not at all; an OSError (a full disk) names `path`."""
+    part = path.with_name(f".{path.name}.part")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part.write_bytes(data)
+        os.replace(part, path)
+    except OSError as error:
+        part.unlink(missing_ok=True)
+        raise OSError(error.errno, error.strerror, str(path)) from None
+
+
 def read(io: TorchCheckpointIO, path: str | Path, map_location: Any, weights_only: bool | None) -> dict[str, Any]:
     check_checkpoint_file(path)
     try:
@@ -52,6 +67,16 @@ class RankZeroCheckpointIO(TorchCheckpointIO):
     def __init__(self, strategy: Strategy) -> None:
         super().__init__()
         self.strategy = strategy
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
+        """Writes a local checkpoint to a temporary name beside it, then renames it: a full disk leaves the previous
+        checkpoint whole, not an empty or cut-short one. (Lightning's transaction writes to the system's temporary
+        folder and then copies, which on another disk is not atomic, and names the temporary file in its error.)"""
+        if "://" in str(path):  # a remote filesystem: fsspec's own transaction
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        write_whole(Path(path), buffer.getvalue())
 
     def load_checkpoint(
         self,

@@ -1,10 +1,13 @@
-"""A callback that kills its own process at an exact point of a fit, for the resume tests (named by class path on the
-command line: `--trainer.callbacks '[{class_path: tests.stopping.KillAt, init_args: {...}}]'`)."""
+"""Callbacks that kill their own process at an exact point of a fit (the resume tests), or hold it there (the tracking
+outage tests); named by class path on the command line:
+`--trainer.callbacks '[{class_path: tests.stopping.KillAt, init_args: {...}}]'`."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
+from pathlib import Path
 
 import lightning as L
 
@@ -25,3 +28,18 @@ class KillAt(L.Callback):
     def maybe_kill(self, hook: str, trainer: L.Trainer) -> None:
         if hook == self.hook and trainer.current_epoch == self.epoch and not trainer.sanity_checking:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class WaitAt(L.Callback):
+    """At the end of each epoch in `epochs`: writes `folder/at-<epoch>`, then waits for `folder/go-<epoch>`, while a
+    test changes the world around the fit (stops its tracking server, say)."""
+
+    def __init__(self, folder: str, epochs: list[int]) -> None:
+        self.folder, self.epochs = Path(folder), epochs
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        epoch = trainer.current_epoch
+        if epoch in self.epochs:
+            (self.folder / f"at-{epoch}").touch()
+            while not (self.folder / f"go-{epoch}").exists():
+                time.sleep(0.05)

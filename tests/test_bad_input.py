@@ -18,6 +18,8 @@ import shutil
 import struct
 import subprocess
 import sys
+import tarfile
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +67,23 @@ def mnist_files(folder: Path, images: int = 10, **replace: bytes) -> None:
         (folder / f"{name}.gz").write_bytes(data)
 
 
+def archives(user: Path) -> None:
+    """Bird archives spoiled as downloads and copies spoil them: a zip whose first deflate block is of a type that does
+    not exist, a .tar.gz cut in half."""
+    source = bird_folders(user / "archived" / "fowl_data", count=2)
+    with zipfile.ZipFile(user / "damaged.zip", "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(source.rglob("*")):
+            zf.write(path, path.relative_to(source.parent))
+        member = next(info for info in zf.infolist() if not info.is_dir())
+    data = bytearray((user / "damaged.zip").read_bytes())
+    data[member.header_offset + 30 + len(member.filename.encode()) + len(member.extra)] |= 0x06
+    (user / "damaged.zip").write_bytes(data)
+    with tarfile.open(user / "cut.tar.gz", "w:gz") as tar:
+        tar.add(source, "fowl_data")
+    data = (user / "cut.tar.gz").read_bytes()
+    (user / "cut.tar.gz").write_bytes(data[: len(data) // 2])
+
+
 def make_user_folder(user: Path) -> None:
     user.mkdir(parents=True)
     for name, text in USER_FILES.items():
@@ -92,6 +111,10 @@ def make_user_folder(user: Path) -> None:
     (user / "birds-empty-class" / "train" / "geese").mkdir()
     write_images(user / "birds-no-train" / "val" / "chickens", 2, 0)
     bird_folders(user / "birds", count=2)
+    archives(user)
+    bird_folders(user / "birds-dangling", count=2)
+    (user / "birds-dangling" / "val" / "turkeys" / "gone.jpg").symlink_to("../../../deleted.jpg")
+    mnist_files(user / "mnist-test-truncated", **{"t10k-images-idx3-ubyte": idx(2051, (10, 28, 28), cut=100)})
     for name, channel in (("ducks", 2), ("geese", 0), ("turkeys", 1)):
         for split in ("train", "val"):
             write_images(user / "other-birds" / split / name, 2, channel)
@@ -180,6 +203,9 @@ CASES = [
     Case("outputs-not-writable", ["fit", "--trainer.default_root_dir", "{user}/notes.txt/outputs"],
          "error: {user}/notes.txt/outputs: cannot write there (Not a directory); give --trainer.default_root_dir a "
          "folder you can write"),
+    Case("checkpoint-dir-is-a-file", ["fit", "--checkpoint_dir", "{user}/notes.txt"],
+         "error: --checkpoint_dir {user}/notes.txt: a file, not a folder; give a folder, or a path that does not "
+         "exist yet"),
     Case("torchrun-devices", ["fit", "--config", "configs/trainer/ddp.yaml", "--trainer.accelerator", "cpu",
                               "--trainer.devices", "1"],
          "error: the launcher started 2 processes (WORLD_SIZE), but the Trainer has devices 1 x num_nodes 1: give "
@@ -291,6 +317,9 @@ CASES = [
          "train-images-idx3-ubyte.gz: [Errno 111] Connection refused); put train-images-idx3-ubyte.gz, "
          "train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz (gzipped or not) there or "
          "set data.init_args.data_dir to their folder"),
+    Case("mnist-test-file-truncated", ["fit", *MNIST, "--data.init_args.data_dir", "{user}/mnist-test-truncated"],
+         "error: {user}/mnist-test-truncated/t10k-images-idx3-ubyte.gz: 7756 bytes do not hold the (10, 28, 28) array "
+         "its header announces (truncated?)"),  # found before the first step: no run, no checkpoint left
     Case("mnist-val-size-0", ["fit", *MNIST, "--data.init_args.val_size", "0"],
          "error: data.init_args.val_size 0: give 1 to 59999 (MNIST has 60000 training images)"),
     Case("mnist-predict-no-images", ["predict", *MNIST, "--ckpt_path", "{mnist_ckpt}",
@@ -326,6 +355,17 @@ CASES = [
     Case("birds-weights-missing", ["fit", *BIRDS, "--data.init_args.data_dir", "{user}/birds",
                                    "--model.network.init_args.weights_path", "{user}/nope.pth"],
          "error: {user}/nope.pth: no such weights file; give weights_path a state dict (.pth)"),
+    Case("birds-zip-damaged", ["fit", *BIRDS, "--data.init_args.data_dir", "{user}/unzipped",
+                               "--data.init_args.archive", "{user}/damaged.zip"],
+         "error: {user}/damaged.zip: damaged or cut short (Error -3 while decompressing data: invalid block type); "
+         "download it again"),
+    Case("birds-tar-gz-cut-short", ["fit", *BIRDS, "--data.init_args.data_dir", "{user}/untarred",
+                                    "--data.init_args.archive", "{user}/cut.tar.gz"],
+         "error: {user}/cut.tar.gz: damaged or cut short (Compressed file ended before the end-of-stream marker was "
+         "reached); download it again"),
+    Case("birds-dangling-link", ["fit", *BIRDS, "--data.init_args.data_dir", "{user}/birds-dangling"],
+         "error: {user}/birds-dangling/val/turkeys/gone.jpg: a link to ../../../deleted.jpg, which does not exist; "
+         "remove it or restore its target"),
     Case("birds-predict-nothing-there", ["predict", *BIRDS, "--ckpt_path", "{birds_ckpt}",
                                          "--data.init_args.predict_path", "{user}/nope"],
          "error: {user}/nope: no such file or folder; give predict_path a folder of images or one image"),
@@ -339,6 +379,11 @@ CASES = [
          "error: MLFLOW_TRACKING_URI http://127.0.0.1:{port}: the tracking server does not answer ([Errno 111] "
          "Connection refused); start it, correct the URI, or unset MLFLOW_TRACKING_URI to track to outputs/mlflow.db",
          env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:{port}"}),
+    Case("databricks-without-credentials", ["fit"],
+         "error: MLFLOW_TRACKING_URI databricks: no Databricks credentials found; set DATABRICKS_HOST and "
+         "DATABRICKS_TOKEN (or run `databricks auth login`), or unset MLFLOW_TRACKING_URI to track to "
+         "outputs/mlflow.db",
+         env={"MLFLOW_TRACKING_URI": "databricks", "HOME": "{user}/../home"}),  # no ~/.databrickscfg
     Case("plot-of-no-run", ["0123abc", "--tracking-uri", "sqlite:///{outputs}/mlflow.db"],
          "error: sqlite:///{outputs}/mlflow.db: Run with id=0123abc not found; give a run id of this store (`make "
          "mlflow-ui` lists them), or none for the newest run", module="scripts.plot"),
@@ -441,7 +486,7 @@ class Outcome:
 
 def run_case(case: Case, folder: Path, template: Path, checkpoints: dict[str, Path]) -> Outcome:
     user, outputs = folder / "user", folder / "outputs"
-    shutil.copytree(template, user)
+    shutil.copytree(template, user, symlinks=True)
     values = {"user": str(user), "outputs": str(outputs), "port": str(free_port()), **checkpoints}
     values = {key: str(value) for key, value in values.items()}
     theirs = [user, *(Path(path).parent for key, path in values.items() if key.endswith("_ckpt"))]
@@ -493,3 +538,86 @@ def test_a_mistake(case: Case, outcomes: dict[str, Outcome]):
     assert stderr.strip().splitlines()[-1] == case.line.format(**outcome.values)
     assert outcome.untouched, "a file of the user's, or a checkpoint, was written over"
     assert not list(outcome.outputs.glob("*/*/")), "a run folder was left"
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 4 MB tmpfs, filled to its last byte once `fill` is called; skipped where mounting is not allowed (it needs
+    root, or CAP_SYS_ADMIN in a container)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs to fill here: {mounted.stderr.decode().strip()}")
+
+    def fill() -> None:
+        with open(disk / "filler", "wb") as filler, pytest.raises(OSError):
+            while True:
+                filler.write(bytes(1 << 16))
+                filler.flush()
+
+    yield disk, fill
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(full_disk, tmp_path):
+    disk, fill = full_disk
+    fit = [sys.executable, "-m", "scripts.train", "fit", "--config", "configs/penguins.yaml",
+           "--trainer.max_epochs", "2", "--test_after_fit", "false"]  # fmt: skip
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*fit, *args], cwd=REPO, capture_output=True, text=True, timeout=600)
+
+    # The MLflow store's disk fills between a fit and its resume.
+    store, checkpoints = disk / "outputs", tmp_path / "checkpoints"
+    first = run("--trainer.default_root_dir", str(store), "--checkpoint_dir", str(checkpoints))
+    assert first.returncode == 0, first.stderr[-3000:]
+    fill()
+    before = checksums(checkpoints)
+    resumed = run("--trainer.default_root_dir", str(store), "--checkpoint_dir", str(checkpoints),
+                  "--trainer.max_epochs", "4")  # fmt: skip
+    assert resumed.returncode == 1 and "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
+    assert resumed.stderr.strip().splitlines()[-1] == (
+        f"error: {store}/mlflow.db: the MLflow store's disk is full; free space there, or give "
+        "--trainer.default_root_dir (or MLFLOW_TRACKING_URI) a store on another disk"
+    )
+    assert len(resumed.stderr.strip().splitlines()) < 10
+    assert checksums(checkpoints) == before
+
+    # A new fit whose --checkpoint_dir is on the full disk: no empty mlflow_run_id, no cut-short checkpoint.
+    result = run("--trainer.default_root_dir", str(tmp_path / "outputs"), "--checkpoint_dir", str(disk / "new"))
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: {disk / 'new'}/") and line.endswith(
+        ": no space left on the device; free space there, or write to a folder on another disk"
+    )
+    written = {path.name: path.read_bytes() for path in (disk / "new").iterdir()}
+    assert set(written) <= {"mlflow_run_id"} and all(written.values()), written
+
+
+def test_predict_into_a_closed_pipe_ends_quietly(trained):
+    """`predict ... | head -1`: the reader has gone before the CSV is written."""
+    command = [sys.executable, "-m", "scripts.train", "predict", "--config", "configs/penguins.yaml",
+               "--ckpt_path", str(trained["penguins_ckpt"]),
+               "--data.init_args.predict_path", "configs/examples/penguins.csv"]  # fmt: skip
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.close()
+    stderr = process.stderr.read()
+    assert process.wait(timeout=600) == 141, stderr[-3000:]  # 128 + SIGPIPE, as a Unix tool killed by it
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr and "Exception ignored" not in stderr
+
+
+def test_make_predict_takes_paths_holding_spaces(trained, tmp_path):
+    folder = tmp_path / "my penguins"
+    folder.mkdir()
+    shutil.copy(REPO / "configs" / "examples" / "penguins.csv", folder / "new birds.csv")
+    checkpoint = tmp_path / "a run" / "best.ckpt"
+    checkpoint.parent.mkdir()
+    shutil.copy(trained["penguins_ckpt"], checkpoint)
+    venv = Path(sys.executable).parent.parent
+    make = ["make", "--no-print-directory", f"--old-file={venv}/installed", "predict", f"VENV={venv}",
+            f"INPUT={folder / 'new birds.csv'}",
+            f"CKPT={checkpoint}"]  # fmt: skip
+    result = subprocess.run(make, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[-4] == "input,class,probability"

@@ -72,3 +72,32 @@ def test_predict_and_export_need_no_imagenet_weights_once_trained(tmp_path, trai
     export = run_module("scripts.export", checkpoint, "--output", tmp_path / "birds.onnx")
     assert export.returncode == 0, export.stderr[-3000:]
     assert (tmp_path / "birds.onnx").is_file()
+
+
+@pytest.mark.slow
+def test_a_fit_cut_short_by_max_steps_then_predict_quotes_a_name_with_a_comma(tmp_path, train_cli):
+    import csv
+
+    root = bird_folders(tmp_path / "birds", count=4)
+    data = [
+        "--config", "configs/birds.yaml",
+        "--data.init_args.data_dir", str(root),
+        "--data.init_args.archive", "null",
+        "--data.init_args.image_size", "32",
+        "--data.init_args.batch_size", "2",
+        "--data.init_args.num_workers", "0",
+        "--trainer.enable_progress_bar", "false",
+    ]  # fmt: skip
+    fit = train_cli("fit", *data, "--trainer.max_steps", "1")  # stops before the epoch's validation: no val_loss
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    assert "Traceback" not in fit.stderr
+    (checkpoint,) = (tmp_path / "outputs").glob("*/*/checkpoints/last.ckpt")
+    write_images(tmp_path / "photos", 2, 1)
+    (tmp_path / "photos" / "1.jpg").rename(tmp_path / "photos" / "turkey, wild.jpg")
+    predict = train_cli(
+        "predict", *data, "--ckpt_path", checkpoint, "--data.init_args.predict_path", tmp_path / "photos"
+    )
+    assert predict.returncode == 0, predict.stderr[-3000:]
+    rows = list(csv.reader(predict.stdout[predict.stdout.index("input,class,probability") :].splitlines()))
+    assert [len(row) for row in rows] == [3, 3, 3]
+    assert rows[2][0] == str(tmp_path / "photos" / "turkey, wild.jpg") and rows[2][1] in CLASSES

@@ -130,6 +130,37 @@ def test_without_verify_images_a_bad_file_fails_when_its_batch_is_loaded(tmp_pat
         list(dm.train_dataloader())
 
 
+def test_a_macos_resource_fork_loose_in_train_is_ignored_as_other_dot_files(tmp_path):
+    root = bird_folders(tmp_path / "birds", count=2)
+    (root / "train" / "._0.jpg").write_bytes(b"\x00\x05\x16\x07 a macOS resource fork")
+    (root / "train" / "chickens" / "._1.jpg").write_bytes(b"\x00\x05\x16\x07 a macOS resource fork")
+    dm = birds_data(root)
+    dm.setup("fit")
+    assert len(dm.splits["train"][0]) == 4
+
+
+def test_linked_folders_are_followed_and_a_dangling_link_is_named(tmp_path):
+    root = bird_folders(tmp_path / "birds", count=2)
+    write_images(tmp_path / "elsewhere" / "more", 3, 0, start=10)
+    (root / "train" / "chickens" / "more").symlink_to(tmp_path / "elsewhere" / "more")
+    (root / "train" / "chickens" / "loop").symlink_to(root / "train" / "chickens")  # a cycle: read once, not forever
+    write_images(tmp_path / "photos", 1, 0)
+    (tmp_path / "photos" / "linked").symlink_to(tmp_path / "elsewhere" / "more")
+    dm = birds_data(root, predict_path=str(tmp_path / "photos"))
+    dm.setup("fit")
+    files, labels = dm.splits["train"]
+    assert sum(f.parent.name == "more" for f in files) == 3 and len(files) == 7
+    dm.setup("predict")
+    assert len(dm.predict_names) == 4
+    (root / "val" / "turkeys" / "gone.jpg").symlink_to(tmp_path / "deleted.jpg")
+    with pytest.raises(DataError) as error:
+        birds_data(root).setup("fit")
+    assert str(error.value) == (
+        f"{root / 'val' / 'turkeys' / 'gone.jpg'}: a link to {tmp_path / 'deleted.jpg'}, which does not exist; remove "
+        "it or restore its target"
+    )
+
+
 # ---- archives -----------------------------------------------------------------------------------------------------
 
 
@@ -170,6 +201,55 @@ def test_archive_that_does_not_exist(tmp_path):
         _ = birds_data(tmp_path / "birds", archive=str(tmp_path / "missing.zip")).class_names
     assert str(tmp_path / "missing.zip") in str(error.value)
     assert not (tmp_path / "birds").exists()
+
+
+def damage(tmp_path: Path, kind: str) -> Path:
+    """A bird archive spoiled as downloads and copies spoil them."""
+    source = bird_folders(tmp_path / "fowl_data", count=2)
+    if kind.startswith("zip"):
+        archive = tmp_path / "birds.zip"
+        with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+            for path in sorted(source.rglob("*")):
+                zf.write(path, path.relative_to(tmp_path))
+            member = next(info for info in zf.infolist() if not info.is_dir())
+        data = bytearray(archive.read_bytes())
+        if kind == "zip-damaged":  # the first deflate block's type becomes 3, which does not exist
+            start = member.header_offset + 30 + len(member.filename.encode()) + len(member.extra)
+            data[start] |= 0x06
+        else:
+            data = data[: len(data) // 2]
+    else:
+        archive = tmp_path / ("birds.tar" if kind == "tar-truncated" else "birds.tar.gz")
+        with tarfile.open(archive, "w" if kind == "tar-truncated" else "w:gz") as tar:
+            tar.add(source, "fowl_data")
+        data = bytearray(archive.read_bytes())
+        if kind == "tar.gz-flipped":  # two bytes in the middle: deflate may decode them, gzip's CRC-32 may not
+            data[len(data) // 2] ^= 0x01
+            data[len(data) // 2 + 1] ^= 0x01
+        else:
+            data = data[: len(data) // 2 + 100]
+    archive.write_bytes(data)
+    return archive
+
+
+@pytest.mark.parametrize(
+    "kind, reason",
+    [
+        ("tar.gz-flipped", r"damaged or cut short \((CRC check failed|Error -3 while decompressing)"),
+        ("tar.gz-truncated", r"damaged or cut short \(Compressed file ended before the end-of-stream marker"),
+        (
+            "tar-truncated",
+            r"a damaged or cut-short tar archive \((unexpected end of data|empty header|truncated header)",
+        ),
+        ("zip-damaged", r"damaged or cut short \(Error -3 while decompressing data: invalid block type"),
+        ("zip-truncated", r"a zip archive without its central directory \(cut short\?\)"),
+    ],
+)
+def test_a_damaged_or_truncated_archive_is_one_error_naming_it_and_why(tmp_path, kind, reason):
+    archive = damage(tmp_path, kind)
+    with pytest.raises(DataError, match=rf"^{re.escape(str(archive))}: {reason}.*; download it again$"):
+        _ = birds_data(tmp_path / "data" / "birds", archive=str(archive)).class_names
+    assert not (tmp_path / "data" / "birds").exists() and not list((tmp_path / "data").iterdir())
 
 
 # ---- transforms and batches ---------------------------------------------------------------------------------------

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -106,3 +109,142 @@ def test_a_password_in_the_tracking_uri_reaches_the_server_and_nothing_a_run_wri
     assert secret not in repr(run.data.params) + repr(run.data.tags)
     artifacts = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / "artifacts")))
     assert not [path for path in artifacts.rglob("*") if path.is_file() and secret.encode() in path.read_bytes()]
+
+
+class OutageProxy:
+    """A TCP proxy in front of the session's MLflow server that can fail as servers do: `down()` refuses connections
+    and cuts those open (a killed server), `hang()` takes connections and never answers (a hung one), `up()` forwards
+    again on the same port."""
+
+    def __init__(self, upstream: str) -> None:
+        host, port = upstream.removeprefix("http://").split(":")
+        self.upstream = (host, int(port))
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.mode = "up"
+        self.sockets: list[socket.socket] = []
+        self.listener: socket.socket | None = None
+        self.up()
+
+    def up(self) -> None:
+        self.mode = "up"
+        if self.listener is None:
+            self.listener = socket.create_server(("127.0.0.1", self.port), reuse_port=False)
+            threading.Thread(target=self.accept, args=(self.listener,), daemon=True).start()
+
+    def down(self) -> None:
+        self.mode = "down"
+        listener, self.listener = self.listener, None
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)  # wakes its accept(), which close() alone does not
+            listener.close()
+        self.cut()
+
+    def hang(self) -> None:
+        self.mode = "hang"
+        self.up()
+        self.mode = "hang"
+
+    def cut(self) -> None:
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        self.sockets.clear()
+
+    def accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            self.sockets.append(client)
+            if self.mode == "up":
+                server = socket.create_connection(self.upstream)
+                self.sockets.append(server)
+                for source, target in ((client, server), (server, client)):
+                    threading.Thread(target=self.pump, args=(source, target), daemon=True).start()
+
+    def pump(self, source: socket.socket, target: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                while self.mode == "hang":  # a hung server: bytes in, nothing out
+                    time.sleep(0.1)
+                if self.mode == "down":
+                    return
+                target.sendall(data)
+
+
+def wait_for(path: Path, process: subprocess.Popen, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"the fit did not reach {path.name}"
+        time.sleep(0.1)
+
+
+def held_fit(url: str, tmp_path: Path, epochs: int, held_at: list[int]) -> subprocess.Popen:
+    """A penguin fit tracking to `url` that stops at the end of each epoch of `held_at` until the test says go."""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": url}
+    env.pop("MLFLOW_RUN_ID", None)
+    callbacks = f"[{{class_path: tests.stopping.WaitAt, init_args: {{folder: {tmp_path}, epochs: {held_at}}}}}]"
+    command = [sys.executable, "-m", "scripts.train", "fit", "--config", "configs/penguins.yaml",
+               "--trainer.max_epochs", str(epochs), "--trainer.callbacks", callbacks,
+               "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path / "outputs"),
+               "--trainer.logger.init_args.experiment_name", tmp_path.name]  # fmt: skip
+    return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_a_tracking_outage_mid_fit_costs_training_no_wait_and_no_metric(mlflow_server, tmp_path):
+    proxy = OutageProxy(mlflow_server)
+    fit = held_fit(proxy.url, tmp_path, epochs=8, held_at=[1, 5])
+    try:
+        wait_for(tmp_path / "at-1", fit)
+        proxy.down()  # the server dies after epoch 1's metrics are queued
+        (tmp_path / "go-1").touch()
+        started = time.monotonic()
+        wait_for(tmp_path / "at-5", fit)
+        # Epochs 2-5 trained while the server was gone: checkpoints waited for one failed request at most, not for
+        # MLflow's ~4 min of retries each.
+        assert time.monotonic() - started < 60
+        proxy.up()  # it is back
+        (tmp_path / "go-5").touch()
+        stdout, stderr = fit.communicate(timeout=600)
+    finally:
+        fit.kill()
+        proxy.down()
+    assert fit.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr and "lost" not in stderr
+    client = MlflowClient(mlflow_server)
+    (run,) = client.search_runs([client.get_experiment_by_name(tmp_path.name).experiment_id])
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == list(range(8))
+    assert run.info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_sigterm_ends_a_fit_within_seconds_while_the_tracking_server_hangs(mlflow_server, tmp_path):
+    proxy = OutageProxy(mlflow_server)
+    fit = held_fit(proxy.url, tmp_path, epochs=10_000, held_at=[1, 3])
+    try:
+        wait_for(tmp_path / "at-1", fit)
+        proxy.hang()  # takes every request, answers none: each of MLflow's waits its timeout
+        (tmp_path / "go-1").touch()
+        wait_for(tmp_path / "at-3", fit)
+        (tmp_path / "go-3").touch()
+        time.sleep(1)
+        fit.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        stdout, stderr = fit.communicate(timeout=120)
+        stopped_in = time.monotonic() - started
+    finally:
+        fit.kill()
+        proxy.down()
+    assert fit.returncode == 143, stderr[-3000:]
+    assert stopped_in < 20  # the requirement: within seconds, whatever MLflow is doing
+    assert "Traceback" not in stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(f"warning: the tracking server {proxy.url} has not answered since ")
+    assert re.search(r": \d+ metrics, the checkpoints' upload, the run's end \(failed\) of run \w+ were not", last)
+    assert last.endswith("were not recorded there and are lost; the checkpoints are on disk")

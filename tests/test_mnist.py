@@ -117,15 +117,33 @@ def test_offline_without_files_says_where_to_put_them(tmp_path: Path) -> None:
 def test_predict_images_become_grey_28x28_and_a_bad_one_is_named(tmp_path: Path) -> None:
     from torchvision.io import write_png
 
-    write_png(torch.full((3, 40, 30), 200, dtype=torch.uint8), str(tmp_path / "colour.png"))
+    write_png(torch.full((3, 40, 30), 100, dtype=torch.uint8), str(tmp_path / "colour.png"))
     data = MNISTDataModule(data_dir=str(tmp_path / "none"), predict_path=str(tmp_path))
     data.setup("predict")
     (images,) = data.splits["predict"]
-    assert images.shape == (1, 1, 28, 28) and images.dtype == torch.uint8 and int(images.max()) == 200
+    assert images.shape == (1, 1, 28, 28) and images.dtype == torch.uint8 and int(images.max()) == 100
     broken = tmp_path / "broken.png"
     broken.write_bytes(b"\x89PNG not really")
     with pytest.raises(DataError, match=f"{broken}: not a readable image"):
         MNISTDataModule(predict_path=str(tmp_path)).setup("predict")
+
+
+def test_predict_inverts_dark_digits_on_white_saying_so_and_skips_dot_files(tmp_path: Path, capsys) -> None:
+    from torchvision.io import encode_png, write_png
+
+    digit = torch.zeros(1, 28, 28, dtype=torch.uint8)
+    digit[0, 6:22, 12:16] = 255  # a white 1 on black, as MNIST's
+    write_png(digit, str(tmp_path / "white.png"))
+    write_png(255 - digit, str(tmp_path / "black.png"))  # the same 1 in ink on paper
+    (tmp_path / "._white.png").write_bytes(b"\x00\x05\x16\x07 a macOS resource fork")
+    data = MNISTDataModule(predict_path=str(tmp_path))
+    data.setup("predict")
+    (images,) = data.splits["predict"]
+    assert data.predict_names == [str(tmp_path / "black.png"), str(tmp_path / "white.png")]
+    assert torch.equal(images[0], images[1])
+    assert f"{tmp_path / 'black.png'}: dark digits on a light background; inverted" in capsys.readouterr().err
+    served = MNISTDataModule.serving_batch({}, [bytes(encode_png(d).numpy()) for d in (255 - digit, digit)], ["a", "b"])
+    assert torch.equal(served[0], served[1])  # the scoring script answers as predict does
 
 
 @needs_mnist

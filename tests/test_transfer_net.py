@@ -71,6 +71,22 @@ def test_torchvision_weights_download_once_with_hash_check(tmp_path, monkeypatch
         TransferNet(3, backbone="resnet50", weights_url="http://127.0.0.1:9/resnet50-11ad3fa6.pth")
 
 
+def test_a_weights_server_that_never_answers_is_given_up_after_the_timeout(tmp_path, monkeypatch):
+    import socket
+
+    import lightning_modules.transfer_net as transfer_net
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setattr(transfer_net, "DOWNLOAD_TIMEOUT_S", 1.0)
+    with socket.socket() as silent:  # the kernel accepts connections; no one ever answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/resnet18-f37072fd.pth"
+        with pytest.raises(WeightsError, match=r"download of ImageNet weights failed \(no answer in 1 s\)"):
+            TransferNet(3, backbone="resnet18", weights_url=url)
+    assert socket.getdefaulttimeout() is None  # other sockets of the process keep theirs
+
+
 @pytest.mark.slow
 def test_local_densenet_weights_in_torchvision_old_key_names(tmp_path):
     from torchvision.models import densenet121

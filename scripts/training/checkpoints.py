@@ -21,6 +21,8 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser
 
+from strategies.checkpoint_io import write_whole
+
 RUN_ID_FILE = "mlflow_run_id"
 
 
@@ -63,6 +65,6 @@ def saved_run_id(folder: str | None) -> str | None:
 
 
 def keep_run_id(trainer: L.Trainer, folder: str | None, run_id: str) -> None:
+    """Writes DIR/mlflow_run_id whole or not at all: an empty one (a full disk) would start a new run at the resume."""
     if folder and trainer.is_global_zero:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        (Path(folder) / RUN_ID_FILE).write_text(run_id)
+        write_whole(Path(folder) / RUN_ID_FILE, run_id.encode())

@@ -9,6 +9,7 @@ Spark and the benches build it too.
 from __future__ import annotations
 
 import contextlib
+import csv
 import importlib
 import logging
 import os
@@ -38,6 +39,7 @@ from scripts.training.checkpoints import add_checkpoint_arguments, keep_run_id, 
 from scripts.training.sigterm import StopTogether
 from scripts.training.throughput import EpochThroughput
 from scripts.training.tracking import (
+    HTTP_LIMITS,
     BufferedMLFlowLogger,
     TrackingError,
     check_tracking_uri,
@@ -104,7 +106,7 @@ class TrackConfig(SaveConfigCallback):
         # Called while a checkpoint is made, before it is written: a fit resumed from it has every metric logged so
         # far. What Lightning logs after an epoch's checkpoints, the epoch's training metrics, travels in them.
         if isinstance(trainer.logger, BufferedMLFlowLogger):
-            trainer.logger.flush(wait=True)
+            trainer.logger.flush(wait=True, stop=lambda: trainer.received_sigterm)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         # A run that failed before measuring anything leaves no folder (its logger deletes its MLflow run).
@@ -116,6 +118,15 @@ class TrackConfig(SaveConfigCallback):
             shutil.rmtree(folder, ignore_errors=True)
             with contextlib.suppress(OSError):  # the experiment's folder, when this was its only run
                 folder.parent.rmdir()
+
+
+class TestDataFirst(L.Callback):
+    """Sets the test split up right after the training data, before the first step: a fit that ends by testing finds a
+    broken or missing test file (MNIST's t10k files, birds' test/ folder) at once, not after every epoch."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit" and trainer.datamodule is not None:
+            trainer.datamodule.setup("test")
 
 
 class TemplateCLI(LightningCLI):
@@ -156,6 +167,8 @@ class TemplateCLI(LightningCLI):
             self.checkpoint_classes = list(classes or [])
             if classes and "classes" in data_args:
                 data_args["classes"] = list(classes)
+        if self.subcommand == "fit" and config.get("checkpoint_dir") and launched_rank() == 0:
+            check_writable(Path(config.checkpoint_dir), "--checkpoint_dir")
         if self.subcommand == "fit" and (last := resume_from(config)):
             config.ckpt_path = str(last)
             rank_zero_print(f"resuming from {last}")
@@ -186,6 +199,8 @@ class TemplateCLI(LightningCLI):
         checkpoint = self.trainer.checkpoint_callback
         if self.config.fit.register_model and not (isinstance(self.trainer.logger, MLFlowLogger) and checkpoint):
             sys.exit("error: --register_model needs the MLflow logger and checkpoints; check trainer.logger")
+        if self.config.fit.test_after_fit:
+            self.trainer.callbacks.append(TestDataFirst())
 
     def after_fit(self) -> None:
         checkpoint = self.trainer.checkpoint_callback
@@ -230,9 +245,11 @@ class TemplateCLI(LightningCLI):
 
     def after_predict(self) -> None:
         rows = [row for batch in self.trainer.predict_loop.predictions for row in batch]
-        print("input,class,probability")
+        out = csv.writer(sys.stdout, lineterminator="\n")  # quotes a name holding a comma: `turkey, wild.jpg`
+        out.writerow(["input", "class", "probability"])
         for name, (label, probability) in zip(self.datamodule.predict_names, rows):
-            print(f"{name},{label},{probability:.4f}")
+            out.writerow([name, label, f"{probability:.4f}"])
+        sys.stdout.flush()  # here, where scripts.train ends a closed pipe (`| head -1`) quietly; not at exit
 
 
 def is_mlflow_logger(logger) -> bool:
@@ -258,17 +275,21 @@ def check_trainer(trainer: dict, writes: bool) -> None:
             f"--trainer.accelerator {trainer.accelerator}: torch sees no GPU on this machine; give "
             "--trainer.accelerator cpu (or leave out configs/trainer/gpu.yaml)"
         )
-    if not writes:
-        return
-    outputs = Path(trainer.default_root_dir or OUTPUTS)
+    if writes:
+        check_writable(Path(trainer.default_root_dir or OUTPUTS), "--trainer.default_root_dir")
+
+
+def check_writable(folder: Path, option: str) -> None:
+    """Stops before anything starts when `folder`, given by `option`, cannot be made or written."""
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{option} {folder}: a file, not a folder; give a folder, or a path that does not exist yet")
     try:
-        outputs.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=outputs):
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as error:
         raise ConfigError(
-            f"{outputs}: cannot write there ({error.strerror or error}); give --trainer.default_root_dir a folder "
-            "you can write"
+            f"{folder}: cannot write there ({error.strerror or error}); give {option} a folder you can write"
         ) from None
 
 
@@ -297,6 +318,9 @@ def set_up_tracking(args, outputs: Path, subcommand: str) -> None:
     scheme = urlparse(args.tracking_uri).scheme
     if scheme == "sqlite":
         open_sqlite_store(args.tracking_uri)
+    if scheme != "sqlite":
+        for name, value in HTTP_LIMITS.items():  # also in the processes started from this one
+            os.environ.setdefault(name, value)
     if args.synchronous is None and scheme != "sqlite":
         # A server (or Azure ML's tracking) costs a network round trip per logged batch of metrics: queue them
         # instead; ending the run drains the queue. Local sqlite stays synchronous: there the queue's threads only
@@ -338,6 +362,11 @@ def cli_main(args: list[str] | None = None, cli_class: type[TemplateCLI] = Templ
     warnings.filterwarnings("ignore", r"Found \d+ module\(s\) in eval mode")
     # Lightning 2.6.6 on torch 2.14: a deprecation inside Lightning, printed on every run; nothing to do for users.
     warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # MLflow logs each failed write to its sqlite store with a traceback, then raises it: the CLI reports it, once. (A
+    # filter: MLflow resets its loggers' levels when it is first imported.)
+    store_log = logging.getLogger("mlflow.store.db.utils")
+    if not store_log.filters:
+        store_log.addFilter(lambda record: record.levelno > logging.ERROR)
     # ClassificationModule's epoch metrics are already reduced over all processes (torchmetrics' compute).
     warnings.filterwarnings("ignore", r"It is recommended to use `self.log\('\w+', ..., sync_dist=True\)`")
     # best.ckpt's callback comes first: `ckpt_path="best"` takes it, as Lightning says at length.

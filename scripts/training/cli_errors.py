@@ -6,6 +6,7 @@ fits; a --config file that is not valid YAML with its line and column. Every com
 
 from __future__ import annotations
 
+import errno
 import re
 from pathlib import Path
 
@@ -78,3 +79,20 @@ def argument_error_line(text: str) -> str:
             wanted = f"; give {expected.group(1).replace(chr(39), '') if expected.group(1) else expected.group(2)}"
         return f"--{key.group(1)}: {given.group(1).strip()!r} is not a valid value{wanted}"
     return text.strip().splitlines()[0]
+
+
+def full_disk_line(error: BaseException) -> str | None:
+    """One line for a write that found its disk full (the system's ENOSPC or a quota; sqlite's own words for it),
+    wherever in `error`'s chain it is; None when it is not that."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = f"{cause.filename}: " if cause.filename else ""
+            return f"{where}no space left on the device; free space there, or write to a folder on another disk"
+        if "database or disk is full" in str(cause):
+            return (
+                "the MLflow store's disk is full (sqlite: database or disk is full); free space there, or give "
+                "--trainer.default_root_dir (or MLFLOW_TRACKING_URI) a store on another disk"
+            )
+        cause = cause.__cause__ or cause.__context__
+    return None

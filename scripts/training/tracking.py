@@ -8,17 +8,28 @@ server or inside Azure ML. This one keeps the metrics and sends them at most eve
 seconds, before every last.ckpt (checkpoints.py) and when the run ends (also when it fails or is
 interrupted: Lightning calls `finalize` then), 1,000 per request, MLflow's limit.
 
+To a tracking server (`synchronous: false`, what scripts.train sets for one) a thread of its own sends them, in order,
+and keeps what the server does not take to send it again when the server is back: an outage costs training no more
+than the wait of a checkpoint for the first failed request (at most CHECKPOINT_WAIT_S), and SIGTERM ends a fit within
+seconds. What is still unsent when the process ends is said lost in one line on stderr.
+
     python -m scripts.train fit --config configs/penguins.yaml --trainer.logger.init_args.flush_every_s 0
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import logging
 import os
 import re
 import socket
+import sys
+import threading
 import time
-from collections.abc import Mapping, MutableMapping
+from collections import deque
+from collections.abc import Callable, Mapping, MutableMapping
+from functools import partial
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -26,12 +37,87 @@ from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from scripts.training.cli_errors import full_disk_line
+
 MAX_METRICS_PER_REQUEST = 1000  # MLflow's log_batch limit
+# MLflow's own defaults retry a request for ~4 min (7 retries, backoff factor 2) of up to 120 s each. A run tracked to a
+# server gets these unless the environment sets them: one request then takes at most 3 x 10 s plus ~6 s of backoff.
+HTTP_LIMITS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
+CHECKPOINT_WAIT_S = 10.0  # most a checkpoint waits for the server to have the metrics so far
+FINAL_WAIT_S = 30.0  # most the end of a run waits for the server to take the rest (2 s when it failed, or SIGTERM)
+RETRY_EVERY_S = 5.0  # between attempts while the server does not answer
 HOST_TAG, PID_TAG = "template.host", "template.pid"  # the process a run of ours belongs to, for finding killed ones
 
 
 class TrackingError(Exception):
     """A tracking URI that cannot work (a file store, a server that does not answer); the message says what to do."""
+
+
+class Sender:
+    """Runs calls to a tracking server in a thread of its own, in order. A call that fails (the server is down or does
+    not answer) stays first in line and is tried again every RETRY_EVERY_S, so nothing is lost while the process
+    lives; `wait` bounds how long anyone waits for it."""
+
+    def __init__(self) -> None:
+        self.calls: deque[tuple[Callable[[], object], str, int]] = deque()  # (call, what it sends, metrics in it)
+        self.changed = threading.Condition()
+        self.failures = 0
+        self.failing_since: float | None = None
+        self.call_started = 0.0  # time.monotonic() when the call in flight began
+        self.reason = ""
+        threading.Thread(target=self.run, name="mlflow-sender", daemon=True).start()
+
+    def put(self, call: Callable[[], object], what: str, metrics: int = 0) -> None:
+        with self.changed:
+            self.calls.append((call, what, metrics))
+            self.changed.notify_all()
+
+    def run(self) -> None:
+        while True:
+            with self.changed:
+                while not self.calls:
+                    self.changed.wait()
+                call = self.calls[0][0]
+                self.call_started = time.monotonic()
+            try:
+                call()
+            except Exception as error:
+                with self.changed:
+                    self.failures += 1
+                    self.failing_since = self.failing_since or time.time()
+                    self.reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else repr(error)
+                    self.changed.notify_all()
+                time.sleep(RETRY_EVERY_S)
+                continue
+            with self.changed:
+                self.calls.popleft()
+                self.failing_since = None
+                self.changed.notify_all()
+
+    def wait(self, timeout_s: float, stop: Callable[[], bool] = lambda: False) -> bool:
+        """Until every call is done, a call fails, `stop()` or `timeout_s`; True when every call is done. During an
+        outage (a call failed, or has not returned for `timeout_s`) it returns at once: the calls wait for the
+        server, not training."""
+        deadline, failures = time.monotonic() + timeout_s, self.failures
+        with self.changed:
+            while self.calls and self.failing_since is None and self.failures == failures and not stop():
+                now = time.monotonic()
+                if now >= deadline or now - self.call_started > timeout_s:
+                    break
+                self.changed.wait(min(deadline - now, 0.2))
+            return not self.calls
+
+    def unsent(self) -> list[str]:
+        """What is still waiting: "<n> metrics" and the other calls' descriptions."""
+        with self.changed:
+            calls = list(self.calls)
+        metrics = sum(count for _, _, count in calls)
+        others = list(dict.fromkeys(what for _, what, count in calls if not count))
+        return ([f"{metrics} metrics"] if metrics else []) + others
 
 
 class BufferedMLFlowLogger(MLFlowLogger):
@@ -57,10 +143,13 @@ class BufferedMLFlowLogger(MLFlowLogger):
 
     def __init__(self, *args, flush_every_s: float = 5.0, epoch_as_step: bool = True, **kwargs) -> None:
         self._given_run_id = kwargs.get("run_id")
+        self.store = kwargs.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
         kwargs["tags"] = {**(kwargs.get("tags") or {}), HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
         self.metric_prefix = kwargs.get("prefix", "")
-        synchronous = kwargs.get("synchronous")
-        self._log_batch_options = {} if synchronous is None else {"synchronous": synchronous}
+        # Not MLflow's asynchronous logging: its queue drops a batch the server does not take, and has no bounded wait.
+        self.sender = Sender() if kwargs.get("synchronous") is False else None
+        if self.sender is not None:
+            atexit.register(self.report_unsent)
         self.upload_checkpoints = bool(kwargs.pop("log_model", False))
         super().__init__(*args, **kwargs)
         self._checkpoint_callbacks: list = []
@@ -94,19 +183,47 @@ class BufferedMLFlowLogger(MLFlowLogger):
         if len(self._pending) >= MAX_METRICS_PER_REQUEST or time.monotonic() - self._last_flush >= self.flush_every_s:
             self.flush()
 
-    @rank_zero_only
-    def flush(self, wait: bool = False) -> None:
-        """Sends every pending metric now; `wait`: also waits until the store has every metric sent so far (sending
-        to a server is asynchronous)."""
-        pending, self._pending = self._pending, []
-        for start in range(0, len(pending), MAX_METRICS_PER_REQUEST):
-            chunk = pending[start : start + MAX_METRICS_PER_REQUEST]
-            self.experiment.log_batch(run_id=self.run_id, metrics=chunk, **self._log_batch_options)
-        self._last_flush = time.monotonic()
-        if wait and self._log_batch_options.get("synchronous") is False:
-            import mlflow
+    @contextlib.contextmanager
+    def store_errors(self):
+        """A store on a full disk as one TrackingError naming it (MLflow logs each failed write at length)."""
+        try:
+            yield
+        except Exception as error:
+            if full_disk_line(error) is None:
+                raise
+            raise TrackingError(
+                f"{(self.store or '').removeprefix('sqlite:///')}: the MLflow store's disk is full; free space there, "
+                "or give --trainer.default_root_dir (or MLFLOW_TRACKING_URI) a store on another disk"
+            ) from None
 
-            mlflow.flush_async_logging()
+    @rank_zero_only
+    def flush(self, wait: bool = False, stop: Callable[[], bool] = lambda: False) -> None:
+        """Sends every pending metric now; `wait`: to a server, also waits until it has every metric sent so far, at
+        most CHECKPOINT_WAIT_S, not during an outage, and not once `stop()` (SIGTERM)."""
+        pending, self._pending = self._pending, []
+        client = self.experiment
+        with self.store_errors():
+            for start in range(0, len(pending), MAX_METRICS_PER_REQUEST):
+                chunk = pending[start : start + MAX_METRICS_PER_REQUEST]
+                if self.sender is None:
+                    client.log_batch(run_id=self.run_id, metrics=chunk)
+                else:
+                    self.sender.put(partial(client.log_batch, run_id=self.run_id, metrics=chunk), "metrics", len(chunk))
+        self._last_flush = time.monotonic()
+        if wait and self.sender is not None:
+            self.sender.wait(CHECKPOINT_WAIT_S, stop)
+
+    def report_unsent(self) -> None:
+        """One line on stderr, when the process ends, for what the tracking server never took."""
+        if self.sender is None or not (unsent := self.sender.unsent()):
+            return
+        since = time.strftime("%H:%M:%S", time.localtime(self.sender.failing_since or time.time()))
+        print(
+            f"warning: the tracking server {self.store} has not answered since {since} ({self.sender.reason}): "
+            f"{', '.join(unsent)} of run {self.run_id} were not recorded there and are lost; the checkpoints are on "
+            "disk",
+            file=sys.stderr,
+        )
 
     @property
     @rank_zero_experiment
@@ -148,17 +265,30 @@ class BufferedMLFlowLogger(MLFlowLogger):
         if not self.started:
             return
         self.flush()
-        self.upload_newest_checkpoints()
-        super().finalize(status)
+        calls = [
+            (self.upload_newest_checkpoints, "the checkpoints' upload"),
+            (partial(MLFlowLogger.finalize, self, status), f"the run's end ({status})"),
+        ]
         if status == "failed" and not self.measured and self._given_run_id is None:
-            from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+            calls.append((self.delete_record, "the deletion of a run that measured nothing"))
+        if self.sender is None:
+            with self.store_errors():
+                for call, _ in calls:
+                    call()
+            return
+        for call, what in calls:  # after the metrics, in order; not waited for during an outage
+            self.sender.put(call, what)
+        self.sender.wait(FINAL_WAIT_S if status == "success" else 2.0)
 
-            artifact_uri = self.experiment.get_run(self.run_id).info.artifact_uri
-            get_artifact_repository(artifact_uri).delete_artifacts()
-            if artifact_uri.startswith("file:"):  # the run's own folder in a local artifact store
-                with contextlib.suppress(OSError):
-                    Path(urlsplit(artifact_uri).path).parent.rmdir()
-            self.experiment.delete_run(self.run_id)
+    def delete_record(self) -> None:
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+        artifact_uri = self.experiment.get_run(self.run_id).info.artifact_uri
+        get_artifact_repository(artifact_uri).delete_artifacts()
+        if artifact_uri.startswith("file:"):  # the run's own folder in a local artifact store
+            with contextlib.suppress(OSError):
+                Path(urlsplit(artifact_uri).path).parent.rmdir()
+        self.experiment.delete_run(self.run_id)
 
 
 def recorded_steps(client, run_id: str) -> dict[str, int]:
@@ -185,7 +315,8 @@ def check_tracking_uri(uri: str, source: str, timeout_s: float = 5.0) -> None:
     import urllib.request
 
     scheme = urlsplit(uri).scheme
-    if uri == "databricks":  # Databricks' own tracking: a name, not a path
+    if uri == "databricks" or scheme == "databricks":  # Databricks' own tracking: a name, not a path
+        check_databricks_credentials(uri, source)
         return
     if scheme in ("file", "") or (len(scheme) == 1 and uri[1:3] in (":\\", ":/")):  # file:, a path, C:\...
         raise TrackingError(
@@ -206,6 +337,26 @@ def check_tracking_uri(uri: str, source: str, timeout_s: float = 5.0) -> None:
             f"{source} {uri}: the tracking server does not answer ({reason}); start it, correct the URI, or unset "
             "MLFLOW_TRACKING_URI to track to outputs/mlflow.db"
         ) from None
+
+
+def check_databricks_credentials(uri: str, source: str) -> None:
+    """Raises TrackingError when no Databricks host and token can be found for `uri` (MLflow would say so in 69
+    lines, at the run's first call)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.databricks_utils import get_databricks_host_creds
+
+    quiet = logging.getLogger("mlflow.utils.databricks_utils")  # it warns of its fallback before failing
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        get_databricks_host_creds(uri)
+    except MlflowException:
+        raise TrackingError(
+            f"{source} {uri}: no Databricks credentials found; set DATABRICKS_HOST and DATABRICKS_TOKEN (or run "
+            "`databricks auth login`), or unset MLFLOW_TRACKING_URI to track to outputs/mlflow.db"
+        ) from None
+    finally:
+        quiet.setLevel(level)
 
 
 def credentials_out_of_uri(uri: str, environ: MutableMapping[str, str] = os.environ) -> str:
