@@ -8,7 +8,6 @@ data; loss, metrics, the optimizer, the lr schedule and prediction live here onc
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from functools import partial
 
@@ -79,8 +78,7 @@ class ClassificationModule(L.LightningModule):
         sync = {"dist_sync_fn": self._gather_metric_state, "distributed_available_fn": self._distributed}
         self.metrics = nn.ModuleDict()  # keyed by the names they are logged under
         for split in ("train", "val", "test"):
-            # nan_strategy "disable": a NaN loss makes the epoch's loss NaN (torchmetrics would leave it out).
-            self.metrics[f"{split}_loss"] = MeanMetric(nan_strategy="disable", **sync)
+            self.metrics[f"{split}_loss"] = MeanMetric(**sync)
             self.metrics[f"{split}_acc"] = MulticlassAccuracy(num_classes, average="micro", validate_args=False, **sync)
         self.collected: dict[str, dict[str, list]] = {}
         self.train_epoch_metrics: dict | None = None  # the newest epoch's, with its epoch and step
@@ -168,23 +166,31 @@ class ClassificationModule(L.LightningModule):
 
     # Lightning's tracking hands epoch metrics over with their epoch: BufferedMLFlowLogger logs them at step = epoch.
     def on_train_epoch_end(self) -> None:
+        self.check_finite()  # before the loss metric, which would leave NaN losses out of its mean
         values = self._epoch_metrics("train")
-        self.check_finite(values)
         if values is not None:
             self.log_dict(values, prog_bar=True)
             self.train_epoch_metrics = {"epoch": self.current_epoch, "step": self.global_step - 1, "values": values}
 
-    def check_finite(self, values: dict[str, float] | None) -> None:
+    def check_finite(self) -> None:
         """Stops a fit whose loss or weights are no longer finite. Called at the epoch's end before its checkpoints
         (ModelCheckpoint runs after the module's hook): no checkpoint of a NaN network is written, best.ckpt and
-        last.ckpt keep the last finite epoch. The loss goes to the loggers first, so the run shows it (as FAILED)."""
-        loss = (values or {}).get("train_loss", 0.0)
-        weights = torch.stack([p.detach().isfinite().all() for p in self.parameters()]).all().item()
-        if math.isfinite(loss) and weights:
+        last.ckpt keep the last finite epoch. The loss goes to the loggers first, so the run shows it (as FAILED).
+        Every process decides together: one whose shard alone met a NaN stops them all."""
+        collected = self.collected.get("train")
+        losses = torch.stack(collected["losses"]) if collected else torch.zeros(1, device=self.device)
+        loss_finite = bool(losses.isfinite().all())
+        weights_finite = bool(torch.stack([p.detach().isfinite().all() for p in self.parameters()]).all())
+        if self.trainer.strategy.reduce_boolean_decision(loss_finite and weights_finite, all=True):
             return
+        loss = losses[~losses.isfinite()][0].item() if not loss_finite else float("nan")
         for logger in self.loggers:
             logger.log_metrics({"train_loss": loss, "epoch": self.current_epoch}, step=self.global_step)
-        what = f"train_loss is {loss}" if not math.isfinite(loss) else "the weights are no longer finite numbers"
+        what = (
+            f"train_loss is {loss}" if not loss_finite
+            else "the weights are no longer finite numbers" if not weights_finite
+            else "another process met a loss that is not finite"
+        )  # fmt: skip
         raise DivergedError(
             f"training diverged at epoch {self.current_epoch}: {what}; no checkpoint of it is written (best.ckpt "
             "and last.ckpt keep the last finite epoch, if any); lower model.optimizer.init_args.lr or check the data"
