@@ -31,7 +31,7 @@ CONFIG_KEY = "fit_config"  # the fit's resolved config (YAML) in every checkpoin
 RESUMABLE = (
     "trainer.max_epochs", "trainer.max_steps", "trainer.max_time", "trainer.accelerator", "trainer.devices",
     "trainer.num_nodes", "trainer.strategy", "trainer.logger", "trainer.default_root_dir",
-    "trainer.enable_progress_bar", "trainer.enable_model_summary", "data.init_args.data_dir",
+    "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.callbacks", "data.init_args.data_dir",
     "data.init_args.csv_path", "data.init_args.archive", "data.init_args.mirrors", "data.init_args.predict_path",
     "data.init_args.num_workers", "data.init_args.verify_images", "ckpt_path", "checkpoint_dir", "config",
     "test_after_fit", "register_model", "throughput", "model.class_names", "checkpoint.dirpath",
