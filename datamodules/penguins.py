@@ -12,6 +12,7 @@ is stratified, seeded and made before anything else, so no test row is ever seen
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -47,6 +48,18 @@ SCHEMAS = {
 # Every column name of the features in either schema: a request's cells in these must all be given.
 FEATURE_COLUMNS = {column for schema in SCHEMAS.values() for name, column in schema.items() if name in FEATURES}
 COURSE_SCALE = torch.tensor([1.0, 1.0, 1.0, 10.0, 100.0])
+# What a penguin can measure, generously (the 344 Palmer penguins span 32-60, 13-21.5, 172-231 mm and 2700-6300 g;
+# docs/tasks.md): a training value outside is a typo or another unit, and would widen the ranges predict accepts.
+PLAUSIBLE = {
+    "culmen_length": (20.0, 80.0),
+    "culmen_depth": (8.0, 30.0),
+    "flipper_length": (120.0, 260.0),
+    "body_mass": (1500.0, 9000.0),
+}
+UNITS = {"culmen_length": "mm", "culmen_depth": "mm", "flipper_length": "mm", "body_mass": "g"}
+# Cells read as missing (the row is dropped, as the course does); pandas' other defaults, "nan" and its kin, are
+# values that are not numbers, and refused where they stand.
+MISSING = ["", "NA", "N/A", "n/a", "#N/A", "#NA", "<NA>", "NULL", "null", "None"]
 
 
 def read_penguins(path: str | Path | None, need_species: bool = True):
@@ -62,7 +75,7 @@ def read_penguins(path: str | Path | None, need_species: bool = True):
         if not Path(path).is_file():
             raise DataError(f"{where}: no such file; give an existing CSV")
         try:
-            frame = pd.read_csv(path)
+            frame = pd.read_csv(path, keep_default_na=False, na_values=MISSING)
         except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as error:
             raise DataError(f"{where}: not a readable CSV ({error})") from None
     return penguin_table(frame, where, need_species)
@@ -84,13 +97,28 @@ def penguin_table(frame, where: str, need_species: bool = True, row_name=lambda 
 
     for column in FEATURES[1:]:
         numbers = pd.to_numeric(table[column], errors="coerce")
-        bad = table[column].notna() & numbers.isna()
+        given = table[column].notna()
+        spelled = table[column].astype(str).str.strip().str.lower().str.lstrip("+-")
+        bad = given & numbers.isna() & ~spelled.isin(NOT_A_NUMBER)
         if bad.any():
             raise DataError(
                 f"{where}: column {schema[column]} has a non-numeric value "
                 f"{table[column][bad.idxmax()]!r} on {row_name(int(bad.idxmax()))}; fix or remove that row"
             )
+        infinite = given & (numbers.isna() | numbers.abs().eq(float("inf")))
+        if infinite.any():
+            row = infinite.idxmax()
+            value = str(table[column][row]).strip()
+            raise DataError(
+                f"{where}: {row_name(int(row))}, column {schema[column]}: {value!r} is not a finite number; give the "
+                "measurement, or leave the cell empty to drop the row"
+            )
         table[column] = numbers
+    gaps = table.isna()
+    # Each row dropped, with the columns it lacks: predict names them, rather than answering one row fewer.
+    table.attrs["incomplete"] = {
+        int(row): [schema[name] for name in wanted if gaps.loc[row, name]] for row in gaps.index[gaps.any(axis=1)]
+    }
     table = table.dropna()  # keeps the index: row i is line i + 2 of the file
     if table.empty:
         raise DataError(f"{where}: no row has all of {', '.join(schema[n] for n in wanted)}")
@@ -111,6 +139,23 @@ def penguin_table(frame, where: str, need_species: bool = True, row_name=lambda 
                 "fix or remove that row"
             )
     return table
+
+
+NOT_A_NUMBER = {"nan", "inf", "infinity", "1.#qnan", "1.#ind"}  # what pandas and Python read as a float that is none
+
+
+def check_plausible(table, where: str) -> None:
+    """Refuses a training row whose measurement no penguin has (PLAUSIBLE): a typo of a few orders of magnitude, or
+    scaled units, would otherwise train the network and widen the ranges predict judges new penguins by."""
+    columns = table.attrs["columns"]
+    for name, (low, high) in PLAUSIBLE.items():
+        outside = (table[name] < low) | (table[name] > high)
+        if outside.any():
+            row = int(outside.idxmax())
+            raise DataError(
+                f"{where}: line {row + 2}, column {columns[name]}: {table[name][row]:g} is no penguin's "
+                f"({low:g} to {high:g} {UNITS[name]}); fix or remove that row"
+            )
 
 
 def species_index(value) -> int:
@@ -199,6 +244,7 @@ class PenguinDataModule(InMemoryDataModule):
 
     def setup(self, stage: str) -> None:
         table = read_penguins(self.hparams.csv_path)
+        check_plausible(table, self.hparams.csv_path or "palmerpenguins")
         labels = torch.tensor(table["species"].to_numpy(), dtype=torch.long)
         fractions = (self.hparams.val_fraction, self.hparams.test_fraction)
         self.split_rows = stratified_split(labels, fractions, self.seed)
@@ -216,8 +262,14 @@ class PenguinDataModule(InMemoryDataModule):
             table = read_penguins(self.hparams.predict_path, need_species=False)
             self.raw["predict"] = (torch.tensor(table[list(FEATURES)].to_numpy(dtype="float32")),)
             self.predict_table = table
-            # read_penguins drops incomplete rows: name each kept row by its line in the file.
+            # read_penguins drops incomplete rows: name each kept row by its line in the file, and each dropped one.
             self.predict_names = [f"line {i + 2}" for i in table.index]
+            for row, missing in table.attrs["incomplete"].items():
+                print(
+                    f"{self.hparams.predict_path}: line {row + 2} has no {', '.join(missing)}: skipped, no answer "
+                    "for it",
+                    file=sys.stderr,
+                )
         self.scale()
 
     def scale(self) -> None:

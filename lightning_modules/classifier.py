@@ -15,6 +15,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
@@ -24,6 +25,10 @@ from lightning_modules.schedules import warmup_poly_factor
 
 class OptimizerError(ValueError):
     """The configured optimizer refused its arguments; the message names them."""
+
+
+class DivergedError(ArithmeticError):
+    """The training loss or the weights turned non-finite; the message says at which epoch and what to change."""
 
 
 class ClassificationModule(L.LightningModule):
@@ -87,7 +92,14 @@ class ClassificationModule(L.LightningModule):
             return False
 
     def _gather_metric_state(self, state: torch.Tensor, group=None) -> list[torch.Tensor]:
-        return list(self.trainer.strategy.all_gather(state).unbind(0))
+        strategy = self.trainer.strategy
+        if isinstance(strategy, DDPStrategy) and torch.distributed.is_initialized():
+            # torch.distributed's own collective: Lightning's DDP all_gather goes through the autograd-aware
+            # torch.distributed.nn.functional.all_gather, deprecated (a warning per process), which metrics need not.
+            gathered = [torch.zeros_like(state) for _ in range(strategy.world_size)]
+            torch.distributed.all_gather(gathered, state.contiguous())
+            return gathered
+        return list(strategy.all_gather(state).unbind(0))  # Horovod's allgather
 
     @property
     def backbone(self) -> nn.Module:
@@ -154,10 +166,35 @@ class ClassificationModule(L.LightningModule):
 
     # Lightning's tracking hands epoch metrics over with their epoch: BufferedMLFlowLogger logs them at step = epoch.
     def on_train_epoch_end(self) -> None:
+        self.check_finite()  # before the loss metric, which would leave NaN losses out of its mean
         values = self._epoch_metrics("train")
         if values is not None:
             self.log_dict(values, prog_bar=True)
             self.train_epoch_metrics = {"epoch": self.current_epoch, "step": self.global_step - 1, "values": values}
+
+    def check_finite(self) -> None:
+        """Stops a fit whose loss or weights are no longer finite. Called at the epoch's end before its checkpoints
+        (ModelCheckpoint runs after the module's hook): no checkpoint of a NaN network is written, best.ckpt and
+        last.ckpt keep the last finite epoch. The loss goes to the loggers first, so the run shows it (as FAILED).
+        Every process decides together: one whose shard alone met a NaN stops them all."""
+        collected = self.collected.get("train")
+        losses = torch.stack(collected["losses"]) if collected else torch.zeros(1, device=self.device)
+        loss_finite = bool(losses.isfinite().all())
+        weights_finite = bool(torch.stack([p.detach().isfinite().all() for p in self.parameters()]).all())
+        if self.trainer.strategy.reduce_boolean_decision(loss_finite and weights_finite, all=True):
+            return
+        loss = losses[~losses.isfinite()][0].item() if not loss_finite else float("nan")
+        for logger in self.loggers:
+            logger.log_metrics({"train_loss": loss, "epoch": self.current_epoch}, step=self.global_step)
+        what = (
+            f"train_loss is {loss}" if not loss_finite
+            else "the weights are no longer finite numbers" if not weights_finite
+            else "another process met a loss that is not finite"
+        )  # fmt: skip
+        raise DivergedError(
+            f"training diverged at epoch {self.current_epoch}: {what}; no checkpoint of it is written (best.ckpt "
+            "and last.ckpt keep the last finite epoch, if any); lower model.optimizer.init_args.lr or check the data"
+        )
 
     # Lightning writes an epoch's checkpoints before it logs the epoch's training metrics: they travel in the
     # checkpoint, and a fit resumed from it sends them (BufferedMLFlowLogger drops those its run has already).

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 
 import torch
 from jsonargparse import ArgumentError
@@ -27,6 +28,14 @@ from scripts.training.cli_errors import config_error_line, full_disk_line
 def main(args: list[str] | None = None) -> TemplateCLI:
     """Mistakes in the user's config, data, weights files or launch end in one line on stderr and exit status 1.
     Returns the CLI that ran (scripts.spark reads the trainer's results from it)."""
+    interrupted: list[int] = []
+
+    def on_sigint(signum: int, frame) -> None:
+        interrupted.append(signum)
+        signal.default_int_handler(signum, frame)  # KeyboardInterrupt, which Lightning turns into exit 1
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, on_sigint) if in_main_thread else None
     try:
         cli = cli_main(args)
         end_process_group()
@@ -39,6 +48,10 @@ def main(args: list[str] | None = None) -> TemplateCLI:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         end_process_group()
         sys.exit(128 + signal.SIGTERM)
+    except (KeyboardInterrupt, SystemExit) as stop:
+        if interrupted or isinstance(stop, KeyboardInterrupt):
+            sys.exit(128 + signal.SIGINT)  # Ctrl-C: 130, what a shell reports for it, not Lightning's 1
+        raise
     except ArgumentError as error:
         sys.exit(f"error: {config_error_line(error, sys.argv[1:] if args is None else args)}")
     except BrokenPipeError:
@@ -59,6 +72,9 @@ def main(args: list[str] | None = None) -> TemplateCLI:
         if "\n" in message:  # raised in a DataLoader worker: PyTorch re-raises it with the worker's traceback
             message = message.splitlines()[-1].split(": ", 1)[-1]  # "datamodules.errors.DataError: <message>"
         sys.exit(f"error: {message}")
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 def end_process_group() -> None:

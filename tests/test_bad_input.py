@@ -48,6 +48,10 @@ USER_FILES = {  # what the user owns: must be byte-identical afterwards
     "no_complete_row.csv": PENGUIN_CSV + "Dream,,18.7,181,3750,0\nBiscoe,39,,181,3750,1\n",
     "unknown_island.csv": PENGUIN_CSV + "Atlantis,39.1,18.7,181,3750,0\n",
     "empty.csv": "",
+    "infinite.csv": PENGUIN_CSV + ROWS.replace("39.4,", "inf,"),  # line 6
+    "nan_spelled.csv": PENGUIN_CSV + ROWS.replace(",3200,", ",nan,"),  # line 4
+    "absurd_mass.csv": PENGUIN_CSV + ROWS.replace(",3600,", ",3600000000,"),  # line 8: grams typed a million-fold
+    "predict_infinite.csv": "Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass\nBiscoe,50.4,15.3,200,-inf\n",
 }
 
 
@@ -192,6 +196,9 @@ CASES = [
          "error: data.init_args.batch_size -4: give 1 or more (samples per step and process)"),
     Case("batch-size-negative-mnist", ["fit", *MNIST, "--data.init_args.batch_size", "-1"],
          "error: data.init_args.batch_size -1: give 1 or more (samples per step and process)"),
+    Case("max-epochs-0", ["fit", "--trainer.max_epochs", "0"],
+         "error: --trainer.max_epochs 0: a fit of no epoch trains nothing (its test would measure an untrained "
+         "network); give 1 or more (-1: no limit), or `test --ckpt_path` to evaluate"),
     Case("register-model-without-tracking", ["fit", "--register_model", "x", "--trainer.logger", "false"],
          "error: --register_model needs the MLflow logger and checkpoints; check trainer.logger"),
     # ---- machine, launch, outputs ----
@@ -248,6 +255,14 @@ CASES = [
          "error: data.init_args.classes (the checkpoint's, at validate, test and predict) and {user}/other-birds/train "
          "have different classes: ['chickens'] only in data.init_args.classes (the checkpoint's, at validate, test "
          "and predict); ['ducks', 'geese'] only in {user}/other-birds/train; give both the same"),
+    Case("resume-with-another-lr", ["fit", "--checkpoint_dir", "{penguins_ckpt_dir}",
+                                    "--model.optimizer.init_args.lr", "0.01"],
+         "error: --model.optimizer.init_args.lr 0.01: {penguins_ckpt_dir}/last.ckpt was trained with 0.001, and a "
+         "resume goes on as it began; give 0.001, or a new --checkpoint_dir to train anew"),
+    Case("resume-of-another-task", ["fit", "--checkpoint_dir", "{birds_ckpt_dir}"],
+         "error: --data.class_path datamodules.penguins.PenguinDataModule: {birds_ckpt_dir}/last.ckpt was trained "
+         "with datamodules.birds.BirdsDataModule (and 33 more option(s)), and a resume goes on as it began; give "
+         "datamodules.birds.BirdsDataModule, or a new --checkpoint_dir to train anew"),
     Case("export-missing", ["{user}/nope.ckpt"],
          "error: {user}/nope.ckpt: no such checkpoint file; give the path of a .ckpt (outputs/.../best.ckpt)",
          module="scripts.export"),
@@ -284,6 +299,19 @@ CASES = [
     Case("too-few-rows", ["fit", "--data.init_args.csv_path", "{user}/five_rows.csv"],
          "error: {user}/five_rows.csv: 5 complete rows leave no Adelie, Chinstrap, Gentoo in the validation split; "
          "give more rows of each species (or change data.init_args.val_fraction / test_fraction)"),
+    Case("csv-infinite", ["fit", "--data.init_args.csv_path", "{user}/infinite.csv"],
+         "error: {user}/infinite.csv: line 6, column CulmenLength: 'inf' is not a finite number; give the "
+         "measurement, or leave the cell empty to drop the row"),
+    Case("csv-nan-spelled-out", ["fit", "--data.init_args.csv_path", "{user}/nan_spelled.csv"],
+         "error: {user}/nan_spelled.csv: line 4, column BodyMass: 'nan' is not a finite number; give the "
+         "measurement, or leave the cell empty to drop the row"),
+    Case("csv-absurd-value", ["fit", "--data.init_args.csv_path", "{user}/absurd_mass.csv"],
+         "error: {user}/absurd_mass.csv: line 8, column BodyMass: 3.6e+09 is no penguin's (1500 to 9000 g); fix or "
+         "remove that row"),
+    Case("predict-infinite", ["predict", "--ckpt_path", "{penguins_ckpt}", "--data.init_args.predict_path",
+                              "{user}/predict_infinite.csv"],
+         "error: {user}/predict_infinite.csv: line 2, column BodyMass: '-inf' is not a finite number; give the "
+         "measurement, or leave the cell empty to drop the row"),
     Case("fractions-leave-nothing", ["fit", "--data.init_args.val_fraction", "0.6",
                                      "--data.init_args.test_fraction", "0.5"],
          "error: data.init_args.val_fraction 0.6 + test_fraction 0.5: give fractions of 0 or more that leave rows to "
@@ -487,7 +515,8 @@ class Outcome:
 def run_case(case: Case, folder: Path, template: Path, checkpoints: dict[str, Path]) -> Outcome:
     user, outputs = folder / "user", folder / "outputs"
     shutil.copytree(template, user, symlinks=True)
-    values = {"user": str(user), "outputs": str(outputs), "port": str(free_port()), **checkpoints}
+    folders = {f"{key}_dir": Path(path).parent for key, path in checkpoints.items()}  # --checkpoint_dir of a fit
+    values = {"user": str(user), "outputs": str(outputs), "port": str(free_port()), **checkpoints, **folders}
     values = {key: str(value) for key, value in values.items()}
     theirs = [user, *(Path(path).parent for key, path in values.items() if key.endswith("_ckpt"))]
     before = checksums(*theirs)
@@ -515,7 +544,7 @@ def outcomes(request, tmp_path_factory) -> dict[str, Outcome]:
     template = tmp_path_factory.mktemp("template") / "user"
     make_user_folder(template)
     needs = {key for case in cases for arg in case.args for key in ("penguins_ckpt", "birds_ckpt", "mnist_ckpt")
-             if f"{{{key}}}" in arg}  # fmt: skip
+             if f"{{{key}" in arg}  # fmt: skip
     checkpoints = request.getfixturevalue("trained") if needs else {}
     root = tmp_path_factory.mktemp("cases")
     with ThreadPoolExecutor(max_workers=2) as pool:

@@ -1,10 +1,14 @@
 """best.ckpt and last.ckpt (ModelCheckpoint twice: scripts/training/checkpoints.py) through the CLI: last.ckpt
 is the end of every finished epoch, also after SIGTERM or SIGKILL; a fit started again with its --checkpoint_dir
 resumes bit for bit and goes on in its MLflow run, every epoch's metrics there once, as a preempted Azure ML job
-restarted with the same command."""
+restarted with the same command; a resume with another config than the checkpoint's stops before it touches anything;
+a fit that diverges, or is stopped with Ctrl-C, ends with a run record that says so."""
 
 from __future__ import annotations
 
+import hashlib
+import math
+import shutil
 import signal
 import subprocess
 import sys
@@ -113,3 +117,112 @@ def test_a_fit_stopped_and_started_again_ends_as_one_that_never_stopped_with_eve
     for metric in ("val_loss", "val_acc", "train_loss", "train_acc", "train_samples_per_sec"):
         steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, metric))
         assert steps == list(range(EPOCHS)), metric  # every epoch's, none lost at the stop, none logged twice
+
+
+def snapshot(outputs: Path) -> tuple[dict, list]:
+    """Every file under `outputs` (checkpoints, config.yaml, artifacts) by checksum; every run's status and params."""
+    files = {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(outputs.rglob("*")) if p.is_file()}
+    files = {path: digest for path, digest in files.items() if not path.endswith(("mlflow.db", ".lock"))}
+    client = MlflowClient(f"sqlite:///{outputs / 'mlflow.db'}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()], run_view_type=3)
+    return files, [(r.info.run_id, r.info.status, r.info.lifecycle_stage, r.data.params) for r in runs]
+
+
+@pytest.fixture(scope="module")
+def two_epochs(tmp_path_factory) -> Path:
+    """A fit of 2 epochs into outputs/ with --checkpoint_dir outputs/checkpoints, the logger on."""
+    outputs = tmp_path_factory.mktemp("two-epochs")
+    result = run_module("scripts.train", *resume(outputs, "--trainer.max_epochs", "2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "exists and is not empty" not in result.stderr  # the folder holds mlflow_run_id, ours: nothing to act on
+    return outputs
+
+
+def resume(outputs: Path, *args: str) -> list[str]:
+    return [
+        "fit", "--config", "configs/penguins.yaml", "--trainer.default_root_dir", str(outputs),
+        "--checkpoint_dir", str(outputs / "checkpoints"), "--test_after_fit", "false", *args,
+    ]  # fmt: skip
+
+
+CHANGED = [  # what a resume cannot change, and the line it ends in (LAST: the checkpoint_dir's last.ckpt)
+    (["--model.optimizer.init_args.lr", "0.01"],
+     "--model.optimizer.init_args.lr 0.01: {last} was trained with 0.001, and a resume goes on as it began; give "
+     "0.001, or a new --checkpoint_dir to train anew"),
+    (["--model.network.init_args.hidden", "20"],
+     "--model.network.init_args.hidden 20: {last} was trained with 10, and a resume goes on as it began; give 10, or "
+     "a new --checkpoint_dir to train anew"),
+    (["--config", "configs/mnist.yaml"],  # another task's folder
+     "--data.class_path datamodules.mnist.MNISTDataModule: {last} was trained with "
+     "datamodules.penguins.PenguinDataModule (and 16 more option(s)), and a resume goes on as it began; give "
+     "datamodules.penguins.PenguinDataModule, or a new --checkpoint_dir to train anew"),
+    (["--trainer.max_epochs", "1"],
+     "--trainer.max_epochs 1: {last} has trained 2 epochs already (its config: 2); give 2 or more, or a new "
+     "--checkpoint_dir to train anew"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "line"), CHANGED, ids=["lr", "width", "other-task", "fewer-epochs"])
+def test_a_resume_with_another_config_stops_in_one_line_and_touches_nothing(two_epochs, args, line):
+    before = snapshot(two_epochs)
+    result = run_module("scripts.train", *resume(two_epochs, *args))
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    last = two_epochs / "checkpoints" / "last.ckpt"
+    assert result.stderr.strip().splitlines()[-1] == "error: " + line.format(last=last)
+    assert snapshot(two_epochs) == before  # no parameter added, no config.yaml rewritten, no folder deleted
+
+
+def test_a_resume_may_train_longer_in_the_same_run(two_epochs, tmp_path):
+    outputs = tmp_path / "outputs"
+    shutil.copytree(two_epochs, outputs)
+    ((run_id, *_),) = snapshot(outputs)[1]
+    result = run_module("scripts.train", *resume(outputs, "--trainer.max_epochs", "3"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert load(outputs / "checkpoints" / "last.ckpt")["epoch"] == 2
+    ((same, status, _, params),) = snapshot(outputs)[1]
+    assert (same, status, params["trainer.max_epochs"]) == (run_id, "FINISHED", "2")  # MLflow keeps a param's first
+    assert "max_epochs: 3" in load(outputs / "checkpoints" / "last.ckpt")["fit_config"]
+
+
+def test_a_fit_that_diverges_stops_in_one_line_and_keeps_its_last_finite_checkpoints(tmp_path):
+    # SGD at 0.01 trains epoch 0; then ExponentialLR makes the lr 1e38 and the weights overflow in epoch 1.
+    diverging = ["--model.optimizer", "torch.optim.SGD", "--model.optimizer.init_args.lr", "0.01",
+                 "--model.lr_scheduler", "torch.optim.lr_scheduler.ExponentialLR",
+                 "--model.lr_scheduler.init_args.gamma", "1e40", "--trainer.max_epochs", "3"]  # fmt: skip
+    result = run_module("scripts.train", *resume(tmp_path, *diverging))
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: training diverged at epoch 1: train_loss is nan; no checkpoint of it is written (best.ckpt and "
+        "last.ckpt keep the last finite epoch, if any); lower model.optimizer.init_args.lr or check the data"
+    )
+    for name in ("best.ckpt", "last.ckpt"):
+        checkpoint = load(tmp_path / "checkpoints" / name)
+        assert checkpoint["epoch"] == 0
+        assert all(weights.isfinite().all() for weights in checkpoint["state_dict"].values()), name
+    ((_, status, _, _),) = snapshot(tmp_path)[1]
+    assert status == "FAILED"
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert math.isnan(run.data.metrics["train_loss"])  # the run shows why it failed
+
+
+def test_ctrl_c_exits_130_and_ends_the_run_as_killed(tmp_path):
+    folder = tmp_path / "checkpoints"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "scripts.train", *fit(tmp_path, folder)], cwd=REPO, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while epoch_of(folder / "last.ckpt") < 0:
+            assert time.monotonic() < deadline and process.poll() is None, "no epoch finished"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signal.SIGINT, stderr[-3000:]
+    assert "Traceback" not in stderr
+    ((_, status, _, _),) = snapshot(tmp_path)[1]
+    assert status == "KILLED"

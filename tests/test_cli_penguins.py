@@ -100,6 +100,9 @@ def test_predict_prints_one_species_per_row(fitted, train_cli, tmp_path):
     rows = result.stdout.splitlines()  # stdout is the CSV alone (`predict > out.csv`): no progress bar, no run URL
     assert rows[0] == "input,class,probability" and len(rows) == 3
     assert [r.split(",")[0] for r in rows[1:]] == ["line 2", "line 4"]  # line 3 has no measurements
+    skipped = f"{new}: line 3 has no bill_length_mm, bill_depth_mm, flipper_length_mm, body_mass_g: skipped, no answer"
+    assert f"{skipped} for it" in result.stderr.splitlines()  # named, not lost without a word
+    assert "dirpath has changed" not in result.stderr  # the fit's ModelCheckpoint state: nothing to act on here
     assert all(r.split(",")[1] in ("Adelie", "Gentoo", "Chinstrap") for r in rows[1:])
     assert not (tmp_path / "outputs").exists()  # predict records nothing: no MLflow run, no config.yaml
 

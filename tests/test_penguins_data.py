@@ -108,12 +108,16 @@ def test_an_odd_training_split_pads_the_shorter_shard_so_every_rank_takes_as_man
     assert shards == [[0.0, 2.0, 4.0], [1.0, 3.0, 0.0]]  # row 0 again: DistributedSampler's padding
 
 
-def test_predict_reads_a_csv_without_species(tmp_path):
+def test_predict_reads_a_csv_without_species_and_names_each_row_it_skips(tmp_path, capsys):
     path = tmp_path / "new.csv"
-    path.write_text("Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass\nBiscoe,50.4,15.3,200,5000\nDream,,1,2,3\n")
+    path.write_text(
+        "Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass\nBiscoe,50.4,15.3,200,5000\nDream,,1,2,\n"
+        "Biscoe,50.4,15.3,200,5000\n"
+    )
     data = setup("predict", predict_path=str(path))
-    assert torch.allclose(data.splits["predict"][0], torch.tensor([[1.0, 50.4, 15.3, 20.0, 50.0]]))
-    assert data.predict_names == ["line 2"]
+    assert torch.allclose(data.splits["predict"][0], torch.tensor([[1.0, 50.4, 15.3, 20.0, 50.0]] * 2))
+    assert data.predict_names == ["line 2", "line 4"]
+    assert capsys.readouterr().err == f"{path}: line 3 has no CulmenLength, BodyMass: skipped, no answer for it\n"
 
 
 @pytest.mark.parametrize(
@@ -134,6 +138,38 @@ def test_bad_csv_names_the_file_and_the_fix(tmp_path, content, message):
     with pytest.raises(DataError, match=message) as error:
         setup(csv_path=str(path))
     assert str(path) in str(error.value) and "\n" not in str(error.value)
+
+
+HEADER = "Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass,Species\n"
+GOOD = "Dream,39.1,18.7,181,3750,0\n"
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ("Dream,inf,18.7,181,3750,0", "line 3, column CulmenLength: 'inf' is not a finite number"),
+        ("Dream,39.1,nan,181,3750,0", "line 3, column CulmenDepth: 'nan' is not a finite number"),
+        ("Dream,39.1,18.7,-Infinity,3750,0", "line 3, column FlipperLength: '-inf' is not a finite number"),
+        ("Dream,39.1,18.7,181,NaN,0", "line 3, column BodyMass: 'NaN' is not a finite number"),
+        ("Dream,39.1,18.7,181,3.75e9,0", r"line 3, column BodyMass: 3.75e\+09 is no penguin's \(1500 to 9000 g\)"),
+        ("Dream,39.1,18.7,18.1,3750,0", r"line 3, column FlipperLength: 18.1 is no penguin's \(120 to 260 mm\)"),
+    ],
+)
+def test_a_value_no_penguin_has_is_refused_by_file_line_and_column(tmp_path, row, message):
+    """A non-finite value would train a network of NaN weights; an absurd one would widen the ranges predict
+    accepts. Either is refused before training, named where it stands."""
+    path = tmp_path / "typo.csv"
+    path.write_text(HEADER + GOOD + row + "\n" + GOOD)
+    with pytest.raises(DataError, match=message) as error:
+        setup(csv_path=str(path))
+    assert str(error.value).startswith(f"{path}: ") and "\n" not in str(error.value)
+
+
+def test_missing_cells_still_drop_their_row(tmp_path):
+    """palmerpenguins' own NA and empty cells are missing measurements: the course drops those rows."""
+    path = tmp_path / "gaps.csv"
+    path.write_text(HEADER + GOOD + "Dream,NA,18.7,181,3750,0\nDream,39.1,,181,3750,0\n" + GOOD)
+    assert list(read_penguins(path).index) == [0, 3]
 
 
 def test_species_names_are_the_course_order():

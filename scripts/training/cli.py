@@ -32,10 +32,19 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from datamodules.base import ClassificationDataModule
 from datamodules.errors import DataError
-from lightning_modules.classifier import ClassificationModule, OptimizerError
+from lightning_modules.classifier import ClassificationModule, DivergedError, OptimizerError
 from lightning_modules.transfer_net import WeightsError, skip_pretrained_weights
 from scripts.serving.mlflow_model import register_model, serving_inputs, test_inputs
-from scripts.training.checkpoints import add_checkpoint_arguments, keep_run_id, resume_from, saved_run_id
+from scripts.training.checkpoints import (
+    CONFIG_KEY,
+    RUN_ID_FILE,
+    add_checkpoint_arguments,
+    check_resume,
+    flatten,
+    keep_run_id,
+    resume_from,
+    saved_run_id,
+)
 from scripts.training.sigterm import StopTogether
 from scripts.training.throughput import EpochThroughput
 from scripts.training.tracking import (
@@ -62,18 +71,6 @@ def run_dir(trainer: L.Trainer) -> Path:
     return Path(trainer.default_root_dir) / str(logger.name) / str(logger.version)
 
 
-def flatten(config: dict | list, prefix: str = "") -> dict[str, object]:
-    """`{"a": {"b": [{"c": 1}]}}` -> `{"a.b.0.c": 1}`: the config as MLflow parameters."""
-    flat: dict[str, object] = {}
-    items = config.items() if isinstance(config, dict) else enumerate(config)
-    for key, value in items:
-        if isinstance(value, dict | list) and value:
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 class TrackConfig(SaveConfigCallback):
     """The run's record: the resolved config beside the checkpoints and in MLflow (file and parameters), metrics
     sent before each epoch's checkpoints, and no record at all of a run that failed before measuring anything."""
@@ -82,6 +79,7 @@ class TrackConfig(SaveConfigCallback):
         if stage == "predict":  # no run to file it under: it would overwrite outputs/config.yaml
             return
         text = self.parser.dump(self.config, skip_none=False)
+        self.config_text = text
         path = run_dir(trainer) / "config.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
@@ -103,6 +101,9 @@ class TrackConfig(SaveConfigCallback):
                 keep_run_id(trainer, self.config.get("checkpoint_dir"), trainer.logger.run_id)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        # The fit's config travels in its checkpoints: a resume compares its own with it (checkpoints.check_resume).
+        if stage_config := getattr(self, "config_text", None):
+            checkpoint[CONFIG_KEY] = stage_config
         # Called while a checkpoint is made, before it is written: a fit resumed from it has every metric logged so
         # far. What Lightning logs after an epoch's checkpoints, the epoch's training metrics, travels in them.
         if isinstance(trainer.logger, BufferedMLFlowLogger):
@@ -111,7 +112,11 @@ class TrackConfig(SaveConfigCallback):
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         # A run that failed before measuring anything leaves no folder (its logger deletes its MLflow run).
         logger = trainer.logger
+        if isinstance(logger, BufferedMLFlowLogger) and isinstance(exception, KeyboardInterrupt):
+            logger.interrupted = True  # Lightning finalizes the run as failed next
         if not (isinstance(logger, BufferedMLFlowLogger) and trainer.is_global_zero and logger.started):
+            return
+        if logger.handed_over:  # a resumed run's folder holds its earlier epochs' record
             return
         folder = run_dir(trainer)
         if not logger.measured and not any(folder.glob("checkpoints/*")):
@@ -167,9 +172,20 @@ class TemplateCLI(LightningCLI):
             self.checkpoint_classes = list(classes or [])
             if classes and "classes" in data_args:
                 data_args["classes"] = list(classes)
-        if self.subcommand == "fit" and config.get("checkpoint_dir") and launched_rank() == 0:
-            check_writable(Path(config.checkpoint_dir), "--checkpoint_dir")
+        if self.subcommand != "fit":
+            # The checkpoint's ModelCheckpoint state names its fit's folder, not this command's: nothing to act on.
+            warnings.filterwarnings("ignore", r"The dirpath has changed from")
+        if self.subcommand == "fit":
+            check_trains(config.trainer)
+            if config.get("checkpoint_dir") and launched_rank() == 0:
+                check_writable(Path(config.checkpoint_dir), "--checkpoint_dir")
+            if ours_only(config.get("checkpoint_dir")):  # Lightning warns of it at every start, resumes included
+                warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
         if self.subcommand == "fit" and (last := resume_from(config)):
+            import yaml
+
+            dumped = yaml.safe_load(self.parser.dump(self.config, skip_none=False))  # before the run is touched
+            check_resume(last, flatten(dumped[self.subcommand]))
             config.ckpt_path = str(last)
             rank_zero_print(f"resuming from {last}")
         if self.subcommand == "predict":
@@ -206,6 +222,11 @@ class TemplateCLI(LightningCLI):
         checkpoint = self.trainer.checkpoint_callback
         if checkpoint is not None and checkpoint.best_model_path:
             rank_zero_print(f"best checkpoint: {checkpoint.best_model_path}")
+        if self.trainer.global_step == 0:  # nothing trained, in this fit or the one it resumed
+            raise ConfigError(
+                "the fit trained no step (check trainer.max_epochs, max_steps, limit_train_batches and the training "
+                "data): its network is untrained, so it is not tested; give options that train at least one step"
+            )
         if self.config.fit.test_after_fit:
             ckpt_path = "best" if checkpoint is not None and checkpoint.best_model_path else None
             (results,) = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt_path)
@@ -293,6 +314,24 @@ def check_writable(folder: Path, option: str) -> None:
         ) from None
 
 
+def ours_only(folder: str | None) -> bool:
+    """Whether --checkpoint_dir `folder` holds nothing but what fits write there (so Lightning's warning that it is
+    not empty tells the user nothing)."""
+    if not folder or not Path(folder).is_dir():
+        return bool(folder)
+    return {path.name for path in Path(folder).iterdir()} <= {"best.ckpt", "last.ckpt", RUN_ID_FILE}
+
+
+def check_trains(trainer: dict) -> None:
+    """A fit that trains no step would end by testing, and registering, an untrained network as if it were the model."""
+    for option in ("max_epochs", "max_steps"):
+        if trainer.get(option) == 0:
+            raise ConfigError(
+                f"--trainer.{option} 0: a fit of no {option.removeprefix('max_')[:-1]} trains nothing (its test would "
+                f"measure an untrained network); give 1 or more (-1: no limit), or `test --ckpt_path` to evaluate"
+            )
+
+
 def set_up_tracking(args, outputs: Path, subcommand: str) -> None:
     """The MLflow logger's store, run and name: what Azure ML hands over (MLFLOW_TRACKING_URI, MLFLOW_RUN_ID), the
     user's server, or outputs/mlflow.db; checked before the run starts."""
@@ -312,6 +351,13 @@ def set_up_tracking(args, outputs: Path, subcommand: str) -> None:
             args.artifact_location = (outputs / "mlartifacts").resolve().as_uri()
     if args.run_id is None:
         args.run_id = os.environ.get("MLFLOW_RUN_ID")
+    named = os.environ.get("MLFLOW_EXPERIMENT_NAME")
+    if named and named != args.experiment_name:
+        # MLflow's own variable, set for this command: it wins over the experiment a shared YAML names.
+        if launched_rank() == 0:
+            print(f"experiment {named!r} (MLFLOW_EXPERIMENT_NAME), not the config's {args.experiment_name!r}",
+                  file=sys.stderr)  # fmt: skip
+        args.experiment_name = named
     if args.run_id is None and args.run_name is None:
         # MLflow draws names from `random`, which the seed fixes: every run of a config would be named alike.
         args.run_name = f"{subcommand}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}"
@@ -400,5 +446,6 @@ USER_ERRORS = (
     ConfigError,
     TrackingError,
     OptimizerError,
+    DivergedError,
     MisconfigurationException,
 )

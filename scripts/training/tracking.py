@@ -156,6 +156,7 @@ class BufferedMLFlowLogger(MLFlowLogger):
         self._uploaded: set[tuple[str, float]] = set()  # (path, mtime) of checkpoints already uploaded
         self.measured = False  # any metric logged: a run worth keeping
         self.started = False  # its run exists: created here or handed over
+        self.interrupted = False  # stopped by Ctrl-C (TrackConfig.on_exception): the run ends KILLED, not FAILED
         self.flush_every_s = flush_every_s
         self.epoch_as_step = epoch_as_step
         self._pending: list = []
@@ -260,16 +261,24 @@ class BufferedMLFlowLogger(MLFlowLogger):
                 self.experiment.log_artifact(self.run_id, path, Path(path).stem)
                 self._uploaded.add((path, Path(path).stat().st_mtime))
 
+    @property
+    def handed_over(self) -> bool:
+        """Whether its run existed before this process (`run_id`: a resumed fit's, Azure ML's job run)."""
+        return self._given_run_id is not None
+
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:
         if not self.started:
             return
         self.flush()
+        if status == "failed" and not self.measured and self.handed_over:
+            return  # a resume that failed before measuring anything leaves the run's record as it was
+        end = "KILLED" if status == "failed" and self.interrupted else status
         calls = [
             (self.upload_newest_checkpoints, "the checkpoints' upload"),
-            (partial(MLFlowLogger.finalize, self, status), f"the run's end ({status})"),
+            (partial(MLFlowLogger.finalize, self, end), f"the run's end ({end})"),
         ]
-        if status == "failed" and not self.measured and self._given_run_id is None:
+        if status == "failed" and not self.measured:
             calls.append((self.delete_record, "the deletion of a run that measured nothing"))
         if self.sender is None:
             with self.store_errors():
@@ -289,6 +298,17 @@ class BufferedMLFlowLogger(MLFlowLogger):
             with contextlib.suppress(OSError):
                 Path(urlsplit(artifact_uri).path).parent.rmdir()
         self.experiment.delete_run(self.run_id)
+        purge_run(self.experiment, self.run_id)
+
+
+def purge_run(client, run_id: str) -> None:
+    """Removes a deleted run from the store for good, parameters and tags with it, where the store can: SQL stores
+    (sqlite) by their `_hard_delete_run`, which `mlflow gc` calls (a canary test watches the name). A server keeps
+    it deleted until its own `mlflow gc`."""
+    store = getattr(getattr(client, "_tracking_client", None), "store", None)
+    hard_delete = getattr(store, "_hard_delete_run", None)
+    if hard_delete is not None:
+        hard_delete(run_id)
 
 
 def recorded_steps(client, run_id: str) -> dict[str, int]:
