@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -340,3 +341,28 @@ def test_sigterm_under_mpirun_ends_every_process_with_143_at_an_epoch_end(tmp_pa
     output = preempt_launched(command, tmp_path / "o", "OMPI_COMM_WORLD_RANK", signalled, env=env)
     # mpirun reports the first process that failed and exits with its status; it would have killed the others.
     assert re.search(r"Exit code:\s+143\b", output) and output.endswith("status: 143"), output[-3000:]
+
+
+def test_sigterm_to_mpirun_and_its_processes_ends_each_with_143_given_the_jobs_grace(tmp_path):
+    """Azure ML's preemption signals the job's mpirun too: with the grace submit gives `mpi` jobs (MPI_STOP_GRACE),
+    mpirun's own SIGTERM and SIGKILL come after the processes have stopped at a batch, each with 143 (a shell around
+    each process records its status: mpirun reports its own)."""
+    from scripts.azure_ml.jobs import MPI_STOP_GRACE
+
+    if shutil.which("mpirun") is None:
+        pytest.skip("needs Open MPI's mpirun (apt-get install openmpi-bin; .ci/run installs it)")
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", **MPI_STOP_GRACE}
+    outputs, statuses = tmp_path / "o", tmp_path / "statuses"
+    fit = shlex.join([sys.executable, "-m", "scripts.train", *preemptible_fit(outputs, *MPI, "--trainer.devices", "2")])
+    command = ["mpirun", "--oversubscribe", "-np", "2", "sh", "-c", f"{fit}; echo $? >> {statuses}"]
+    outputs.mkdir(parents=True)
+    with open(tmp_path / "launcher.log", "w") as out:
+        launcher = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+    last = outputs / "checkpoints" / "last.ckpt"
+    wait_for_epoch(last, 2, [launcher])
+    ranks = rank_processes(launcher, "OMPI_COMM_WORLD_RANK", 2)
+    sent = signal_pids([launcher.pid, *ranks.values()])
+    wait_all([launcher], sent)  # mpirun waits out its grace twice (10 s each), within the 30 s
+    assert statuses.read_text().split() == ["143", "143"], (tmp_path / "launcher.log").read_text()[-3000:]
+    stopped = torch.load(last, weights_only=False)
+    assert stopped["global_step"] == (stopped["epoch"] + 1) * 30  # an epoch's end

@@ -94,6 +94,7 @@ def test_horovod_dry_run_yaml_reads_back_with_its_build_context(horovod_context,
         horovod_context, "Dockerfile"
     )  # fmt: skip
     assert (loaded.distribution.type, loaded.distribution.process_count_per_instance) == ("mpi", 4)
+    assert loaded.environment_variables == {"OMPI_MCA_odls_base_sigkill_timeout": "10"}  # mpirun's SIGTERM grace
     again = submit("configs/penguins.yaml", "cpu", ["configs/trainer/horovod.yaml"], 1, 4, "mpi", dry_run=True)
     assert yaml.safe_load(again)["environment"] == yaml.safe_load(text)["environment"]  # same version: one image
 

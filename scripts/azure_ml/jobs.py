@@ -38,6 +38,10 @@ INPUT_TYPES = ("uri_folder", "uri_file")
 INPUT_MODES = ("ro_mount", "download", "direct", "eval_mount", "eval_download")
 PRESETS = {"pytorch": "configs/trainer/ddp.yaml", "mpi": "configs/trainer/ddp_mpi.yaml"}
 DEFAULT_EXPERIMENT = "lightning-template"  # scripts.train's default logger's
+# mpirun answers a SIGTERM (Azure ML's at preemption and cancel) with SIGTERM to its processes after this many
+# seconds and SIGKILL as many after that; Open MPI's default, 1, kills a fit before it stops at its next batch with
+# last.ckpt kept (scripts/training/sigterm.py). Open MPI's own MCA parameter, read from the environment.
+MPI_STOP_GRACE = {"OMPI_MCA_odls_base_sigkill_timeout": "10"}
 HOROVOD_DOCKERFILE = Path("strategies/horovod.Dockerfile")
 HOROVOD_GPU_DOCKERFILE = Path("strategies/horovod_gpu.Dockerfile")  # Horovod with CUDA and NCCL, on GPU_IMAGE
 HOROVOD_CONTEXT = Path("outputs/horovod-image")  # the Dockerfile and the files it COPYs, what Azure ML builds from
@@ -241,6 +245,7 @@ def build_job(
         outputs={"checkpoints": Output(type="uri_folder", mode="rw_mount")} if checkpoints else None,
         experiment_name=experiment or experiment_of(configs),
         display_name=f"{tasks}: fit, {plan.shape}",
+        environment_variables=dict(MPI_STOP_GRACE) if plan.launch == "mpi" or plan.horovod else None,
     )
 
 
