@@ -120,7 +120,9 @@ bench-spark: $(VENV)/installed ## time the penguin fit on Spark against torchrun
 
 mlflow-ui: $(VENV)/installed ## the MLflow UI over outputs/mlflow.db on http://127.0.0.1:5000 (MLFLOW_PORT=, MLFLOW_STORE=)
 	mkdir -p $(dir $(MLFLOW_STORE))
-	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(MLFLOW_STORE) --host 127.0.0.1 --port $(MLFLOW_PORT)
+	@# MLflow's server imports a module Starlette deprecates, once per worker: nothing the user can act on.
+	PYTHONWARNINGS='ignore:starlette.middleware.wsgi is deprecated' \
+		$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(MLFLOW_STORE) --host 127.0.0.1 --port $(MLFLOW_PORT)
 
 lint: $(VENV)/installed ## ruff
 	$(VENV)/bin/ruff check .
