@@ -261,7 +261,7 @@ CASES = [
          "resume goes on as it began; give 0.001, or a new --checkpoint_dir to train anew"),
     Case("resume-of-another-task", ["fit", "--checkpoint_dir", "{birds_ckpt_dir}"],
          "error: --data.class_path datamodules.penguins.PenguinDataModule: {birds_ckpt_dir}/last.ckpt was trained "
-         "with datamodules.birds.BirdsDataModule (and 33 more option(s)), and a resume goes on as it began; give "
+         "with datamodules.birds.BirdsDataModule (and 23 more option(s)), and a resume goes on as it began; give "
          "datamodules.birds.BirdsDataModule, or a new --checkpoint_dir to train anew"),
     Case("export-missing", ["{user}/nope.ckpt"],
          "error: {user}/nope.ckpt: no such checkpoint file; give the path of a .ckpt (outputs/.../best.ckpt)",

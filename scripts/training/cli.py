@@ -92,11 +92,13 @@ class TrackConfig(SaveConfigCallback):
             # A resumed run (--checkpoint_dir, a restarted Azure ML job) has its parameters; MLflow refuses changes
             # (a longer max_epochs, say): those are in the config.yaml logged below, which replaces the first one.
             client, run_id = trainer.logger.experiment, trainer.logger.run_id
-            logged = client.get_run(run_id).data.params
-            new = [Param(key, str(value)[:500]) for key, value in params.items() if key not in logged]
-            for start in range(0, len(new), 100):  # MLflow's most parameters a request
-                client.log_batch(run_id, params=new[start : start + 100])
-            trainer.logger.experiment.log_artifact(trainer.logger.run_id, str(path))
+            logger = trainer.logger
+            with logger.store_errors() if isinstance(logger, BufferedMLFlowLogger) else contextlib.nullcontext():
+                logged = client.get_run(run_id).data.params
+                new = [Param(key, str(value)[:500]) for key, value in params.items() if key not in logged]
+                for start in range(0, len(new), 100):  # MLflow's most parameters a request
+                    client.log_batch(run_id, params=new[start : start + 100])
+                client.log_artifact(run_id, str(path))
             if stage == "fit":
                 keep_run_id(trainer, self.config.get("checkpoint_dir"), trainer.logger.run_id)
 
