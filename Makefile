@@ -29,9 +29,12 @@ MASTER ?=
 SERVE_VENV ?= .venv-serve
 MODEL ?= $(CKPT)
 ENDPOINT ?=
+# Azure ML assets: DATA (a file or folder) registered as TASK's data asset, VERSION a number.
+DATA ?=
+VERSION ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install horovod horovod-gpu test-fast train sweep validate evaluate predict export plot submit spark bench bench-spark mlflow-ui lint format test clean serve-env serve deploy bench-serve
+.PHONY: help install horovod horovod-gpu test-fast train sweep validate evaluate predict export plot submit assets spark bench bench-spark mlflow-ui lint format test clean serve-env serve deploy bench-serve
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ name[NR] = $$1; text[NR] = $$2; \
@@ -105,6 +108,13 @@ plot: $(VENV)/installed ## PNG of training and validation loss of RUN (default: 
 submit: $(VENV)/installed ## run configs/TASK.yaml as an Azure ML job on COMPUTE (ARGS="--nodes 2 --dry_run true")
 	@test -n "$(COMPUTE)" || { echo "error: give COMPUTE=<your Azure ML compute cluster>" >&2; exit 1; }
 	$(PY) -m scripts.submit $(CONFIG) --compute $(COMPUTE) $(ARGS)
+
+assets: $(VENV)/installed ## DATA=path as TASK's Azure ML data asset (a CSV also an MLTable), or the environments; VERSION=N
+	@test -n "$(VERSION)" || { echo "error: give VERSION=<a number: the assets' next version>" >&2; exit 1; }
+	@if [ -n "$(DATA)" ]; then \
+		$(PY) -m scripts.assets data $(TASK) "$(DATA)" --version $(VERSION) $(if $(filter %.csv %.tsv,$(DATA)),--mltable true) $(ARGS); \
+	else for kind in training training-gpu serving; do \
+		$(PY) -m scripts.assets environment $$kind --version $(VERSION) $(ARGS) || exit 1; done; fi
 
 spark: $(VENV)/installed ## fit configs/TASK.yaml in PROCESSES Spark tasks (TorchDistributor; MASTER=...; needs Java 17)
 	$(PY) -m scripts.spark fit --config $(CONFIG) --num_processes $(PROCESSES) $(if $(MASTER),--master "$(MASTER)") $(ARGS)

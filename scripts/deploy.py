@@ -33,9 +33,17 @@ from typing import Literal
 
 import yaml
 
-from scripts.azure_ml.jobs import BASE_IMAGE, SubmitError, check_workspace_ids, is_local, workspace_client
+from scripts.azure_ml.assets import ENVIRONMENTS
+from scripts.azure_ml.jobs import (
+    BASE_IMAGE,
+    SubmitError,
+    check_workspace_ids,
+    is_local,
+    parse_reference,
+    workspace_client,
+)
 
-SERVE_ENVIRONMENT = "scripts/serving/environment.yml"
+SERVE_ENVIRONMENT = ENVIRONMENTS["serving"].conda_file
 SCORING_SCRIPT = "scripts/score.py"
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{1,30}[A-Za-z0-9]")  # Azure ML's rule for endpoint and deployment names
 MODEL = re.compile(r"(?:azureml:|models:/)?([A-Za-z0-9][\w.-]*)[:/](\d+)")
@@ -74,8 +82,11 @@ def check_names(model: str, endpoint: str, deployment: str) -> Names:
     return Names(found.group(1), found.group(2), endpoint, deployment)
 
 
-def environment():
-    """The serving environment: scripts/serving/environment.yml on Azure ML's Open MPI image, the one jobs use."""
+def environment(registered: str | None = None):
+    """The serving environment: a registered one (azureml:NAME:VERSION, scripts.assets environment serving), else
+    scripts/serving/environment.yml on Azure ML's Open MPI image, the one jobs use."""
+    if registered:
+        return registered
     from azure.ai.ml.entities import Environment
 
     return Environment(image=BASE_IMAGE, conda_file=SERVE_ENVIRONMENT)
@@ -89,6 +100,7 @@ def build_online(
     backend: str,
     workers: int,
     request_timeout_ms: int,
+    registered_environment: str | None = None,
 ):
     """The azure.ai.ml endpoint and deployment; see `online` for the arguments."""
     from azure.ai.ml.entities import (
@@ -106,7 +118,7 @@ def build_online(
         endpoint_name=names.endpoint,
         model=names.model_id,
         code_configuration=CodeConfiguration(code=".", scoring_script=SCORING_SCRIPT),
-        environment=environment(),
+        environment=environment(registered_environment),
         instance_type=instance_type,
         instance_count=instance_count,
         # WORKER_COUNT: the inference server's processes per instance, each with the model; one request at a time each.
@@ -151,6 +163,7 @@ def online(
     backend: Literal["onnxruntime", "torch"] = "onnxruntime",
     workers: int = 1,
     request_timeout_ms: int = 5000,
+    environment: str | None = None,
     dry_run: bool = False,
     yaml_dir: str | None = None,
     subscription_id: str | None = None,
@@ -172,6 +185,8 @@ def online(
         backend: the scoring script's runtime (SCORE_BACKEND): onnxruntime or torch.
         workers: inference server processes per instance (WORKER_COUNT), each with its own copy of the model.
         request_timeout_ms: Azure ML's request timeout (its default, 5000 ms, fits these models).
+        environment: a registered serving environment, azureml:NAME:VERSION (python -m scripts.assets environment
+            serving); default: scripts/serving/environment.yml, built with the deployment.
         dry_run: print the endpoint's and the deployment's YAML instead of creating them.
         yaml_dir: with dry_run, write endpoint.yml and deployment.yml to this folder (for `az ml ... create -f`).
         subscription_id, resource_group, workspace: the workspace, when there is no config.json.
@@ -184,7 +199,10 @@ def online(
     if yaml_dir and not dry_run:
         raise DeployError("--yaml_dir writes the YAML instead of deploying: add --dry_run true")
     check_workspace_ids(subscription_id, resource_group, workspace)
-    built = build_online(names, instance_type, instance_count, auth_mode, backend, workers, request_timeout_ms)
+    if environment is not None:
+        environment = parse_reference(environment, "--environment", "azureml:lightning-serving:1")
+    built = build_online(names, instance_type, instance_count, auth_mode, backend, workers, request_timeout_ms,
+                         environment)  # fmt: skip
     endpoint_entity, deployment_entity = built
     if dry_run:
         folder = Path(yaml_dir) if yaml_dir else Path(".")
@@ -230,7 +248,7 @@ def online(
     return scoring_uri
 
 
-def build_batch(names: Names, data: str, compute: str, backend: str, data_type: str):
+def build_batch(names: Names, data: str, compute: str, backend: str, data_type: str, registered: str | None = None):
     """The command job that runs scripts/score.py over `data` with the registered model."""
     from azure.ai.ml import Input, Output, command
 
@@ -247,7 +265,7 @@ def build_batch(names: Names, data: str, compute: str, backend: str, data_type: 
             "data": Input(type=data_type, path=data, mode="ro_mount"),
         },
         outputs={"predictions": Output(type="uri_folder", mode="rw_mount")},
-        environment=environment(),
+        environment=environment(registered),
         compute=compute,
         experiment_name=f"{names.model}-batch",
         display_name=f"score {names.model}:{names.version}",
@@ -259,6 +277,8 @@ def batch(
     data: str,
     compute: str = "",
     backend: Literal["onnxruntime", "torch"] = "onnxruntime",
+    data_type: Literal["uri_folder", "uri_file"] | None = None,
+    environment: str | None = None,
     dry_run: bool = False,
     subscription_id: str | None = None,
     resource_group: str | None = None,
@@ -272,21 +292,25 @@ def batch(
         data: a local folder or file (uploaded), a data asset azureml:NAME:VERSION, or a datastore URI.
         compute: the compute cluster to run on.
         backend: the scoring script's runtime: onnxruntime or torch.
+        data_type: uri_file or uri_folder, for a data asset or URI (a local path is what it is on disk; default: a
+            folder unless it ends in .csv); a data asset's type must be the one it was registered as.
+        environment: a registered serving environment, azureml:NAME:VERSION; default: scripts/serving/environment.yml.
         dry_run: print the job's YAML (`az ml job create -f`) instead of submitting it.
         subscription_id, resource_group, workspace: the workspace, when there is no config.json.
     """
     names = check_names(model, "batch", "batch")
     if not compute:
         raise DeployError("give the compute cluster to run on: --compute NAME")
-    data_type = "uri_folder"
     if is_local(data):
         if not Path(data).exists():
             raise DeployError(f"{data}: no such file or folder; give images (a folder) or a CSV of penguins")
         data_type = "uri_file" if Path(data).is_file() else "uri_folder"
-    elif data.lower().endswith(".csv"):
-        data_type = "uri_file"
+    elif data_type is None:
+        data_type = "uri_file" if data.lower().endswith(".csv") else "uri_folder"
     check_workspace_ids(subscription_id, resource_group, workspace)
-    job = build_batch(names, data, compute, backend, data_type)
+    if environment is not None:
+        environment = parse_reference(environment, "--environment", "azureml:lightning-serving:1")
+    job = build_batch(names, data, compute, backend, data_type, environment)
     if dry_run:
         from scripts.azure_ml.jobs import job_yaml
 

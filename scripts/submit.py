@@ -5,6 +5,8 @@
         --processes_per_node 4 --inputs+ data.init_args.data_dir=azureml:mnist:1 --train_args "--trainer.max_epochs 5"
     python -m scripts.submit configs/penguins.yaml --compute cpu-cluster --dry_run true  # print the job's YAML
     python -m scripts.submit configs/penguins.yaml --compute cpu-cluster --stream true  # follow it to its end
+    python -m scripts.submit configs/penguins.yaml --compute cpu-cluster --environment azureml:lightning-training:1 \\
+        --inputs+ data.init_args.csv_path=azureml:penguins:3,type=uri_file --tier spot --timeout 2h
 
 Every check of the arguments runs before the Azure SDK is imported; each mistake is one line. The job uploads this
 folder (less `.amlignore`), builds `environment.yml` on Azure ML's Open MPI image (its CUDA one with InfiniBand for
@@ -12,9 +14,12 @@ configs that run on GPUs) and runs `python -m scripts.train fit --config TASK [-
 process. Azure ML hands the job's MLflow run over (MLFLOW_TRACKING_URI, MLFLOW_RUN_ID), so metrics, config and
 checkpoints land in the job; ./outputs is uploaded too. Checkpoints go to the job output `checkpoints`, mounted
 read-write: a job on low-priority nodes that Azure ML preempts and restarts resumes from its last.ckpt
-(scripts/training/checkpoints.py). Several processes add configs/trainer/ddp.yaml with
-distribution `pytorch` (Azure ML starts one process per device with torch.distributed's variables) or
-configs/trainer/ddp_mpi.yaml with `mpi` (mpirun), and the devices and nodes to match. A Horovod config
+(scripts/training/checkpoints.py); `--tier spot` asks for such nodes, `--timeout` bounds the job, and `--shm_size`
+(by default 1g per DataLoader worker of each process) sizes the container's /dev/shm. Registered assets
+(scripts.assets) replace the uploads: `--environment azureml:NAME:VERSION`, `--inputs+ OPTION=azureml:NAME:VERSION`.
+Several processes add configs/trainer/ddp.yaml with distribution `pytorch` (Azure ML starts one process per device
+with torch.distributed's variables) or configs/trainer/ddp_mpi.yaml with `mpi` (mpirun), and the devices and nodes
+to match. A Horovod config
 (configs/trainer/horovod.yaml) runs under `mpi` on the image strategies/horovod.Dockerfile builds. The YAML of
 `--dry_run` also runs as `az ml job create -f`. The workspace is config.json (the studio's "Download
 config file", found here or above) unless --subscription_id, --resource_group and --workspace name it.
@@ -49,6 +54,10 @@ def submit(
     resource_group: str | None = None,
     workspace: str | None = None,
     sweep: str | None = None,
+    environment: str | None = None,
+    tier: Literal["spot", "standard"] | None = None,
+    timeout: str | None = None,
+    shm_size: str | None = None,
 ) -> str:
     """Builds the job and submits it (or prints its YAML); returns the job's name (or the YAML).
 
@@ -74,13 +83,24 @@ def submit(
         subscription_id, resource_group, workspace: the workspace, when there is no config.json.
         sweep: a sweep file (configs/sweeps/TASK.yaml): submit an Azure ML sweep job over its search space, each
             trial this command with the trial's values (scripts/sweeps/azure.py).
+        environment: a registered environment, azureml:NAME:VERSION (python -m scripts.assets environment training),
+            instead of building environment.yml on --image.
+        tier: Azure ML's job tier (queue settings): spot (preemptible, cheaper; the job resumes from its checkpoints
+            output when restarted) or standard; default: the compute's own.
+        timeout: the job's time limit: seconds (3600) or a duration of days, hours, minutes, seconds: 90m, 4h, 1h30m,
+            2d. A sweep's limits are its file's budget.time and trial_time.
+        shm_size: the container's /dev/shm, e.g. 8g; default: 1g per DataLoader worker of each process on a node
+            (data.init_args.num_workers; at least 2g), or Azure ML's own when the data loads in the training process.
     """
     if not compute:
         raise SubmitError("give the compute cluster to run on: --compute NAME")
     if stream and dry_run:
         raise SubmitError("--stream follows a submitted job: leave out --dry_run")
     check_workspace_ids(subscription_id, resource_group, workspace)  # before the SDK import build_job makes
+    if sweep and timeout is not None:
+        raise SubmitError("--timeout with --sweep: a sweep's limits are its file's budget.time and budget.trial_time")
     configs = [task, *(presets or [])]
+    settings = {"environment": environment, "tier": tier, "timeout": timeout, "shm_size": shm_size}
     as_yaml = job_yaml
     if sweep:
         from scripts.sweeps.azure import build_sweep_job, load_for_azure, sweep_yaml, trial_args
@@ -92,11 +112,11 @@ def submit(
             raise SubmitError(f"--sweep {error}") from None
         args = " ".join(part for part in (trial_args(spec), train_args) if part)
         trial = build_job(configs, compute, nodes, processes_per_node, distribution, inputs, args, experiment, image,
-                          checkpoints=False)  # fmt: skip
-        job, as_yaml = build_sweep_job(trial, spec, compute), sweep_yaml
+                          checkpoints=False, **settings)  # fmt: skip
+        job, as_yaml = build_sweep_job(trial, spec, compute, tier), sweep_yaml
     else:
         job = build_job(
-            configs, compute, nodes, processes_per_node, distribution, inputs, train_args, experiment, image
+            configs, compute, nodes, processes_per_node, distribution, inputs, train_args, experiment, image, **settings
         )
     if dry_run:
         if yaml_file:

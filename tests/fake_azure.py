@@ -1,5 +1,6 @@
 """A fake HTTP transport that answers as Azure ML's REST API and a workspace's blob storage would, for MLClient in the
-tests (no Azure is reachable here): jobs, environments, datastores, blobs, run history and online endpoints.
+tests (no Azure is reachable here): jobs, environments, data assets, datastores, blobs, run history and online
+endpoints.
 
     from tests.fake_azure import FakeAzureML, fake_client
 """
@@ -68,7 +69,7 @@ class FakeAzureML(requests.Session):
             status, answer = 200, {"id": path, "name": "workspaceblobstore", "properties": store}
         elif method == "POST" and path.endswith("/datastores/workspaceblobstore/listSecrets"):
             status, answer = 200, {"secretsType": "AccountKey", "key": base64.b64encode(bytes(64)).decode()}
-        elif method == "PUT" and re.search(r"/environments/[^/]+/versions/[^/]+$", path):
+        elif method == "PUT" and re.search(r"/(environments|data)/[^/]+/versions/[^/]+$", path):
             status, answer = 201, {"id": path, "name": path.rsplit("/", 1)[1], **sent}
         elif method == "PUT" and re.search(r"/jobs/[^/]+$", path):
             status, answer = 201, {"id": path, "name": path.rsplit("/", 1)[1], **sent}

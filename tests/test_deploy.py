@@ -182,6 +182,7 @@ def test_batch_scoring_is_the_scoring_code_as_a_command_job(tmp_path, capsys):
         (["online", "m:1", "--endpoint", "pen", "--workspace", "ws"], "name the workspace with all three of"),
         (["batch", "m:1", "no/such/photos", "--compute", "c"], "no/such/photos: no such file or folder"),
         (["batch", "m:1", "configs", "--dry_run", "true"], "give the compute cluster to run on: --compute NAME"),
+        (["online", "m:1", "--endpoint", "pen", "--environment", "serving"], "--environment 'serving': give a regis"),
     ],
 )
 def test_a_mistake_is_one_line_before_the_azure_sdk_is_imported(args, line):
@@ -192,3 +193,18 @@ def test_a_mistake_is_one_line_before_the_azure_sdk_is_imported(args, line):
     assert len(messages) == 1 and messages[0].startswith(f"error: {line}"), messages
     imported = [text.rsplit("|", 1)[-1].strip() for text in result.stderr.splitlines() if text.startswith("import")]
     assert not [name for name in imported if name.startswith("azure")]
+
+
+def test_a_registered_serving_environment_and_data_asset_are_named_not_built(tmp_path, capsys):
+    from azure.ai.ml import load_job, load_online_deployment
+
+    text = online("penguins-classifier:1", "penguins", environment="azureml:lightning-serving:2", dry_run=True)
+    (tmp_path / "deployment.yml").write_text(text.split("---\n")[1])
+    deployment = load_online_deployment(tmp_path / "deployment.yml")
+    assert deployment.environment.endswith("lightning-serving:2")  # no conda file: nothing to build
+    text = batch("penguins-classifier:1", "azureml:penguins:3", "cpu", data_type="uri_file",
+                 environment="lightning-serving:2", dry_run=True)  # fmt: skip
+    (tmp_path / "job.yml").write_text(text)
+    job = load_job(tmp_path / "job.yml")
+    assert job.inputs["data"].type == "uri_file" and job.inputs["data"].path.endswith("penguins:3")
+    assert yaml.safe_load(text)["environment"] == "azureml:lightning-serving:2"

@@ -312,3 +312,86 @@ def test_horovod_on_gpus_builds_the_gpu_dockerfile_on_the_gpu_image(horovod_cont
     assert f"FROM {GPU_IMAGE}" in dockerfile  # the CUDA Open MPI image with InfiniBand
     assert "RUN python /build/scripts/build_horovod.py --gpu" in dockerfile  # the build `make horovod-gpu` runs
     assert "--trainer.devices 4 --trainer.num_nodes 2" in job.command and job.distribution.type == "mpi"
+
+
+def test_registered_assets_leave_nothing_but_the_code_to_upload(tmp_path, monkeypatch, capsys):
+    from azure.ai.ml import load_job
+
+    assets = {"environment": "azureml:lightning-training:1",
+              "inputs": ["data.init_args.csv_path=azureml:penguins:3,type=uri_file"]}  # fmt: skip
+    text = submit("configs/penguins.yaml", "cpu-cluster", dry_run=True, **assets)
+    written = yaml.safe_load(text)
+    assert written["environment"] == "azureml:lightning-training:1"  # no conda file, no image to build
+    assert written["inputs"] == {"csv_path": {"mode": "ro_mount", "path": "azureml:penguins:3", "type": "uri_file"}}
+    assert written["code"] == "."
+    (tmp_path / "job.yml").write_text(text)
+    loaded = load_job(tmp_path / "job.yml")
+    assert loaded.environment.endswith("lightning-training:1") and loaded.inputs["csv_path"].type == "uri_file"
+    assert "--data.init_args.csv_path ${{inputs.csv_path}}" in loaded.command
+
+    azure = FakeAzureML()
+    monkeypatch.setattr(
+        requests.Session, "request", lambda session, method, url, *a, **k: azure.request(method, url, *a, **k)
+    )
+    client = fake_client(azure)
+    monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: client)
+    name = submit("configs/penguins.yaml", "cpu-cluster", **assets)
+    puts = [path.removeprefix(WORKSPACE) for method, path, _ in azure.requests if method == "PUT"]
+    assert puts == [f"/jobs/{name}"] and azure.blobs == {}  # the code snapshot is one the workspace has
+    (job,) = [body["properties"] for method, path, body in azure.requests if path.endswith(f"/jobs/{name}")]
+    assert job["environmentId"].endswith("/environments/lightning-training/versions/1")
+    assert job["inputs"]["csv_path"]["uri"] == f"{WORKSPACE}/data/penguins/versions/3"
+    assert job["inputs"]["csv_path"]["jobInputType"] == "uri_file"
+
+
+@pytest.mark.parametrize(
+    ("config", "options", "shm_size"),
+    [
+        ("configs/birds.yaml", {}, "2g"),  # 2 DataLoader workers, one process
+        ("configs/birds.yaml", {"nodes": 2, "processes_per_node": 4}, "8g"),  # per node: 4 processes x 2 workers
+        ("configs/birds.yaml", {"train_args": "--data.init_args.num_workers 6"}, "6g"),
+        ("configs/birds.yaml", {"shm_size": "16g"}, "16g"),
+        ("configs/penguins.yaml", {}, None),  # loads in the training process: Azure ML's own /dev/shm
+        ("configs/birds.yaml", {"train_args": "--data.init_args.num_workers=0"}, None),
+    ],
+)
+def test_the_shared_memory_follows_the_dataloader_workers(config, options, shm_size, tmp_path):
+    from azure.ai.ml import load_job
+
+    (tmp_path / "job.yml").write_text(submit(config, "c", dry_run=True, **options))
+    assert load_job(tmp_path / "job.yml").resources.shm_size == shm_size
+
+
+def test_tier_and_timeout_are_in_the_yaml_and_the_job_put(tmp_path, monkeypatch, capsys):
+    from azure.ai.ml import load_job
+
+    text = submit("configs/birds.yaml", "gpu", ["configs/trainer/gpu.yaml"], tier="spot", timeout="1h30m", dry_run=True)
+    (tmp_path / "job.yml").write_text(text)
+    job = load_job(tmp_path / "job.yml")
+    assert (job.queue_settings.job_tier, job.limits.timeout) == ("spot", 5400)
+    assert "--checkpoint_dir ${{outputs.checkpoints}}" in job.command  # where a preempted spot job resumes from
+    azure = FakeAzureML()
+    client = fake_client(azure)
+    monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: client)
+    name = submit("configs/birds.yaml", "gpu", tier="standard", timeout="7200")
+    (sent,) = [body["properties"] for method, path, body in azure.requests if path.endswith(f"/jobs/{name}")]
+    assert sent["queueSettings"]["jobTier"].lower() == "standard"
+    assert sent["limits"]["timeout"] == "PT2H" and sent["resources"]["shmSize"] == "2g"
+
+
+@pytest.mark.parametrize(
+    ("given", "seconds"),
+    [("3600", 3600), (3600, 3600), ("90m", 5400), ("4h", 14400), ("1h30m", 5400), ("2d", 172800), ("45s", 45)],
+)
+def test_a_timeout_is_seconds_or_a_duration(given, seconds):
+    from scripts.azure_ml.jobs import parse_duration
+
+    assert parse_duration(given) == seconds
+
+
+@pytest.mark.parametrize("given", ["4 hours", "1h30", "30m1h", "", "0", "-5"])
+def test_a_timeout_that_is_neither_is_refused(given):
+    from scripts.azure_ml.jobs import parse_duration
+
+    with pytest.raises(SubmitError, match="--timeout"):
+        parse_duration(given)

@@ -182,3 +182,18 @@ def test_a_search_space_option_the_job_already_sets_is_refused(tmp_path):
         f"error: --sweep {path}: search_space.trainer.devices: the job's processes decide it; give submit's "
         "--processes_per_node"
     )
+
+
+def test_trials_take_the_tier_the_shared_memory_and_a_registered_environment(tmp_path, capsys):
+    job, raw = dry_run_job(
+        tmp_path, "configs/birds.yaml", "gpu-cluster", sweep="configs/sweeps/birds.yaml", tier="spot",
+        environment="azureml:lightning-training-gpu:1",
+    )  # fmt: skip
+    assert job.queue_settings.job_tier == "spot"
+    assert raw["trial"]["resources"]["shm_size"] == "2g"  # birds' 2 DataLoader workers
+    assert raw["trial"]["environment"] == "azureml:lightning-training-gpu:1"
+    with pytest.raises(SystemExit) as exit:
+        main(["configs/penguins.yaml", "--compute", "c", "--sweep", PENGUINS_SWEEP, "--timeout", "4h"])
+    assert exit.value.code == (
+        "error: --timeout with --sweep: a sweep's limits are its file's budget.time and budget.trial_time"
+    )

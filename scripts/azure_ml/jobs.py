@@ -45,6 +45,15 @@ MPI_STOP_GRACE = {"OMPI_MCA_odls_base_sigkill_timeout": "10"}
 HOROVOD_DOCKERFILE = Path("strategies/horovod.Dockerfile")
 HOROVOD_GPU_DOCKERFILE = Path("strategies/horovod_gpu.Dockerfile")  # Horovod with CUDA and NCCL, on GPU_IMAGE
 HOROVOD_CONTEXT = Path("outputs/horovod-image")  # the Dockerfile and the files it COPYs, what Azure ML builds from
+TIERS = ("spot", "standard")  # Azure ML's queue settings' job tiers a job here takes: preemptible, or not
+# --timeout: seconds, or a duration of days, hours, minutes and seconds in that order (90m, 4h, 1h30m, 2d).
+DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+SHM_SIZE = re.compile(r"[1-9][0-9]*[bkmg]")  # Docker's --shm-size, as Azure ML takes it
+# DataLoader workers hand every batch to their training process through /dev/shm (prefetch_factor batches each), and
+# Docker's default /dev/shm (64 MB) ends a fit with a bus error; 1 GB a worker of each process on the node is ample
+# for these tasks' batches (birds: 16 x 3 x 224 x 224 float32, 10 MB), 2 GB at least.
+SHM_GB_PER_WORKER, SHM_GB_MIN = 1, 2
+REFERENCE = re.compile(r"(?:azureml:)?([A-Za-z0-9][A-Za-z0-9_.-]*):([0-9]+)")
 
 
 class SubmitError(Exception):
@@ -84,6 +93,49 @@ def horovod_build_context(gpu: bool = False) -> Path:
                 shutil.copy(source, folder / source)
     shutil.copy(dockerfile, folder / "Dockerfile")
     return folder
+
+
+def parse_duration(text: str) -> int:
+    """--timeout's seconds: `3600`, or days, hours, minutes, seconds in that order: `90m`, `4h`, `1h30m`, `2d`."""
+    plain = str(text).strip().lower()
+    found = DURATION.fullmatch(plain + "s" if plain.isdigit() else plain)
+    if not plain or found is None:
+        raise SubmitError(f"--timeout {text!r}: give seconds (3600) or a duration such as 90m, 4h, 1h30m or 2d")
+    days, hours, minutes, seconds = (int(part or 0) for part in found.groups())
+    total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    if total < 1:
+        raise SubmitError(f"--timeout {text!r}: give a limit of 1 second or more")
+    return total
+
+
+def parse_reference(text: str, option: str, example: str) -> str:
+    """azureml:NAME:VERSION (or NAME:VERSION) of a registered asset, as azureml:NAME:VERSION."""
+    found = REFERENCE.fullmatch(text)
+    if found is None:
+        raise SubmitError(f"{option} {text!r}: give a registered one as azureml:NAME:VERSION, e.g. {example}")
+    return f"azureml:{found.group(1)}:{found.group(2)}"
+
+
+def dataloader_workers(configs: list[str], train_args: str = "") -> int:
+    """The DataLoader workers of each process: the configs' data.init_args.num_workers (the last that sets it), or
+    --train_args's."""
+    workers = 0
+    for path in configs:
+        data = (yaml.safe_load(Path(path).read_text()) or {}).get("data") or {}
+        workers = ((data.get("init_args") or {}) if isinstance(data, dict) else {}).get("num_workers", workers)
+    given = re.findall(r"--data\.(?:init_args\.)?num_workers[= ](\d+)", train_args)
+    return int(given[-1]) if given else int(workers or 0)
+
+
+def shm_size_of(given: str | None, workers: int, processes_per_node: int) -> str | None:
+    """The container's /dev/shm: as given, else one that follows the DataLoader workers (None: Azure ML's own)."""
+    if given is not None:
+        if not SHM_SIZE.fullmatch(given):
+            raise SubmitError(f"--shm_size {given!r}: give a number and a unit of b, k, m or g, e.g. 8g")
+        return given
+    if workers < 1:
+        return None
+    return f"{max(SHM_GB_MIN, SHM_GB_PER_WORKER * workers * processes_per_node)}g"
 
 
 @dataclass
@@ -136,6 +188,10 @@ class Plan:
     launch: str | None  # None: one process; else "pytorch" or "mpi"
     shape: str
     inputs: list[JobInput]
+    environment: str | None = None  # a registered environment, azureml:NAME:VERSION
+    tier: str | None = None
+    timeout_s: int | None = None
+    shm_size: str | None = None
 
 
 def plan_job(
@@ -147,6 +203,10 @@ def plan_job(
     train_args: str = "",
     image: str = BASE_IMAGE,
     checkpoints: bool = True,
+    environment: str | None = None,
+    tier: str | None = None,
+    timeout: str | int | None = None,
+    shm_size: str | None = None,
 ) -> Plan:
     if not Path("environment.yml").is_file():
         raise SubmitError("environment.yml is not in this folder: run from the repository's root (the job's code)")
@@ -168,6 +228,14 @@ def plan_job(
             raise SubmitError(f"--train_args {option}: the job's processes decide it; give {LAUNCH_OPTIONS[key]}")
     if nodes < 1 or processes_per_node < 1:
         raise SubmitError(f"--nodes {nodes} --processes_per_node {processes_per_node}: both must be 1 or more")
+    if tier is not None and tier not in TIERS:
+        raise SubmitError(f"--tier {tier!r}: give {' or '.join(TIERS)}")
+    if environment is not None:
+        if image != BASE_IMAGE:
+            raise SubmitError("--image and --environment: a registered environment has its image; give one of them")
+        environment = parse_reference(environment, "--environment", "azureml:lightning-training:1")
+    timeout_s = None if timeout is None else parse_duration(str(timeout))
+    shm = shm_size_of(shm_size, dataloader_workers(configs, train_args), processes_per_node)
     several = nodes * processes_per_node > 1
     horovod = "horovod" in str(trainer_setting(configs, "strategy")).lower()
     accelerator = str(trainer_setting(configs, "accelerator"))
@@ -176,9 +244,10 @@ def plan_job(
     if horovod:
         if several and distribution != "mpi":
             raise SubmitError("Horovod's processes are started by mpirun: add --distribution mpi")
-        if image != BASE_IMAGE:
+        if image != BASE_IMAGE or environment:
             dockerfile = HOROVOD_GPU_DOCKERFILE if gpu else HOROVOD_DOCKERFILE
-            raise SubmitError(f"--image: Horovod jobs run on the image {dockerfile} builds; edit its FROM")
+            option = "--image" if image != BASE_IMAGE else "--environment"
+            raise SubmitError(f"{option}: Horovod jobs run on the image {dockerfile} builds; edit its FROM")
     parts = ["python -m scripts.train fit", *(f"--config {path}" for path in configs)]
     launch, shape = None, "1 process"
     if several:
@@ -200,7 +269,7 @@ def plan_job(
         parts.append(f"--{job_input.option} ${{{{inputs.{job_input.name}}}}}")
     if train_args:
         parts.append(train_args)
-    return Plan(" ".join(parts), configs, horovod, gpu, launch, shape, job_inputs)
+    return Plan(" ".join(parts), configs, horovod, gpu, launch, shape, job_inputs, environment, tier, timeout_s, shm)
 
 
 def build_job(
@@ -214,15 +283,20 @@ def build_job(
     experiment: str | None = None,
     image: str | None = None,
     checkpoints: bool = True,
+    environment: str | None = None,
+    tier: str | None = None,
+    timeout: str | int | None = None,
+    shm_size: str | None = None,
 ):
     """The azure.ai.ml command job that runs `scripts.train fit` on `configs`; see `submit` for the arguments."""
-    plan = plan_job(
-        configs, nodes, processes_per_node, distribution, inputs, train_args, image or BASE_IMAGE, checkpoints
-    )
+    plan = plan_job(configs, nodes, processes_per_node, distribution, inputs, train_args, image or BASE_IMAGE,
+                    checkpoints, environment, tier, timeout, shm_size)  # fmt: skip
     from azure.ai.ml import Input, MpiDistribution, Output, PyTorchDistribution, command
     from azure.ai.ml.entities import BuildContext, Environment
 
-    if plan.horovod:
+    if plan.environment:
+        environment = plan.environment  # registered: the job uploads no conda file and builds no image of its own
+    elif plan.horovod:
         context = horovod_build_context(plan.gpu)
         environment = Environment(build=BuildContext(path=str(context), dockerfile_path="Dockerfile"))
     else:
@@ -246,6 +320,9 @@ def build_job(
         experiment_name=experiment or experiment_of(configs),
         display_name=f"{tasks}: fit, {plan.shape}",
         environment_variables=dict(MPI_STOP_GRACE) if plan.launch == "mpi" or plan.horovod else None,
+        job_tier=plan.tier,
+        timeout=plan.timeout_s,
+        shm_size=plan.shm_size,
     )
 
 

@@ -135,9 +135,9 @@ def early_termination(sweep: Sweep):
     return None
 
 
-def build_sweep_job(command_node, sweep: Sweep, compute: str):
+def build_sweep_job(command_node, sweep: Sweep, compute: str, tier: str | None = None):
     """The sweep job over `command_node` (scripts.azure_ml.jobs.build_job's command job, whose command already ends with
-    trial_args(sweep)), from the sweep file."""
+    trial_args(sweep)), from the sweep file; `tier` is the job tier of its trials (spot, standard)."""
     names = search_space_names(sweep)
     node = command_node.sweep(
         primary_metric=sweep.metric,
@@ -150,6 +150,7 @@ def build_sweep_job(command_node, sweep: Sweep, compute: str):
         trial_timeout=sweep.trial_time_s,
         early_termination_policy=early_termination(sweep),
         search_space={names[param.option]: distribution(param) for param in sweep.params},
+        job_tier=tier,
     )
     job = node._to_job()  # the job itself, not the pipeline node wrapping it (as scripts.azure_ml.jobs.job_yaml)
     job.display_name = f"{command_node.display_name.split(':')[0]}: sweep {sweep.name}, {sweep.metric} ({sweep.goal})"

@@ -71,7 +71,7 @@ def yaml_error_line(args: list[str]) -> str | None:
 def argument_error_line(text: str) -> str:
     """jsonargparse's many lines about a bad option, as one: the option, the value given, what it takes."""
     key = re.search(r'Parser key "([^"]+)"', text)
-    given = re.search(r"Got value: (.*?)(?:\n|$)", text)
+    given = re.search(r"(?:Got|Given) value: (.*?)(?:\n|$)", text)  # Given: of an Optional[...] option
     if key and given:
         expected = re.search(r"Expected a (?:typing\.Literal\[(.*?)\]|<class '(\w+)'>)", text)
         wanted = ""

@@ -1,0 +1,147 @@
+"""Register the tasks' data and the environments in an Azure ML workspace as named, versioned assets, so that jobs,
+sweeps and deployments name them (azureml:penguins:3) instead of uploading local paths and building inline images.
+
+    python -m scripts.assets data penguins data/penguins.csv --version 3 --mltable true
+    python -m scripts.assets data mnist data/mnist --version 1
+    python -m scripts.assets data birds data/birds --version 1
+    python -m scripts.assets environment training --version 1      # lightning-training; training-gpu, serving
+    python -m scripts.assets data penguins data/penguins.csv --version 3 --dry_run true   # print the YAML
+
+`data NAME PATH` uploads a local file (uri_file) or folder (uri_folder) as version VERSION of NAME; `--mltable true`
+also registers a CSV as NAME-table, an MLTable (its folder, written to outputs/assets/NAME-table/, holds the MLTable
+file and a copy of the CSV) that Azure ML and `mltable.load(...).to_pandas_dataframe()` read as a table.
+`environment KIND` registers `environment.yml` on Azure ML's Open MPI image (training), on its CUDA image
+(training-gpu) or `scripts/serving/environment.yml` (serving) as lightning-KIND (or --name). Jobs then take
+`--environment azureml:lightning-training:1` and `--inputs+ data.init_args.csv_path=azureml:penguins:3,type=uri_file`.
+`--dry_run true` prints the YAML of what it would create (`--yaml_dir` writes it for `az ml data create -f` and
+`az ml environment create -f`). Every mistake is one line and exit 1 before the Azure SDK is imported. The workspace
+is config.json or --subscription_id --resource_group --workspace, as for scripts.submit.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Literal
+
+from scripts.azure_ml.assets import Asset, AssetError, asset_yaml, build, plan_data, plan_environment
+from scripts.azure_ml.jobs import SubmitError, check_workspace_ids, workspace_client
+
+
+def create(
+    assets: list[Asset],
+    dry_run: bool,
+    yaml_dir: str | None,
+    subscription_id: str | None,
+    resource_group: str | None,
+    workspace: str | None,
+) -> str:
+    """Prints (dry_run) or creates the assets; returns their YAML (dry_run) or their references."""
+    if yaml_dir and not dry_run:
+        raise AssetError("--yaml_dir writes the YAML instead of creating the assets: add --dry_run true")
+    check_workspace_ids(subscription_id, resource_group, workspace)
+    entities = [build(asset) for asset in assets]
+    if dry_run:
+        folder = Path(yaml_dir) if yaml_dir else Path(".")
+        texts = [asset_yaml(entity, folder) for entity in entities]
+        if yaml_dir:
+            folder.mkdir(parents=True, exist_ok=True)
+            for asset, text in zip(assets, texts):
+                (folder / asset.file_name).write_text(text)
+                print(f"wrote {folder / asset.file_name}: az ml {asset.kind} create -f {folder / asset.file_name}")
+        else:
+            print("---\n".join(f"# {a.file_name}: {a.reference}\n{text}" for a, text in zip(assets, texts)), end="")
+        return "---\n".join(texts)
+    from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
+
+    client = workspace_client(subscription_id, resource_group, workspace)
+    try:
+        for asset, entity in zip(assets, entities):
+            operations = client.data if asset.kind == "data" else client.environments
+            created = operations.create_or_update(entity)
+            print(f"created {asset.kind} azureml:{created.name}:{created.version}")
+    except ClientAuthenticationError:
+        raise AssetError(
+            "not signed in to Azure: run `az login` (or set AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET "
+            "for a service principal), then register again"
+        ) from None
+    except HttpResponseError as error:  # e.g. the version exists with other content: versions are immutable
+        message = str(error.message or error).strip().splitlines()[0]
+        raise AssetError(f"Azure ML refused {asset.reference}: {message}; give the next --version") from None
+    return " ".join(asset.reference for asset in assets)
+
+
+def data(
+    name: str,
+    path: str,
+    version: str = "",
+    mltable: bool = False,
+    description: str = "",
+    dry_run: bool = False,
+    yaml_dir: str | None = None,
+    subscription_id: str | None = None,
+    resource_group: str | None = None,
+    workspace: str | None = None,
+) -> str:
+    """Registers a local file or folder as a version of a data asset (and a CSV also as an MLTable).
+
+    Args:
+        name: the data asset's name, e.g. penguins, mnist, birds.
+        path: the local file (a uri_file asset) or folder (uri_folder) to upload.
+        version: the version to create, a number; versions are immutable, so each upload of changed data is the next.
+        mltable: also register the CSV (or .tsv) as NAME-table, an MLTable of the same version.
+        description: what the asset is; default: where it came from.
+        dry_run: print the assets' YAML instead of creating them.
+        yaml_dir: with dry_run, write data-NAME.yml files there for `az ml data create -f`.
+        subscription_id, resource_group, workspace: the workspace, when there is no config.json.
+    """
+    assets = plan_data(name, path, version, mltable, description)
+    return create(assets, dry_run, yaml_dir, subscription_id, resource_group, workspace)
+
+
+def environment(
+    kind: Literal["training", "training-gpu", "serving"],
+    version: str = "",
+    name: str | None = None,
+    description: str = "",
+    dry_run: bool = False,
+    yaml_dir: str | None = None,
+    subscription_id: str | None = None,
+    resource_group: str | None = None,
+    workspace: str | None = None,
+) -> str:
+    """Registers a version of the training (CPU or GPU image) or serving environment.
+
+    Args:
+        kind: training (environment.yml on Azure ML's Open MPI image), training-gpu (on its CUDA image) or serving
+            (scripts/serving/environment.yml, what scripts.deploy serves with).
+        version: the version to create, a number (Azure ML builds its image once, when a job first uses it).
+        name: the environment's name; default: lightning-KIND.
+        description: what it is; default: its packages and image.
+        dry_run: print its YAML instead of creating it.
+        yaml_dir: with dry_run, write environment-NAME.yml there for `az ml environment create -f`.
+        subscription_id, resource_group, workspace: the workspace, when there is no config.json.
+    """
+    asset = plan_environment(kind, name, version, description)
+    return create([asset], dry_run, yaml_dir, subscription_id, resource_group, workspace)
+
+
+def main(args: list[str] | None = None) -> None:
+    """Every mistake is one line on stderr and exit 1."""
+    import logging
+
+    from jsonargparse import ArgumentError, auto_cli
+
+    from scripts.training.cli_errors import argument_error_line
+
+    logging.getLogger("azure.ai.ml._utils._experimental").setLevel(logging.ERROR)
+    try:
+        auto_cli({"data": data, "environment": environment}, args=args, as_positional=True, exit_on_error=False)
+    except ArgumentError as error:
+        sys.exit(f"error: {argument_error_line(str(error))} (python -m scripts.assets --help lists the options)")
+    except SubmitError as error:
+        sys.exit(f"error: {error}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""Named, versioned Azure ML assets: the tasks' data (a file or a folder, the penguin CSV also as an MLTable) and the
+training and serving environments. Checked before the Azure SDK is imported; then the SDK's entities and their YAML.
+
+    python -m scripts.assets data penguins data/penguins.csv --version 3 --mltable true --dry_run true
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from scripts.azure_ml.jobs import BASE_IMAGE, GPU_IMAGE, SubmitError
+
+# Azure ML's names of data assets and environments: letters, digits, '-', '_' and '.', from a letter or digit; no ':'
+# or '/', which would break the azureml:NAME:VERSION that jobs name them by.
+ASSET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}")
+VERSION = re.compile(r"[0-9]+")  # numbers only, so a team's versions sort and the next one is plain
+MLTABLE_ROOT = Path("outputs/assets")  # where an MLTable's folder (the MLTable file, the CSV) is made to upload
+DELIMITERS = {".csv": ",", ".tsv": "\t"}
+
+
+@dataclass(frozen=True)
+class EnvironmentRecipe:
+    conda_file: str
+    image: str
+    what: str
+
+
+# The environments jobs and deployments build inline today, under the names they are registered by.
+ENVIRONMENTS = {
+    "training": EnvironmentRecipe(
+        "environment.yml", BASE_IMAGE, "scripts.train's packages on Azure ML's Open MPI image"
+    ),
+    "training-gpu": EnvironmentRecipe(
+        "environment.yml", GPU_IMAGE, "scripts.train's packages on Azure ML's CUDA Open MPI image with InfiniBand"
+    ),
+    "serving": EnvironmentRecipe(
+        "scripts/serving/environment.yml", BASE_IMAGE, "the inference server and scripts/score.py's packages"
+    ),
+}
+
+
+class AssetError(SubmitError):  # a SubmitError too: submit and deploy check the references jobs name assets by
+    """A bad asset name, version, path or reference; the message names it and what to give instead."""
+
+
+@dataclass(frozen=True)
+class Asset:
+    """One asset to create, decided before azure.ai.ml is imported."""
+
+    kind: str  # "data" or "environment"
+    name: str
+    version: str
+    description: str
+    type: str = ""  # data: uri_file, uri_folder or mltable
+    path: str = ""  # data: the local file or folder uploaded
+    image: str = ""  # environment
+    conda_file: str = ""  # environment
+    source: str = ""  # mltable: the CSV its folder is made of
+
+    @property
+    def reference(self) -> str:
+        return f"azureml:{self.name}:{self.version}"
+
+    @property
+    def file_name(self) -> str:  # its YAML's, for `az ml data create -f` / `az ml environment create -f`
+        return f"{self.kind}-{self.name}.yml"
+
+
+def check_name(name: str, option: str = "name") -> None:
+    if not ASSET_NAME.fullmatch(name or ""):
+        raise AssetError(
+            f"{option} {name!r}: Azure ML refuses it; give 1-255 letters, digits, '-', '_' or '.', starting with a "
+            "letter or digit, e.g. penguins"
+        )
+
+
+def check_version(version: str) -> None:
+    if not VERSION.fullmatch(str(version)):
+        raise AssetError(f"--version {version!r}: give a number, e.g. --version 3 (the asset's next version)")
+
+
+def plan_data(name: str, path: str, version: str, mltable: bool = False, description: str = "") -> list[Asset]:
+    """The data asset of a local file or folder (uri_file, uri_folder), and with `mltable` also NAME-table, an MLTable
+    that reads the CSV with its delimiter and header."""
+    check_name(name)
+    check_version(version)
+    local = Path(path)
+    if not local.exists():
+        raise AssetError(
+            f"{path}: no such file or folder; give the data's file or folder (a CSV, data/mnist, data/birds)"
+        )
+    kind = "uri_file" if local.is_file() else "uri_folder"
+    assets = [Asset("data", name, str(version), description or f"{name} from {local.name}", kind, str(local.resolve()))]
+    if mltable:
+        if not local.is_file() or local.suffix.lower() not in DELIMITERS:
+            raise AssetError(f"--mltable true: {path} is not a .csv or .tsv file; an MLTable here reads one such file")
+        table = f"{name}-table"
+        check_name(table)
+        folder = MLTABLE_ROOT / table
+        assets.append(Asset("data", table, str(version), f"{name} as a table: {local.name}", "mltable", str(folder),
+                            source=str(local.resolve())))  # fmt: skip
+    return assets
+
+
+def plan_environment(kind: str, name: str | None, version: str, description: str = "") -> Asset:
+    recipe = ENVIRONMENTS.get(kind)
+    if recipe is None:
+        raise AssetError(f"environment {kind!r}: give one of {', '.join(ENVIRONMENTS)}")
+    name = name or f"lightning-{kind}"
+    check_name(name, "--name")
+    check_version(version)
+    if not Path(recipe.conda_file).is_file():
+        raise AssetError(f"{recipe.conda_file} is not in this folder: run from the repository's root")
+    return Asset("environment", name, str(version), description or recipe.what, image=recipe.image,
+                 conda_file=recipe.conda_file)  # fmt: skip
+
+
+def mltable_text(csv_name: str, delimiter: str) -> str:
+    """An MLTable file that reads `csv_name` (next to it) as mltable.load(...).to_pandas_dataframe() and Azure ML do:
+    its first line the header, cells of the CSV's delimiter, UTF-8."""
+    table = {
+        "$schema": "https://azuremlschemas.azureedge.net/latest/MLTable.schema.json",
+        "type": "mltable",
+        "paths": [{"file": f"./{csv_name}"}],
+        "transformations": [
+            {
+                "read_delimited": {
+                    "delimiter": delimiter,
+                    "header": "all_files_same_headers",
+                    "encoding": "utf8",
+                    "empty_as_string": False,
+                }
+            }
+        ],
+    }
+    return yaml.safe_dump(table, sort_keys=False)
+
+
+def write_mltable(csv: Path, folder: Path) -> Path:
+    """`folder` made an MLTable's: the MLTable file and a copy of the CSV it reads (an MLTable's paths are relative
+    to its own folder, which is what Azure ML uploads)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    shutil.copy(csv, folder / csv.name)
+    (folder / "MLTable").write_text(mltable_text(csv.name, DELIMITERS[csv.suffix.lower()]))
+    return folder
+
+
+def build(asset: Asset):
+    """The azure.ai.ml Data or Environment; an MLTable's folder is written first."""
+    from azure.ai.ml.entities import Data, Environment
+
+    if asset.kind == "environment":
+        return Environment(name=asset.name, version=asset.version, description=asset.description, image=asset.image,
+                           conda_file=asset.conda_file)  # fmt: skip
+    if asset.type == "mltable":
+        write_mltable(Path(asset.source), Path(asset.path))
+    return Data(name=asset.name, version=asset.version, description=asset.description, type=asset.type,
+                path=asset.path)  # fmt: skip
+
+
+def asset_yaml(entity, folder: Path = Path(".")) -> str:
+    """The asset's YAML as `az ml data create -f` / `az ml environment create -f` take it from a file in `folder`: a
+    data asset's local path relative to that folder (the SDK writes this machine's absolute path), an environment's
+    conda file inline."""
+    text = io.StringIO()
+    entity.dump(text)
+    data = yaml.safe_load(text.getvalue())
+    if "path" in data and "://" not in data["path"]:
+        data["path"] = os.path.relpath(data["path"], folder.resolve())
+    return yaml.safe_dump(data, sort_keys=False)
