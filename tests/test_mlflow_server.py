@@ -207,11 +207,9 @@ def test_a_tracking_outage_mid_fit_costs_training_no_wait_and_no_metric(mlflow_s
         wait_for(tmp_path / "at-1", fit)
         proxy.down()  # the server dies after epoch 1's metrics are queued
         (tmp_path / "go-1").touch()
-        started = time.monotonic()
-        wait_for(tmp_path / "at-5", fit)
-        # Epochs 2-5 trained while the server was gone: checkpoints waited for one failed request at most, not for
-        # MLflow's ~4 min of retries each.
-        assert time.monotonic() - started < 60
+        # Epochs 2-5 train while the server is gone: each checkpoint waits for one failed request at most, not for
+        # MLflow's ~4 min of retries (the deadline is a bound on that, well above what the epochs take).
+        wait_for(tmp_path / "at-5", fit, timeout_s=180)
         proxy.up()  # it is back
         (tmp_path / "go-5").touch()
         stdout, stderr = fit.communicate(timeout=600)
@@ -219,7 +217,7 @@ def test_a_tracking_outage_mid_fit_costs_training_no_wait_and_no_metric(mlflow_s
         fit.kill()
         proxy.down()
     assert fit.returncode == 0, stderr[-3000:]
-    assert "Traceback" not in stderr and "lost" not in stderr
+    assert "Traceback" not in stderr and "lost" not in stderr, stderr[-3000:]
     client = MlflowClient(mlflow_server)
     (run,) = client.search_runs([client.get_experiment_by_name(tmp_path.name).experiment_id])
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == list(range(8))

@@ -69,6 +69,7 @@ class Sender:
         self.failing_since: float | None = None
         self.call_started = 0.0  # time.monotonic() when the call in flight began
         self.reason = ""
+        self.retry_now = threading.Event()  # set by a wait through an outage: the next attempt need not wait its turn
         threading.Thread(target=self.run, name="mlflow-sender", daemon=True).start()
 
     def put(self, call: Callable[[], object], what: str, metrics: int = 0) -> None:
@@ -91,24 +92,30 @@ class Sender:
                     self.failing_since = self.failing_since or time.time()
                     self.reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else repr(error)
                     self.changed.notify_all()
-                time.sleep(RETRY_EVERY_S)
+                self.retry_now.wait(RETRY_EVERY_S)
+                self.retry_now.clear()
                 continue
             with self.changed:
                 self.calls.popleft()
                 self.failing_since = None
                 self.changed.notify_all()
 
-    def wait(self, timeout_s: float, stop: Callable[[], bool] = lambda: False) -> bool:
+    def wait(self, timeout_s: float, stop: Callable[[], bool] = lambda: False, through_outage: bool = False) -> bool:
         """Until every call is done, a call fails, `stop()` or `timeout_s`; True when every call is done. During an
-        outage (a call failed, or has not returned for `timeout_s`) it returns at once: the calls wait for the
-        server, not training."""
+        outage (a call failed, or has not returned for `timeout_s`) it returns at once, the calls waiting for the
+        server and not training; `through_outage` (the run's end) waits the whole `timeout_s` for the server to come
+        back, trying again every second."""
         deadline, failures = time.monotonic() + timeout_s, self.failures
         with self.changed:
-            while self.calls and self.failing_since is None and self.failures == failures and not stop():
-                now = time.monotonic()
-                if now >= deadline or now - self.call_started > timeout_s:
+            while self.calls and not stop():
+                if not through_outage and (self.failing_since is not None or self.failures != failures):
                     break
-                self.changed.wait(min(deadline - now, 0.2))
+                now = time.monotonic()
+                if now >= deadline or (not through_outage and now - self.call_started > timeout_s):
+                    break
+                if through_outage and self.failing_since is not None:
+                    self.retry_now.set()
+                self.changed.wait(min(deadline - now, 0.2 if not through_outage else 1.0))
             return not self.calls
 
     def unsent(self) -> list[str]:
@@ -287,7 +294,7 @@ class BufferedMLFlowLogger(MLFlowLogger):
             return
         for call, what in calls:  # after the metrics, in order; not waited for during an outage
             self.sender.put(call, what)
-        self.sender.wait(FINAL_WAIT_S if status == "success" else 2.0)
+        self.sender.wait(FINAL_WAIT_S if status == "success" else 2.0, through_outage=True)
 
     def delete_record(self) -> None:
         from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
