@@ -225,11 +225,10 @@ class TemplateCLI(LightningCLI):
         if checkpoint is not None and checkpoint.best_model_path:
             rank_zero_print(f"best checkpoint: {checkpoint.best_model_path}")
         if self.trainer.global_step == 0:  # nothing trained, in this fit or the one it resumed
-            logger = self.trainer.logger
-            if isinstance(logger, MLFlowLogger) and self.trainer.is_global_zero and logger.run_id:
-                # Lightning ended the run FINISHED; a fit that trained nothing did not succeed.
-                with contextlib.suppress(Exception):  # an unreachable store: the line below says what matters
-                    logger.experiment.set_terminated(logger.run_id, "FAILED")
+            # Lightning ended the run FINISHED (its fit loop skips the hooks a stop there would go through); a fit
+            # that trained nothing did not succeed.
+            if isinstance(self.trainer.logger, BufferedMLFlowLogger) and self.trainer.is_global_zero:
+                self.trainer.logger.end_failed()
             raise ConfigError(
                 "the fit trained no step (check trainer.max_epochs, max_steps, limit_train_batches and the training "
                 "data): its network is untrained, so it is not tested; give options that train at least one step"

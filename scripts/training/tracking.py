@@ -296,6 +296,17 @@ class BufferedMLFlowLogger(MLFlowLogger):
             self.sender.put(call, what)
         self.sender.wait(FINAL_WAIT_S if status == "success" else 2.0, through_outage=True)
 
+    def end_failed(self) -> None:
+        """Ends the run FAILED after Lightning ended it FINISHED (a fit that trained no step), in line behind what
+        the sender still holds, like every other call to a server."""
+        call = partial(self.experiment.set_terminated, self.run_id, "FAILED")
+        if self.sender is None:
+            with self.store_errors():
+                call()
+            return
+        self.sender.put(call, "the run's end (failed)")
+        self.sender.wait(2.0, through_outage=True)
+
     def delete_record(self) -> None:
         from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
