@@ -27,6 +27,8 @@ PROCESSES ?= 2
 MASTER ?=
 # Serving: Azure ML's inference server runs in its own environment (scripts/serving/environment.yml says why).
 SERVE_VENV ?= .venv-serve
+# pytest-xdist workers of `make test`: two keep both of CI's 2 cores busy while tests wait on servers and launchers.
+TEST_WORKERS ?= 2
 MODEL ?= $(CKPT)
 ENDPOINT ?=
 # Azure ML assets: DATA (a file or folder) registered as TASK's data asset, VERSION a number.
@@ -144,7 +146,7 @@ format: $(VENV)/installed ## ruff format and fix in place
 
 test: $(VENV)/installed ## lint, then every test (the slow ones too)
 	$(MAKE) lint
-	$(PY) -m pytest -q --durations=15 $(ARGS)
+	$(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 test-fast: $(VENV)/installed ## lint, then the tests not marked slow: the edit loop
 	$(MAKE) lint

@@ -3,10 +3,17 @@ real MLflow server per session and, in front of it, one that answers as Azure ML
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import http.server
+import json
+import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -47,10 +54,6 @@ def run_module(
             timeout=timeout,
         )
     return warm_launcher.run(module, [str(arg) for arg in args], REPO, env, timeout)
-
-
-def pytest_sessionfinish(session, exitstatus) -> None:
-    warm_launcher.close()
 
 
 def free_port() -> int:
@@ -94,34 +97,74 @@ def serve():
         server.server_close()
 
 
+def pytest_configure(config) -> None:
+    # A folder every process of this test run sees: `make test` runs pytest-xdist workers (one file's tests in one
+    # worker, `--dist loadfile`), and what one session fixture makes for all of them (the MLflow server) is found here.
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        os.environ["TESTS_SHARED_DIR"] = tempfile.mkdtemp(prefix="tests-shared-")
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    warm_launcher.close()
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # the controller, after every worker, or pytest without xdist
+        shared = Path(os.environ.pop("TESTS_SHARED_DIR", ""))
+        record = shared / "mlflow-server.json"
+        if shared.name and record.is_file():
+            stop_process_group(json.loads(record.read_text())["pid"])
+        if shared.name:
+            shutil.rmtree(shared, ignore_errors=True)
+
+
+def stop_process_group(pid: int) -> None:
+    """SIGTERM to the group `pid` leads (a server and the workers it started), SIGKILL after 30 s."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+        for _ in range(300):
+            with contextlib.suppress(ChildProcessError):  # reaps it where this process started it
+                os.waitpid(pid, os.WNOHANG)
+            os.killpg(pid, 0)
+            time.sleep(0.1)
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
-    """One real server per test session (it takes 25-55 s to start here), stopped by PID."""
-    folder = tmp_path_factory.mktemp("mlflow-server")
+    """One real server for the whole test run (it takes 25-55 s to start here): the first worker that asks starts it,
+    the others use it; it is stopped by its process group at the end of the run (pytest_sessionfinish)."""
+    shared = Path(os.environ["TESTS_SHARED_DIR"])
+    with open(shared / "mlflow-server.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        record = shared / "mlflow-server.json"
+        if not record.is_file():
+            url, pid = start_mlflow_server(tmp_path_factory.mktemp("mlflow-server"))
+            record.write_text(json.dumps({"url": url, "pid": pid}))
+        url = json.loads(record.read_text())["url"]
+    return url
+
+
+def start_mlflow_server(folder: Path) -> tuple[str, int]:
     port = free_port()
     command = [
         str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
         "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
     ]  # fmt: skip
-    log = open(folder / "server.log", "w")  # noqa: SIM115 (open for the whole session, closed below)
-    server = subprocess.Popen(command, cwd=folder, stdout=log, stderr=subprocess.STDOUT)
+    with open(folder / "server.log", "w") as log:
+        server = subprocess.Popen(command, cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while True:
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
                 if response.status == 200:
-                    break
+                    return url, server.pid
         except OSError:
             pass
         if server.poll() is not None or time.monotonic() > deadline:
-            server.kill()
+            stop_process_group(server.pid)
             pytest.fail(f"mlflow server did not start: {(folder / 'server.log').read_text()[-2000:]}")
         time.sleep(1)
-    yield url
-    server.terminate()
-    server.wait(timeout=30)
-    log.close()
 
 
 @pytest.fixture(scope="session")

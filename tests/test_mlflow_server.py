@@ -25,10 +25,12 @@ from tests.conftest import REPO, free_port, run_module
 def test_fit_tracks_to_a_real_mlflow_server(mlflow_server, train_cli, tmp_path):
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_server}
     env.pop("MLFLOW_RUN_ID", None)
-    result = train_cli("fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", 3, env=env)
+    experiment = tmp_path.name  # its own: the server is the whole test run's, other tests' runs are on it too
+    args = ["--trainer.max_epochs", 3, "--trainer.logger.init_args.experiment_name", experiment]
+    result = train_cli("fit", "--config", "configs/penguins.yaml", *args, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     client = MlflowClient(mlflow_server)
-    (run,) = client.search_runs([client.get_experiment_by_name("penguins").experiment_id])
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == [0, 1, 2]
     assert run.data.params["trainer.logger.init_args.synchronous"] == "False"  # queued: a server is remote
     assert "test_acc" in run.data.metrics  # logged after fit ended the run's first queue
