@@ -146,7 +146,7 @@ format: $(VENV)/installed ## ruff format and fix in place
 
 test: $(VENV)/installed ## lint, then every test (the slow ones too)
 	$(MAKE) lint
-	$(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	$(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 test-fast: $(VENV)/installed ## lint, then the tests not marked slow: the edit loop
 	$(MAKE) lint
