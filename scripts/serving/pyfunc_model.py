@@ -19,6 +19,7 @@ import base64
 import binascii
 import importlib
 import os
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -26,6 +27,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import BAD_REQUEST
 from mlflow.pyfunc import PythonModel
 
+# MLflow advises type hints on predict, for a signature inferred from them: this model's comes from the datamodule.
+warnings.filterwarnings("ignore", message="Add type hints to the `predict` method")
 IMAGE_COLUMN = "image"
 KINDS = ("rows", "images")
 
