@@ -223,11 +223,39 @@ def body_of(request) -> bytes:
     return body
 
 
-def json_rows(body: bytes) -> list[dict]:
+def json_body(body: bytes):
     try:
-        rows = json.loads(body)
+        return json.loads(body)
     except (UnicodeDecodeError, ValueError) as error:
         raise RequestError(f"request body is not valid JSON ({error})") from None
+
+
+def input_data(given):
+    """Azure ML's no-code MLflow request, {"input_data": {"columns": [...], "index": [...], "data": [[...], ...]}}
+    (a DataFrame in pandas' split orientation), as a DataFrame; None for any other JSON."""
+    if not (isinstance(given, dict) and "input_data" in given):
+        return None
+    import pandas as pd
+
+    split = given["input_data"]
+    try:
+        if not (isinstance(split, dict) and isinstance(split.get("data"), list) and split["data"]):
+            raise ValueError("no data")
+        frame = pd.DataFrame(split["data"], columns=split.get("columns"), index=split.get("index"))
+        return frame.reset_index(drop=True)
+    except (ValueError, TypeError, AssertionError):
+        raise RequestError(
+            'input_data: send a DataFrame in pandas\' split orientation: {"input_data": {"columns": [...], "data": '
+            "[[...], ...]}}, one list per row"
+        ) from None
+
+
+def json_rows(body: bytes):
+    """JSON rows: an object, a list of objects, or Azure ML's {"input_data": ...}."""
+    rows = json_body(body)
+    frame = input_data(rows)
+    if frame is not None:
+        return frame
     rows = [rows] if isinstance(rows, dict) else rows
     if not isinstance(rows, list) or not rows or not all(isinstance(row, dict) for row in rows):
         raise RequestError("send one row as a JSON object, or several as a non-empty list of objects")
@@ -255,10 +283,12 @@ def row_inputs(model: Model, rows, row_name, max_rows: int = MAX_ROWS) -> tuple[
 
 
 def json_images(body: bytes) -> list[tuple[str, bytes]]:
-    try:
-        given = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as error:
-        raise RequestError(f"request body is not valid JSON ({error})") from None
+    given = json_body(body)
+    frame = input_data(given)
+    if frame is not None:
+        if list(frame.columns) != ["image"]:
+            raise RequestError('input_data: send one column "image" holding each image as base64 text')
+        given = {"images": frame["image"].tolist()}
     if isinstance(given, dict) and isinstance(given.get("image"), str):
         encoded = [given["image"]]
     elif isinstance(given, dict) and isinstance(given.get("images"), list) and given["images"]:
