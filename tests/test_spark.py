@@ -124,7 +124,7 @@ def test_a_bad_option_is_one_line_before_spark_starts(tmp_path):
     [
         (["fit", "--config", "configs/penguins.yaml"], "--num_processes (missing): give the number of processes"),
         (["fit", "--num_processes", "0"], "--num_processes 0: give the number of processes to train, 1 or more"),
-        (["test", "--num_processes", "2"], "scripts.spark runs fit (given: test); validate, test and predict"),
+        (["test", "--num_processes", "2"], "scripts.spark runs fit or score (given: test); validate, test and"),
         (["fit", "--num_processes=2", "--trainer.devices", "2"], "--trainer.devices: the Spark launcher sets devices"),
         (["fit", "--num_processes", "2", "--trainer.num_nodes=2"], "--trainer.num_nodes: the Spark launcher sets"),
     ],
