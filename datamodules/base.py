@@ -10,7 +10,7 @@ and seed. `EvaluationShard` makes validation and test under several processes ex
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 from typing import Any, ClassVar, Literal
 
 import lightning as L
@@ -37,16 +37,25 @@ class ClassificationDataModule(L.LightningDataModule):
             extends `state_dict` and `load_state_dict`.
     Batches are `(inputs, labels)`, `(inputs,)` to predict.
 
-    Serving (`fit --register_model`, scripts.serve, scripts.score, Azure ML endpoints) asks the datamodule how a raw
-    input becomes the network's input, so that a registered model answers as predict does:
-        serving_kind: "rows" (a table: JSON objects or CSV rows) or "images" (encoded image files); None: the model
-            registers but cannot be served.
+    Serving (`fit --register_model`, scripts.serve, scripts.score, `mlflow models serve`, Azure ML endpoints, Spark)
+    runs the registered model, an MLflow pyfunc that needs neither torch nor Lightning; it asks the datamodule how a raw
+    input becomes the network's input, so that it answers as predict does:
+        serving_kind: "rows" (a table: a pandas DataFrame, JSON objects or CSV rows) or "images" (encoded image files);
+            None: the network registers without a pyfunc and cannot be served.
         serving_state(): after `setup`, the JSON-able values the preprocessing needs (training statistics, a crop
-            size); saved in every checkpoint and in the registered model's metadata, so a checkpoint serves without
-            its data (`checkpoint_serving_state`).
-        serving_batch(state, inputs, names): a classmethod, given that state: rows as a pandas DataFrame (in the
-            source's own column names) or images as a list of encoded bytes, and one name per input for messages;
-            returns the network's input batch, or raises DataError naming the input and what to send.
+            size); saved in every checkpoint and in the registered model, so a checkpoint serves without its data
+            (`checkpoint_serving_state`).
+        serving_preprocess: a plain function `(state, inputs, names) -> numpy float32 batch`, set as
+            `staticmethod(function)`: given that state, rows as a pandas DataFrame (in the source's own column names)
+            or images as a list of encoded bytes, and one name per input for messages, it returns the network's input
+            batch, or raises DataError naming the input and what to send. It must live in a module that imports only
+            numpy, pandas, Pillow, datamodules.errors and datamodules.preprocessing (never torch or Lightning): the
+            registered model ships that module and runs it where there is no torch.
+        serving_example(): raw inputs for the model's input example (rows: a DataFrame; images: a list of encoded
+            images; the default makes one PNG).
+        serving_columns(): rows: every column a request may hold (the model's signature; others are dropped); the
+            default is the example's.
+    `serving_batch` gives serving_preprocess's batch as a tensor, for a datamodule's own predict.
     """
 
     serving_kind: ClassVar[Literal["rows", "images"] | None] = None
@@ -64,9 +73,32 @@ class ClassificationDataModule(L.LightningDataModule):
     def serving_state(self) -> dict:
         return {}
 
+    serving_preprocess: ClassVar[Callable[[dict, Any, list[str]], Any] | None] = None
+
+    @classmethod
+    def serving_example(cls) -> Any:
+        if cls.serving_kind == "images":
+            import io
+
+            import numpy as np
+            from PIL import Image
+
+            y, x = np.mgrid[0:64, 0:64]
+            picture = np.stack([x * 4, y * 4, (x + y) * 2], -1).astype(np.uint8)
+            buffer = io.BytesIO()
+            Image.fromarray(picture).save(buffer, format="PNG")
+            return [buffer.getvalue()]
+        raise NotImplementedError(f"{cls.__name__}: give serving_example(), a DataFrame of raw rows")
+
+    @classmethod
+    def serving_columns(cls) -> list[str]:
+        return list(cls.serving_example().columns) if cls.serving_kind == "rows" else ["image"]
+
     @classmethod
     def serving_batch(cls, state: dict, inputs: Any, names: list[str]) -> torch.Tensor:
-        raise NotImplementedError(f"{cls.__name__} does not say how to serve its inputs (serving_batch)")
+        if cls.serving_preprocess is None:
+            raise NotImplementedError(f"{cls.__name__} does not say how to serve its inputs (serving_preprocess)")
+        return torch.from_numpy(cls.serving_preprocess(state, inputs, names))
 
     def state_dict(self) -> dict:
         state = {"preprocessing": {name: self.hparams[name] for name in self.preprocessing_options}}

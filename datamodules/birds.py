@@ -7,7 +7,7 @@
 class, or just the class subfolders, split into training and validation by a seeded
 `val_fraction` of every class. When it is missing and `archive` names a .zip/.tar.gz (path or
 URL, e.g. the Azure ML tutorial's `fowl_data.zip`), the archive is extracted there once.
-Images are decoded by torchvision.io in DataLoader workers and cropped there (training: random
+Images are decoded by Pillow (the serving code's decoder) in DataLoader workers and cropped there (training: random
 resized crop and horizontal flip; evaluation: resize and centre crop); batches travel as uint8
 and become ImageNet-normalised floats on the training device (`on_after_batch_transfer`).
 """
@@ -25,16 +25,15 @@ from datamodules.image_folder import (
     check_readable,
     check_same_classes,
     class_folders,
-    decode,
     fetch_archive,
     files_below,
     list_images,
     read_image,
     seeded_split,
 )
+from datamodules.preprocessing import birds as preprocessing
+from datamodules.preprocessing.birds import IMAGENET_MEAN, IMAGENET_STD
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)  # what every ImageNet-pretrained backbone expects
-IMAGENET_STD = (0.229, 0.224, 0.225)
 SPLITS = ("train", "val", "test")
 
 
@@ -228,32 +227,35 @@ class BirdsDataModule(ClassificationDataModule):
     def serving_state(self) -> dict:
         return {"image_size": self.hparams.image_size}
 
-    @classmethod
-    def serving_batch(cls, state: dict, inputs: list[bytes], names: list[str]) -> torch.Tensor:
-        """Encoded photos, upright by their EXIF orientation, cropped and normalised as evaluation and predict do."""
-        transform = eval_transform(state["image_size"])
-        images = []
-        for name, data in zip(names, inputs):
-            image, reason = decode(data)
-            if image is None:
-                raise DataError(f"{name}: not a readable image ({reason}); send a JPEG, PNG or WebP file")
-            images.append(transform(image))
-        return normalize_images(torch.stack(images))
+    serving_preprocess = staticmethod(preprocessing.serving_batch)
 
     def on_after_batch_transfer(self, batch: tuple[torch.Tensor, ...], dataloader_idx: int) -> tuple[torch.Tensor, ...]:
         return (normalize_images(batch[0]), *batch[1:])
 
 
-def eval_transform(image_size: int):
-    """ImageNet's evaluation recipe: shorter side to 256, centre 224x224 (scaled with image_size); on uint8 images.
-    Evaluation, predict and the scoring script (scripts/score.py) use it."""
-    from torchvision.transforms import v2
+class EvaluationCrop:
+    """ImageNet's evaluation recipe on a uint8 (3, H, W) image: shorter side to 256/224 of the crop, the centre crop;
+    the serving code's own (datamodules/preprocessing/birds.py), so evaluation, predict and the registered model crop
+    a photo alike."""
 
-    return v2.Compose([v2.Resize(round(image_size * 256 / 224), antialias=True), v2.CenterCrop(image_size)])
+    def __init__(self, image_size: int) -> None:
+        self.image_size = image_size
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        from PIL import Image
+
+        picture = Image.fromarray(image.permute(1, 2, 0).numpy())
+        return torch.from_numpy(preprocessing.centre_crop(picture, self.image_size).transpose(2, 0, 1).copy())
+
+
+def eval_transform(image_size: int) -> EvaluationCrop:
+    """Evaluation's and predict's crop (the registered model's too)."""
+    return EvaluationCrop(image_size)
 
 
 def normalize_images(images: torch.Tensor) -> torch.Tensor:
-    """A uint8 batch (N, 3, H, W) as the network takes it: floats in [0, 1], ImageNet-normalised."""
+    """A uint8 batch (N, 3, H, W) as the network takes it: floats in [0, 1], ImageNet-normalised (as
+    datamodules/preprocessing/birds.py's normalize does in numpy)."""
     from torchvision.transforms.v2.functional import normalize
 
     return normalize(images.float().div_(255), IMAGENET_MEAN, IMAGENET_STD)

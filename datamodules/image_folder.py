@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import lzma
 import os
-import re
 import shutil
 import tarfile
 import tempfile
@@ -23,8 +22,9 @@ from pathlib import Path
 import torch
 
 from datamodules.errors import DataError
+from datamodules.preprocessing.images import open_image, pixels
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")  # what torchvision.io.decode_image reads as one image
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")  # the image files a folder of data holds (Pillow reads them)
 
 
 def hidden(path: Path, root: Path) -> bool:
@@ -102,22 +102,12 @@ def check_same_classes(reference: str | Path, names: list[str], other: str | Pat
 
 def decode(source: Path | bytes, grey: bool = False) -> tuple[torch.Tensor | None, str | None]:
     """(uint8 image: RGB (3, H, W) or grey (1, H, W), None), or (None, why it is not one image). `source` is a file,
-    or the bytes of one (a request to the scoring script, scripts/score.py)."""
-    from torchvision.io import ImageReadMode, decode_image
-
-    encoded = torch.frombuffer(bytearray(source), dtype=torch.uint8) if isinstance(source, bytes) else str(source)
-    try:
-        # Phone photos are stored sideways with an EXIF orientation that says how to turn them upright.
-        mode = ImageReadMode.GRAY if grey else ImageReadMode.RGB
-        image = decode_image(encoded, mode=mode, apply_exif_orientation=True)
-    except RuntimeError as error:
-        # torchvision prefixes "function, source.cpp:line, ": keep the reason.
-        return None, re.sub(r"^\w+, \S+:\d+, ", "", str(error).splitlines()[0])
-    if image.dtype == torch.uint16:  # a 16-bit PNG: scale to 8 bits as its 8-bit version holds it (65535 -> 255)
-        image = ((image.to(torch.int32) * 255 + 32767) // 65535).to(torch.uint8)
-    if image.ndim != 3 or min(image.shape[1:]) == 0:
-        return None, f"decodes to shape {tuple(image.shape)}, not one image"
-    return image, None
+    or the bytes of one. The serving code's decoder (datamodules/preprocessing/images.py, Pillow): training, evaluation,
+    predict and the registered model read an image alike."""
+    image, reason = open_image(source, grey)
+    if image is None:
+        return None, reason
+    return torch.from_numpy(pixels(image).transpose(2, 0, 1).copy()), None
 
 
 def read_image(path: Path, grey: bool = False) -> torch.Tensor:

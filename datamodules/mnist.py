@@ -28,8 +28,11 @@ import torch
 import torch.nn.functional as F
 
 from datamodules.errors import DataError
-from datamodules.image_folder import IMAGE_SUFFIXES, decode, hidden, read_image
+from datamodules.image_folder import IMAGE_SUFFIXES, hidden
 from datamodules.in_memory import InMemoryDataModule
+from datamodules.preprocessing import digits as preprocessing
+from datamodules.preprocessing.digits import MEAN, STD
+from datamodules.preprocessing.images import open_image
 
 # Each file's idx magic number and the MD5 of its uncompressed bytes. torchvision's `resources`
 # hash the .gz files, but equally good copies differ in their gzip headers (CI's copy does), so
@@ -40,7 +43,6 @@ FILES = {
     "t10k-images-idx3-ubyte": (2051, "2646ac647ad5339dbf082846283269ea"),
     "t10k-labels-idx1-ubyte": (2049, "27ae3e4e09519cfbb04c329615203637"),
 }
-MEAN, STD = 0.1307, 0.3081  # of the training images scaled to [0, 1]
 
 
 def unzip(raw: bytes, where: Path | str) -> bytes:
@@ -73,34 +75,23 @@ def read_idx(path: Path, magic: int) -> torch.Tensor:
 
 
 def read_digit(path: Path) -> torch.Tensor:
-    """One image file as a grey uint8 (1, 28, 28) tensor."""
-    return to_digit(read_image(path, grey=True))
-
-
-def to_digit(image: torch.Tensor) -> torch.Tensor:
-    """A grey uint8 image (1, H, W) of any size as MNIST's (1, 28, 28); predict and scripts/score.py use it."""
-    from torchvision.transforms.v2.functional import resize
-
-    return resize(image, [28, 28], antialias=True)
-
-
-def light_background(digits: torch.Tensor) -> torch.Tensor:
-    """Per digit of a uint8 batch (N, 1, 28, 28): whether its border is light (two thirds of white on average), a dark
-    digit on a light background. MNIST's are white on black (their borders are black): the network reads the reverse
-    as noise, and answers it with confidence."""
-    border = torch.ones(28, 28, dtype=torch.bool)
-    border[3:-3, 3:-3] = False
-    return digits[:, 0, border].float().mean(1) > 170
+    """One image file as a grey uint8 (1, 28, 28) tensor, as the registered model reads one
+    (datamodules/preprocessing/digits.py)."""
+    image, reason = open_image(path, grey=True)
+    if image is None:
+        raise DataError(f"{path}: not a readable image ({reason}); remove or replace it")
+    return torch.from_numpy(preprocessing.to_digit(image).copy())
 
 
 def as_white_on_black(digits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the digits, those on a light background inverted; which were)."""
-    light = light_background(digits)
-    return torch.where(light[:, None, None, None], 255 - digits, digits), light
+    """(the digits, those on a light background inverted; which were): the serving code's rule."""
+    inverted, light = preprocessing.as_white_on_black(digits.cpu().numpy())
+    return torch.from_numpy(inverted), torch.from_numpy(light)
 
 
 def normalize_digits(images: torch.Tensor) -> torch.Tensor:
-    """Digits scaled to [0, 1] (floats) as the network takes them: standardised with the training images' statistics."""
+    """Digits scaled to [0, 1] (floats) as the network takes them: standardised with the training images' statistics
+    (as datamodules/preprocessing/digits.py's normalize does in numpy)."""
     return (images - MEAN) / STD
 
 
@@ -268,17 +259,7 @@ class MNISTDataModule(InMemoryDataModule):
         grid = F.affine_grid(theta, list(images.shape), align_corners=False)
         return F.grid_sample(images, grid, align_corners=False)  # outside the image: 0, the background
 
-    @classmethod
-    def serving_batch(cls, state: dict, inputs: list[bytes], names: list[str]) -> torch.Tensor:
-        """Encoded images of any size and format, grey, resized to 28x28 and normalised as predict reads a folder."""
-        digits = []
-        for name, data in zip(names, inputs):
-            image, reason = decode(data, grey=True)
-            if image is None:
-                raise DataError(f"{name}: not a readable image ({reason}); send a JPEG, PNG or WebP file")
-            digits.append(to_digit(image))
-        digits, _ = as_white_on_black(torch.stack(digits))  # as predict does
-        return normalize_digits(digits.float() / 255)
+    serving_preprocess = staticmethod(preprocessing.serving_batch)
 
     def on_after_batch_transfer(self, batch: tuple[torch.Tensor, ...], dataloader_idx: int) -> tuple[torch.Tensor, ...]:
         images = batch[0].float() / 255

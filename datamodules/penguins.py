@@ -20,46 +20,22 @@ import torch
 
 from datamodules.errors import DataError
 from datamodules.in_memory import InMemoryDataModule
-
-SPECIES = ("Adelie", "Gentoo", "Chinstrap")  # the course's label order: Species 0, 1, 2
-ISLANDS = ("Torgersen", "Biscoe", "Dream")  # order of first appearance in the data
-FEATURES = ("island", "culmen_length", "culmen_depth", "flipper_length", "body_mass")
-
-# Each schema's column name for each of our names; species is optional (absent at predict time).
-SCHEMAS = {
-    "palmerpenguins": {
-        "island": "island",
-        "culmen_length": "bill_length_mm",
-        "culmen_depth": "bill_depth_mm",
-        "flipper_length": "flipper_length_mm",
-        "body_mass": "body_mass_g",
-        "species": "species",
-    },
-    "course": {
-        "island": "Island",
-        "culmen_length": "CulmenLength",
-        "culmen_depth": "CulmenDepth",
-        "flipper_length": "FlipperLength",
-        "body_mass": "BodyMass",
-        "species": "Species",
-    },
-}
-# The course's scaling: brings flipper length (mm) and body mass (g) near the other features.
-# Every column name of the features in either schema: a request's cells in these must all be given.
-FEATURE_COLUMNS = {column for schema in SCHEMAS.values() for name, column in schema.items() if name in FEATURES}
-COURSE_SCALE = torch.tensor([1.0, 1.0, 1.0, 10.0, 100.0])
-# What a penguin can measure, generously (the 344 Palmer penguins span 32-60, 13-21.5, 172-231 mm and 2700-6300 g;
-# docs/tasks.md): a training value outside is a typo or another unit, and would widen the ranges predict accepts.
-PLAUSIBLE = {
-    "culmen_length": (20.0, 80.0),
-    "culmen_depth": (8.0, 30.0),
-    "flipper_length": (120.0, 260.0),
-    "body_mass": (1500.0, 9000.0),
-}
-UNITS = {"culmen_length": "mm", "culmen_depth": "mm", "flipper_length": "mm", "body_mass": "g"}
-# Cells read as missing (the row is dropped, as the course does); pandas' other defaults, "nan" and its kin, are
-# values that are not numbers, and refused where they stand.
-MISSING = ["", "NA", "N/A", "n/a", "#N/A", "#NA", "<NA>", "NULL", "null", "None"]
+from datamodules.preprocessing import penguins as preprocessing
+from datamodules.preprocessing.penguins import (  # noqa: F401 (names of this module before they moved)
+    COURSE_SCALE,
+    FEATURE_COLUMNS,
+    FEATURES,
+    ISLANDS,
+    MISSING,
+    PLAUSIBLE,
+    SCHEMAS,
+    SPECIES,
+    UNITS,
+    check_ranges,
+    penguin_table,
+    scale_features,
+    species_index,
+)
 
 
 def read_penguins(path: str | Path | None, need_species: bool = True):
@@ -81,69 +57,6 @@ def read_penguins(path: str | Path | None, need_species: bool = True):
     return penguin_table(frame, where, need_species)
 
 
-def penguin_table(frame, where: str, need_species: bool = True, row_name=lambda index: f"line {index + 2}"):
-    """`frame` (a pandas DataFrame in either schema) in our column names, complete rows only, island as an index;
-    what `read_penguins` makes of a file and the scoring script (scripts/score.py) of a request's rows. `where` names
-    the source in messages, `row_name(index)` a row of it (a CSV's line: +1 for the header, +1 for counting from 1)."""
-    import pandas as pd
-
-    wanted = [name for name in SCHEMAS["course"] if need_species or name != "species"]
-    schema = next((s for s in SCHEMAS.values() if all(s[name] in frame.columns for name in wanted)), None)
-    if schema is None:
-        options = " or ".join(", ".join(s[n] for n in wanted) for s in SCHEMAS.values())
-        raise DataError(f"{where}: missing columns; a penguin CSV needs {options}")
-    table = frame[[schema[name] for name in wanted]].set_axis(wanted, axis=1)
-    table.attrs["columns"] = schema  # the file's own column names, for messages
-
-    for column in FEATURES[1:]:
-        numbers = pd.to_numeric(table[column], errors="coerce")
-        given = table[column].notna()
-        spelled = table[column].astype(str).str.strip().str.lower().str.lstrip("+-")
-        bad = given & numbers.isna() & ~spelled.isin(NOT_A_NUMBER)
-        if bad.any():
-            raise DataError(
-                f"{where}: column {schema[column]} has a non-numeric value "
-                f"{table[column][bad.idxmax()]!r} on {row_name(int(bad.idxmax()))}; fix or remove that row"
-            )
-        infinite = given & (numbers.isna() | numbers.abs().eq(float("inf")))
-        if infinite.any():
-            row = infinite.idxmax()
-            value = str(table[column][row]).strip()
-            raise DataError(
-                f"{where}: {row_name(int(row))}, column {schema[column]}: {value!r} is not a finite number; give the "
-                "measurement, or leave the cell empty to drop the row"
-            )
-        table[column] = numbers
-    gaps = table.isna()
-    # Each row dropped, with the columns it lacks: predict names them, rather than answering one row fewer.
-    table.attrs["incomplete"] = {
-        int(row): [schema[name] for name in wanted if gaps.loc[row, name]] for row in gaps.index[gaps.any(axis=1)]
-    }
-    table = table.dropna()  # keeps the index: row i is line i + 2 of the file
-    if table.empty:
-        raise DataError(f"{where}: no row has all of {', '.join(schema[n] for n in wanted)}")
-
-    unknown = sorted(set(table["island"]) - set(ISLANDS))
-    if unknown:
-        raise DataError(
-            f"{where}: unknown island {unknown[0]!r} in column {schema['island']}; the model knows {', '.join(ISLANDS)}"
-        )
-    table["island"] = table["island"].map(ISLANDS.index)
-    if need_species:
-        table["species"] = table["species"].map(species_index)
-        if (table["species"] < 0).any():
-            row = int((table["species"] < 0).idxmax())
-            value = frame[schema["species"]][row]
-            raise DataError(
-                f"{where}: line {row + 2}: {schema['species']} '{value}' is none of {', '.join(SPECIES)} or 0/1/2; "
-                "fix or remove that row"
-            )
-    return table
-
-
-NOT_A_NUMBER = {"nan", "inf", "infinity", "1.#qnan", "1.#ind"}  # what pandas and Python read as a float that is none
-
-
 def check_plausible(table, where: str) -> None:
     """Refuses a training row whose measurement no penguin has (PLAUSIBLE): a typo of a few orders of magnitude, or
     scaled units, would otherwise train the network and widen the ranges predict judges new penguins by."""
@@ -156,18 +69,6 @@ def check_plausible(table, where: str) -> None:
                 f"{where}: line {row + 2}, column {columns[name]}: {table[name][row]:g} is no penguin's "
                 f"({low:g} to {high:g} {UNITS[name]}); fix or remove that row"
             )
-
-
-def species_index(value) -> int:
-    """0, 1 or 2 for a species named (palmerpenguins) or numbered (the course; pandas reads 1 as 1.0 in a column
-    with an empty cell); -1 for anything else."""
-    if isinstance(value, str):
-        value = value.strip()
-        return SPECIES.index(value) if value in SPECIES else int(value) if value in ("0", "1", "2") else -1
-    try:
-        return int(value) if float(value) in (0.0, 1.0, 2.0) else -1
-    except (TypeError, ValueError):
-        return -1
 
 
 def stratified_split(
@@ -289,58 +190,33 @@ class PenguinDataModule(InMemoryDataModule):
             self.scale()
 
     def features(self, raw: torch.Tensor) -> torch.Tensor:
-        return scale_features(raw, getattr(self, "seen", None), self.hparams.preprocessing)  # course: needs no seen
+        """The serving code's scaling (datamodules/preprocessing/penguins.py), so that predict and the registered model
+        see the same numbers."""
+        seen = getattr(self, "seen", None)  # the course's scaling needs none
+        seen = None if seen is None else {key: torch.as_tensor(value).numpy() for key, value in seen.items()}
+        return torch.from_numpy(scale_features(raw.numpy(), seen, self.hparams.preprocessing))
 
     def predict_dataloader(self):
         self.check_ranges(self.raw["predict"][0])  # against the checkpoint's training data, restored by now
         return super().predict_dataloader()
 
     def check_ranges(self, raw: torch.Tensor) -> None:
-        check_ranges(raw, self.seen, self.hparams.predict_path, self.predict_names, self.predict_table.attrs["columns"])
+        seen = {key: torch.as_tensor(value).numpy() for key, value in self.seen.items()}
+        where, columns = self.hparams.predict_path, self.predict_table.attrs["columns"]
+        check_ranges(raw.numpy(), seen, where, self.predict_names, columns)
 
     def serving_state(self) -> dict:
         seen = {key: value.tolist() for key, value in self.seen.items()}  # float32 values, exact as floats
         return {"preprocessing": self.hparams.preprocessing, "seen": seen}
 
+    serving_preprocess = staticmethod(preprocessing.serving_batch)
+
     @classmethod
-    def serving_batch(cls, state: dict, inputs, names: list[str]) -> torch.Tensor:
-        """Rows in either CSV schema's columns, read, range-checked and scaled as predict reads a CSV. A row with a
-        value missing is refused rather than dropped (predict skips it), so that every answer has its row."""
-        frame = inputs.reset_index(drop=True)
-        known = [column for column in frame.columns if column in FEATURE_COLUMNS]
-        gaps = frame[known].isna()
-        if gaps.to_numpy().any():
-            row = int(gaps.any(axis=1).to_numpy().argmax())
-            missing = ", ".join(column for column in known if gaps.loc[row, column])
-            raise DataError(f"request: {names[row]} has no value for {missing}; give every column")
-        table = penguin_table(frame, "request", need_species=False, row_name=lambda index: names[index])
-        raw = torch.tensor(table[list(FEATURES)].to_numpy(dtype="float32"))
-        seen = {key: torch.tensor(value, dtype=torch.float32) for key, value in state["seen"].items()}
-        check_ranges(raw, seen, "request", names, table.attrs["columns"])
-        return scale_features(raw, seen, state["preprocessing"])
+    def serving_example(cls):
+        import pandas as pd
 
+        return pd.DataFrame(preprocessing.EXAMPLE)
 
-def scale_features(raw: torch.Tensor, seen: dict[str, torch.Tensor] | None, preprocessing: str) -> torch.Tensor:
-    """The model's inputs from raw measurements (FEATURES order, island as an index): the course's scaling, or
-    standardised with the training split's statistics `seen` (what a checkpoint's datamodule state holds)."""
-    if preprocessing == "course":
-        return raw / COURSE_SCALE
-    return (raw - seen["mean"]) / seen["std"]
-
-
-def check_ranges(raw: torch.Tensor, seen: dict[str, torch.Tensor], where, row_names, columns: dict) -> None:
-    """Refuses measurements far outside the training split's (most likely another unit, as the course's
-    scaled example: flipper 20, mass 50): the model would answer with confidence, and wrongly. `row_names` name the
-    rows of `raw` in the message, `columns` maps our names to the source's column names."""
-    low, high = seen["low"], seen["high"]
-    margin = (high - low) / 2
-    outside = (raw < low - margin) | (raw > high + margin)
-    outside[:, 0] = False  # the island index is checked by name when read
-    if outside.any():
-        row, column = (int(i) for i in outside.nonzero()[0])
-        name = columns[FEATURES[column]]
-        raise DataError(
-            f"{where}: {row_names[row]}: {name} {raw[row, column].item():g} is far "
-            f"outside what the model was trained on ({low[column].item():g} to {high[column].item():g}); "
-            "give millimetres and grams, as in the training data"
-        )
+    @classmethod
+    def serving_columns(cls) -> list[str]:
+        return [column for schema in SCHEMAS.values() for name, column in schema.items() if name in FEATURES]

@@ -1,19 +1,17 @@
 """The scoring script of every task, with Azure ML's contract: `init()` loads the model once, `run(request)` answers
 one request. Azure ML's inference server runs it, locally (`make serve`) and in an online endpoint (scripts.deploy).
+A thin wrapper over the registered model itself, an MLflow pyfunc (scripts/serving/pyfunc_model.py): the same
+preprocessing, network and answers as `mlflow.pyfunc.load_model(...).predict(...)`; this adds the HTTP contract.
 
     make serve MODEL=models:/penguins-classifier/1     # azmlinfsrv on http://127.0.0.1:5001/score
     curl -s http://127.0.0.1:5001/score -H 'Content-Type: application/json' -d '{"island": "Biscoe",
         "bill_length_mm": 50.4, "bill_depth_mm": 15.3, "flipper_length_mm": 200, "body_mass_g": 5000}'
     curl -s http://127.0.0.1:5001/score -F image=@turkey.jpg -F image=@chicken.png
-    python -m scripts.score MODEL_DIR photos/ > predictions.csv    # the same code over a folder or a CSV, in batches
+    python -m scripts.score MODEL_DIR photos/ > predictions.csv    # the same model over a folder or a CSV, in batches
 
 The model is a folder in `AZUREML_MODEL_DIR` (Azure ML mounts the deployment's registered model there; `make serve`
-downloads or converts one): the MLflow model `--register_model` writes (scripts/serving/mlflow_model.py): the network
-as torch.export's program (`data/model.pt2`), the same network as ONNX (`onnx/model.onnx`), and in its metadata the
-class names and `inputs`: how a request is read (`kind`: rows or images), the datamodule class whose
-`serving_batch` preprocesses it and the values that needs (penguin scaling and training ranges, the image size).
-Nothing here knows a task: any ClassificationDataModule with a serving_kind serves (datamodules/base.py), and an
-answer is what `python -m scripts.train predict` prints for the same input (tested).
+downloads or converts one): the MLflow model `--register_model` writes (scripts/serving/mlflow_model.py). Nothing here
+knows a task, and nothing imports torch or Lightning: it runs in the serving environment (.venv-serve).
 
 Requests (POST /score):
 - rows (penguins): JSON, one row as an object or several as a list of objects, in the datamodule's column names
@@ -25,8 +23,8 @@ Requests (POST /score):
 The answer: `{"predictions": [{"input", "class", "probability", "probabilities": {class: p}}, ...]}` in input order.
 A request the model cannot answer gets a 4xx and `{"message": "..."}` naming the culprit (400: malformed, 413: too
 large, 415: an unsupported content type), as the server's own errors do. GET /score describes the model.
-SCORE_BACKEND picks the runtime: `onnxruntime` (the default: faster on CPUs, see the README) or `torch`; SCORE_THREADS
-the threads of one request (default: one per core).
+SCORE_THREADS: the threads of one request (default: one per core). The network runs with ONNX Runtime only: the
+serving environment has no torch (SCORE_BACKEND=torch is refused; the pt2 program is in the model for torch users).
 """
 
 from __future__ import annotations
@@ -34,7 +32,6 @@ from __future__ import annotations
 import base64
 import binascii
 import csv
-import importlib
 import io
 import json
 import logging
@@ -42,16 +39,10 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-
-# The server loads this file by its path, from an app root that may be another folder (Azure ML's /var/azureml-app):
-# the datamodules it shares the preprocessing with are found from the repository's root.
+# The server loads this file by its path, from an app root that may be another folder (Azure ML's /var/azureml-app).
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-
-from datamodules.base import ClassificationDataModule  # noqa: E402
-from datamodules.errors import DataError  # noqa: E402
 
 try:  # the inference server's own request and response types: present where it runs (.venv-serve, Azure ML)
     from azureml_inference_server_http.api.aml_request import rawhttp
@@ -63,12 +54,10 @@ except ImportError:  # used as a library: batch scoring, tests
         return function
 
 
-BACKENDS = ("onnxruntime", "torch")
-DEFAULT_BACKEND = "onnxruntime"  # its networks ran 3-10x faster on CPUs (README, Measured; scripts/bench/serve.py)
+BACKEND = "onnxruntime"  # the only one: the registered model's network is ONNX, the serving environment has no torch
 MAX_ROWS = int(os.environ.get("SCORE_MAX_ROWS", "1000"))  # table rows in one request
 MAX_IMAGES = int(os.environ.get("SCORE_MAX_IMAGES", "32"))  # images in one request
-MAX_IMAGE_BYTES = int(os.environ.get("SCORE_MAX_IMAGE_BYTES", str(10 * 2**20)))  # one encoded image
-MAX_IMAGE_PIXELS = int(os.environ.get("SCORE_MAX_IMAGE_PIXELS", str(40_000_000)))  # one decoded image (40 MP)
+MAX_IMAGE_BYTES = int(os.environ.get("SCORE_MAX_IMAGE_BYTES", str(10 * 2**20)))  # one encoded image (the model's too)
 MAX_BODY_BYTES = MAX_IMAGES * MAX_IMAGE_BYTES * 4 // 3 + 2**20  # the largest request that could be valid (base64)
 IMAGE_TYPES = ("image/", "application/octet-stream")
 FORM = "application/x-www-form-urlencoded"  # what `curl -d` and `--data-binary` send unless told: taken as the body
@@ -89,102 +78,70 @@ class ModelError(Exception):
     """A model folder the scoring script cannot serve; the message names it and what to give."""
 
 
-class Model:
-    """The network of an MLflow model folder (pt2 program or ONNX), its class names and its preprocessing."""
-
-    def __init__(self, folder: Path, backend: str = DEFAULT_BACKEND) -> None:
-        import yaml
-
-        if backend not in BACKENDS:
-            raise ModelError(f"SCORE_BACKEND {backend!r}: give one of {', '.join(BACKENDS)}")
-        metadata = (yaml.safe_load((folder / "MLmodel").read_text()) or {}).get("metadata") or {}
-        self.folder, self.backend = folder, backend
-        self.class_names = list(metadata.get("class_names") or [])
-        self.inputs = metadata.get("inputs")
-        if not self.class_names or not isinstance(self.inputs, dict) or self.inputs.get("kind") not in KINDS:
-            raise ModelError(
-                f"{folder}: its MLmodel metadata has no class_names or no inputs of a known kind ({', '.join(KINDS)}); "
-                "serve a model that `fit --register_model` (or scripts.serve from a checkpoint) saved"
-            )
-        self.kind, self.state = self.inputs["kind"], self.inputs.get("state") or {}
-        self.datamodule = datamodule_class(folder, self.inputs.get("datamodule"))
-        # Threads of one request's computation (0: the library's default, one per core). Several server workers on
-        # few cores want fewer: torch's OpenMP threads slow down sharply when the cores are busy (README, Measured).
-        threads = int(os.environ.get("SCORE_THREADS", "0"))
-        if backend == "onnxruntime":
-            import onnxruntime
-
-            path = folder / "onnx" / "model.onnx"
-            if not path.is_file():
-                raise ModelError(f"{folder}: no onnx/model.onnx in the model; set SCORE_BACKEND=torch")
-            options = onnxruntime.SessionOptions()
-            options.intra_op_num_threads = threads
-            self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        else:
-            if threads:
-                torch.set_num_threads(threads)
-            self.program = torch.export.load(folder / "data" / "model.pt2").module()
-
-    def logits(self, inputs: torch.Tensor) -> torch.Tensor:
-        if self.backend == "onnxruntime":
-            (logits,) = self.session.run(["logits"], {"input": inputs.numpy()})
-            return torch.from_numpy(logits)
-        with torch.inference_mode():
-            return self.program(inputs)
-
-    def preprocess(self, inputs, names: list[str]) -> torch.Tensor:
-        """The datamodule's own preprocessing of raw inputs (a DataFrame of rows, or encoded images)."""
-        try:
-            return self.datamodule.serving_batch(self.state, inputs, names)
-        except DataError as error:
-            raise RequestError(str(error)) from None
-
-    def predict(self, inputs: torch.Tensor, names: list[str]) -> list[dict]:
-        probabilities = torch.softmax(self.logits(inputs).float(), dim=1)
-        answers = []
-        for name, row in zip(names, probabilities.tolist()):
-            best = max(range(len(row)), key=row.__getitem__)
-            answers.append(
-                {
-                    "input": name,
-                    "class": self.class_names[best],
-                    "probability": row[best],
-                    "probabilities": dict(zip(self.class_names, row)),
-                }
-            )
-        return answers
-
-    def describe(self) -> dict:
-        return {
-            "classes": self.class_names,
-            "inputs": self.kind,
-            "datamodule": self.inputs["datamodule"],
-            "backend": self.backend,
-            "accepts": KINDS[self.kind],
-        }
-
-
 KINDS = {
     "rows": "JSON rows (an object or a list of objects) in the data's column names, or a text/csv body",
     "images": "images: multipart files, one image as the body, or JSON {'images': [base64, ...]}",
 }
 
 
-def datamodule_class(folder: Path, path: str | None) -> type[ClassificationDataModule]:
-    """The datamodule class the model's metadata names, whose `serving_batch` preprocesses requests."""
-    module, _, name = (path or "").rpartition(".")
-    try:
-        found = getattr(importlib.import_module(module), name, None) if module else None
-    except ImportError as error:
-        raise ModelError(
-            f"{folder}: its datamodule {path} cannot be imported ({error}); serve it with its code"
-        ) from None
-    if not (isinstance(found, type) and issubclass(found, ClassificationDataModule)):
-        raise ModelError(
-            f"{folder}: its metadata names no ClassificationDataModule ({path!r}); save the model again with "
-            "`fit --register_model` or scripts.serve from a checkpoint"
-        )
-    return found
+class Model:
+    """The registered pyfunc model of a folder, loaded with MLflow, and what the HTTP contract needs of it."""
+
+    def __init__(self, folder: Path) -> None:
+        import mlflow.pyfunc
+        import yaml
+        from mlflow.exceptions import MlflowException
+
+        backend = os.environ.get("SCORE_BACKEND", BACKEND)
+        if backend != BACKEND:
+            raise ModelError(
+                f"SCORE_BACKEND {backend!r}: the model's network runs with ONNX Runtime only (the serving environment "
+                "has no torch); unset SCORE_BACKEND"
+            )
+        flavors = (yaml.safe_load((folder / "MLmodel").read_text()) or {}).get("flavors") or {}
+        config = (flavors.get("python_function") or {}).get("config") or {}
+        if config.get("kind") not in KINDS or not config.get("class_names"):
+            raise ModelError(
+                f"{folder}: not a pyfunc model of this template (its MLmodel has no class_names or input kind); serve "
+                "a model that `fit --register_model` (or scripts.serve from a checkpoint) saved"
+            )
+        try:
+            self.pyfunc = mlflow.pyfunc.load_model(str(folder))
+        except (MlflowException, ImportError, OSError) as error:
+            raise ModelError(f"{folder}: the model does not load ({str(error).splitlines()[0]})") from None
+        self.folder = folder
+        self.python_model = self.pyfunc.unwrap_python_model()
+        self.kind, self.class_names = self.python_model.kind, self.python_model.class_names
+        self.backend = BACKEND
+
+    def predict(self, inputs, names: list[str]) -> list[dict]:
+        """The answers for `inputs` (a DataFrame of rows, or encoded images), one per input, named by `names`."""
+        from scripts.serving.pyfunc_model import InputError
+
+        try:
+            frame = self.python_model.answer(inputs, names)
+        except InputError as error:
+            raise RequestError(str(error), 413 if error.oversize else 400) from None
+        columns = [f"probability_{name}" for name in self.class_names]
+        return [
+            {
+                "input": name,
+                "class": row["class"],
+                "probability": row["probability"],
+                "probabilities": {label: row[column] for label, column in zip(self.class_names, columns)},
+            }
+            for name, row in zip(names, frame.to_dict("records"))
+        ]
+
+    def describe(self) -> dict:
+        inputs = self.pyfunc.metadata.metadata.get("inputs", {}) if self.pyfunc.metadata.metadata else {}
+        return {
+            "classes": self.class_names,
+            "inputs": self.kind,
+            "datamodule": inputs.get("datamodule"),
+            "backend": self.backend,
+            "accepts": KINDS[self.kind],
+        }
 
 
 def model_folder(root: Path) -> Path:
@@ -198,8 +155,8 @@ def model_folder(root: Path) -> Path:
     return found[0].parent if found[0].name == "MLmodel" else found[0]
 
 
-def load_model(root: str | Path, backend: str | None = None) -> Model:
-    return Model(model_folder(Path(root)), backend or os.environ.get("SCORE_BACKEND", DEFAULT_BACKEND))
+def load_model(root: str | Path) -> Model:
+    return Model(model_folder(Path(root)))
 
 
 def init() -> None:
@@ -219,10 +176,11 @@ def run(request):
         return respond(model.describe(), 200)
     try:
         inputs, names = read_request(model, request)
+        answers = model.predict(inputs, names)
     except RequestError as error:
         logger.info("refused: %s %s", error.status, error)
         return respond({"message": str(error)}, error.status)
-    return respond({"predictions": model.predict(inputs, names)}, 200)
+    return respond({"predictions": answers}, 200)
 
 
 def respond(body: dict, status: int):
@@ -233,8 +191,8 @@ def respond(body: dict, status: int):
     return Response(json.dumps(body), status=status, mimetype="application/json")
 
 
-def read_request(model: Model, request) -> tuple[torch.Tensor, list[str]]:
-    """The network's inputs (a batch, preprocessed as the datamodule does) and a name for each."""
+def read_request(model: Model, request) -> tuple[object, list[str]]:
+    """The model's raw inputs (a DataFrame of rows, or encoded images) and a name for each."""
     length = request.content_length
     if length is not None and length > MAX_BODY_BYTES:
         raise RequestError(f"request body of {length} bytes is too large; send at most {MAX_BODY_BYTES}", 413)
@@ -265,11 +223,39 @@ def body_of(request) -> bytes:
     return body
 
 
-def json_rows(body: bytes) -> list[dict]:
+def json_body(body: bytes):
     try:
-        rows = json.loads(body)
+        return json.loads(body)
     except (UnicodeDecodeError, ValueError) as error:
         raise RequestError(f"request body is not valid JSON ({error})") from None
+
+
+def input_data(given):
+    """Azure ML's no-code MLflow request, {"input_data": {"columns": [...], "index": [...], "data": [[...], ...]}}
+    (a DataFrame in pandas' split orientation), as a DataFrame; None for any other JSON."""
+    if not (isinstance(given, dict) and "input_data" in given):
+        return None
+    import pandas as pd
+
+    split = given["input_data"]
+    try:
+        if not (isinstance(split, dict) and isinstance(split.get("data"), list) and split["data"]):
+            raise ValueError("no data")
+        frame = pd.DataFrame(split["data"], columns=split.get("columns"), index=split.get("index"))
+        return frame.reset_index(drop=True)
+    except (ValueError, TypeError, AssertionError):
+        raise RequestError(
+            'input_data: send a DataFrame in pandas\' split orientation: {"input_data": {"columns": [...], "data": '
+            "[[...], ...]}}, one list per row"
+        ) from None
+
+
+def json_rows(body: bytes):
+    """JSON rows: an object, a list of objects, or Azure ML's {"input_data": ...}."""
+    rows = json_body(body)
+    frame = input_data(rows)
+    if frame is not None:
+        return frame
     rows = [rows] if isinstance(rows, dict) else rows
     if not isinstance(rows, list) or not rows or not all(isinstance(row, dict) for row in rows):
         raise RequestError("send one row as a JSON object, or several as a non-empty list of objects")
@@ -285,23 +271,24 @@ def csv_rows(body: bytes):
         raise RequestError(f"request body is not a readable CSV ({error})") from None
 
 
-def row_inputs(model: Model, rows, row_name, max_rows: int = MAX_ROWS) -> tuple[torch.Tensor, list[str]]:
-    """Rows (JSON objects or a CSV's DataFrame) through the datamodule's own reading, checks and scaling; `row_name(i)`
-    names the row of index i in messages and answers."""
+def row_inputs(model: Model, rows, row_name, max_rows: int = MAX_ROWS) -> tuple[object, list[str]]:
+    """Rows (JSON objects or a CSV's DataFrame) as a DataFrame, at most `max_rows`; `row_name(i)` names the row of
+    index i in messages and answers."""
     import pandas as pd
 
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame.from_records(rows)
     if len(frame) > max_rows:
         raise RequestError(f"{len(frame)} rows in one request; send at most {max_rows}", 413)
-    names = [row_name(index) for index in frame.index]
-    return model.preprocess(frame, names), names
+    return frame, [row_name(index) for index in frame.index]
 
 
 def json_images(body: bytes) -> list[tuple[str, bytes]]:
-    try:
-        given = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as error:
-        raise RequestError(f"request body is not valid JSON ({error})") from None
+    given = json_body(body)
+    frame = input_data(given)
+    if frame is not None:
+        if list(frame.columns) != ["image"]:
+            raise RequestError('input_data: send one column "image" holding each image as base64 text')
+        given = {"images": frame["image"].tolist()}
     if isinstance(given, dict) and isinstance(given.get("image"), str):
         encoded = [given["image"]]
     elif isinstance(given, dict) and isinstance(given.get("images"), list) and given["images"]:
@@ -319,36 +306,11 @@ def json_images(body: bytes) -> list[tuple[str, bytes]]:
 
 def image_inputs(
     model: Model, files: list[tuple[str, bytes]], max_images: int = MAX_IMAGES
-) -> tuple[torch.Tensor, list[str]]:
-    """Encoded images, each checked for size before it is decoded, through the datamodule's own decoding, resizing and
-    normalisation."""
+) -> tuple[list[bytes], list[str]]:
+    """Encoded images and their names, at most `max_images` (the model checks each one's size before decoding it)."""
     if len(files) > max_images:
         raise RequestError(f"{len(files)} images in one request; send at most {max_images}", 413)
-    for name, data in files:
-        check_image_size(name, data)
-    names = [name for name, _ in files]
-    return model.preprocess([data for _, data in files], names), names
-
-
-def check_image_size(name: str, data: bytes) -> None:
-    """Refuses an image too large to decode safely, from its header (a small file can announce a huge image)."""
-    if not data:
-        raise RequestError(f"{name}: empty file; send the image's bytes")
-    if len(data) > MAX_IMAGE_BYTES:
-        raise RequestError(f"{name}: {len(data)} bytes; send images of at most {MAX_IMAGE_BYTES} bytes", 413)
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(data)) as header:  # reads the header only
-            width, height = header.size
-    except (UnidentifiedImageError, OSError, ValueError):
-        return  # not an image PIL knows: decoding says why
-    except Image.DecompressionBombError:
-        width, height = MAX_IMAGE_PIXELS, 2
-    if width * height > MAX_IMAGE_PIXELS:
-        raise RequestError(
-            f"{name}: {width}x{height} pixels; send images of at most {MAX_IMAGE_PIXELS // 1_000_000} megapixels", 413
-        )
+    return [data for _, data in files], [name for name, _ in files]
 
 
 def score_files(model: Model, source: Path, chunk: int) -> list[dict]:
@@ -372,14 +334,13 @@ def score_files(model: Model, source: Path, chunk: int) -> list[dict]:
 
 
 def main(args: list[str] | None = None) -> None:
-    """python -m scripts.score MODEL_DIR INPUT [--backend torch] [--output predictions.csv]: batch scoring with the
-    online endpoint's code; prints `input,class,probability` as predict does."""
+    """python -m scripts.score MODEL_DIR INPUT [--output predictions.csv]: batch scoring with the online endpoint's
+    model; prints `input,class,probability` as predict does."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m scripts.score", description=main.__doc__)
     parser.add_argument("model_dir", help="an MLflow model folder (AZUREML_MODEL_DIR), e.g. outputs/serving/<name>")
     parser.add_argument("input", help="a CSV of penguins, or a folder (or file) of images")
-    parser.add_argument("--backend", choices=BACKENDS, default=os.environ.get("SCORE_BACKEND", DEFAULT_BACKEND))
     parser.add_argument("--output", help="write the CSV here (a folder: predictions.csv in it) instead of stdout")
     parser.add_argument("--chunk", type=int, default=None, help="inputs per batch (default: the request limits)")
     options = parser.parse_args(args)
@@ -387,10 +348,10 @@ def main(args: list[str] | None = None) -> None:
     try:
         if not source.exists():
             raise ModelError(f"{source}: no such file or folder; give a CSV of penguins or a folder of images")
-        loaded = load_model(options.model_dir, options.backend)
+        loaded = load_model(options.model_dir)
         chunk = options.chunk or (MAX_ROWS if loaded.kind == "rows" else MAX_IMAGES)
         answers = score_files(loaded, source, max(1, chunk))
-    except (ModelError, RequestError, DataError, OSError) as error:
+    except (ModelError, RequestError, OSError) as error:
         sys.exit(f"error: {error}")
     text = io.StringIO()
     out = csv.writer(text, lineterminator="\n")  # quotes a name holding a comma, as predict does

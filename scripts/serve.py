@@ -2,15 +2,14 @@
 runs it: the scoring script scripts/score.py under azmlinfsrv, on http://127.0.0.1:5001/score.
 
     make serve MODEL=models:/penguins-classifier/1   # from the registry (MLFLOW_TRACKING_URI or outputs/mlflow.db)
-    make serve MODEL=outputs/<exp>/<run>/checkpoints/best.ckpt ARGS="--backend torch --port 5002"
+    make serve MODEL=outputs/<exp>/<run>/checkpoints/best.ckpt ARGS="--port 5002"
     python -m scripts.serve models:/penguins-classifier/1 --port 5001 --workers 2
 
 The model becomes a folder under outputs/serving/ (a registered version downloaded; a checkpoint saved as
-`--register_model` saves it: pt2 program, ONNX, class names and preprocessing) and the server gets it as
+`--register_model` saves it: the pyfunc with its ONNX network and torch-free preprocessing) and the server gets it as
 AZUREML_MODEL_DIR, what Azure ML mounts in a deployment. The server runs in its own environment, .venv-serve (`make
-serve-env`, pinned in scripts/serving/environment.yml, which is also the deployment's): azureml-inference-server-http
-pins pydantic and OpenTelemetry versions that the training environment's MLflow and Azure packages are past. Ctrl-C
-stops it. Mistakes (a model that is not there, no .venv-serve, a bad option) are one line and exit 1.
+serve-env`, pinned in scripts/serving/environment.yml, which is also the deployment's: no torch, no Lightning).
+Ctrl-C stops it. Mistakes (a model that is not there, no .venv-serve, a bad option) are one line and exit 1.
 """
 
 from __future__ import annotations
@@ -21,9 +20,6 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Literal
-
-DEFAULT_BACKEND = "onnxruntime"  # scripts/score.py's (tested equal); not imported from there: it imports Lightning
 
 SERVE_VENV = Path(".venv-serve")
 SERVING = Path("outputs/serving")  # the model folders the server is given
@@ -85,18 +81,24 @@ def from_checkpoint(checkpoint: Path, target: Path) -> Path:
         module, datamodule = load(checkpoint)
     except ExportError as error:
         raise ServeError(str(error)) from None
-    inputs = serving_inputs(datamodule)
+    try:
+        inputs = serving_inputs(datamodule)
+    except ExportError as error:
+        raise ServeError(f"{checkpoint}: {error}") from None
     if inputs is None:
         raise ServeError(
             f"{checkpoint}: {type(datamodule).__name__} has no serving_kind; give it serving_kind, serving_state "
-            "and serving_batch (datamodules/base.py says how)"
+            "and serving_preprocess (datamodules/base.py says how)"
         )
     if module.input_shape is not None:  # torch.export needs shapes alone
         example = torch.randn(2, *module.input_shape, generator=torch.Generator().manual_seed(0))
     else:  # a checkpoint that does not say: the shape of a test batch of its data
         example = test_inputs(datamodule, batches=1)[0]
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as part:
-        save_model(module.network, example, module.class_names, Path(part) / "model", inputs)
+        try:
+            save_model(module.network, example, module.class_names, Path(part) / "model", inputs)
+        except ExportError as error:
+            raise ServeError(f"{checkpoint}: {error}") from None
         shutil.rmtree(target, ignore_errors=True)
         (Path(part) / "model").rename(target)
     return target
@@ -139,7 +141,6 @@ def server_command(
 def serve(
     model: str,
     port: int = 5001,
-    backend: Literal["onnxruntime", "torch"] = DEFAULT_BACKEND,
     workers: int = 1,
     threads: int = 0,
     host: str = "127.0.0.1",
@@ -152,7 +153,6 @@ def serve(
         model: models:/NAME/VERSION (or models:/NAME@alias, runs:/RUN/model) from the MLflow registry at
             MLFLOW_TRACKING_URI or outputs/mlflow.db; a checkpoint (.ckpt) of `scripts.train fit`; or a model folder.
         port: the port of /score (and of the health probe GET /).
-        backend: onnxruntime (the default: faster on CPUs) or torch (the pt2 program).
         workers: server processes (gunicorn workers), each with its own copy of the model.
         threads: threads of one request's computation (SCORE_THREADS); 0: one per core. With several workers,
             cores / workers.
@@ -169,8 +169,9 @@ def serve(
     if prepare_only:
         print(folder)
         return
-    print(f"serving {folder} with {backend} on http://{host}:{port}/score", flush=True)
-    environment = {**os.environ, "SCORE_BACKEND": backend, "SCORE_THREADS": str(threads)}
+    print(f"serving {folder} on http://{host}:{port}/score", flush=True)
+    environment = {**os.environ, "SCORE_THREADS": str(threads)}
+    environment.pop("SCORE_BACKEND", None)  # the scoring script refuses any but ONNX Runtime
     os.execve(python, server_command(folder, port, workers, host, python), environment)  # Ctrl-C reaches the server
 
 

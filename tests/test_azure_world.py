@@ -126,15 +126,17 @@ def test_horovod_under_mpirun_with_a_folder_per_process_fits_tests_and_tracks_on
 
 def test_register_model_against_azure_like_tracking_loads_back_and_predicts_as_the_checkpoint(tmp_path, azure_tracking):
     import mlflow
+    import numpy as np
+    import pandas as pd
 
-    from datamodules.penguins import PenguinDataModule
+    from datamodules.penguins import ISLANDS, PenguinDataModule
     from lightning_modules.classifier import ClassificationModule
 
-    (folder,) = node_checkouts(tmp_path, 1)
+    (job_folder,) = node_checkouts(tmp_path, 1)
     run_id, tracking = job_run(azure_tracking, "register")
     name = f"penguins-azure-{run_id[:8]}"
     refused_before = len(azure_tracking.refused)
-    (process,) = run_job([folder], "pytorch", 1, fit("--register_model", name), tracking)
+    (process,) = run_job([job_folder], "pytorch", 1, fit("--register_model", name), tracking)
     assert process.returncode == 0, process.stderr[-3000:]
     assert f"registered model: {name} version 1" in process.stdout
     assert "Traceback" not in process.stderr
@@ -146,18 +148,26 @@ def test_register_model_against_azure_like_tracking_loads_back_and_predicts_as_t
     assert version.run_id == run_id
     mlflow.set_tracking_uri(azure_tracking.url)
     try:
-        program = mlflow.pytorch.load_model(f"models:/{name}/1")
         registered = mlflow.pyfunc.load_model(f"models:/{name}/1")
+        folder = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/1", dst_path=str(tmp_path / "model")))
     finally:
         mlflow.set_tracking_uri(None)
     assert registered.metadata.metadata["class_names"] == PenguinDataModule.class_names
     data = PenguinDataModule()
     data.setup("test")
-    inputs = data.splits["test"][0][:13]
-    (best,) = folder.glob("outputs/*/*/checkpoints/best.ckpt")
+    inputs, raw = data.splits["test"][0][:13], data.raw["test"][0][:13]
+    (best,) = job_folder.glob("outputs/*/*/checkpoints/best.ckpt")
     network = ClassificationModule.load_from_checkpoint(best, map_location="cpu").network.eval()
+    program = torch.export.load(folder / "artifacts" / "model.pt2").module()  # the torch program beside the ONNX
     with torch.no_grad():
-        assert torch.allclose(program(inputs), network(inputs), atol=1e-6)
+        logits = network(inputs)
+        assert torch.allclose(program(inputs), logits, atol=1e-6)
+    rows = pd.DataFrame(raw.numpy()[:, 1:], columns=["bill_length_mm", "bill_depth_mm", "flipper_length_mm",
+                                                     "body_mass_g"])  # fmt: skip
+    rows.insert(0, "island", [ISLANDS[int(i)] for i in raw[:, 0]])
+    answers = registered.predict(rows)  # raw rows in, as a deployment gets them
+    assert answers["class"].tolist() == [PenguinDataModule.class_names[i] for i in logits.argmax(1).tolist()]
+    assert np.allclose(answers["probability"], torch.softmax(logits, 1).max(1).values.numpy(), atol=1e-5)
 
 
 def test_two_nodes_resume_from_a_checkpoint_only_the_first_node_has(tmp_path):

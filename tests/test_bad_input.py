@@ -128,10 +128,7 @@ BIRDS = ["--config", "configs/birds.yaml", "--data.init_args.image_size", "32", 
          "--data.init_args.archive", "null"]  # fmt: skip
 MNIST = ["--config", "configs/mnist.yaml", "--data.init_args.val_size", "2"]
 SUBMIT = ["configs/penguins.yaml", "--compute", "c"]
-NOT_AN_IMAGE = (  # torchvision's reason
-    "Unsupported image file. Only jpeg, png, webp and gif are currently supported. For avif and heic format, please "
-    "rely on `decode_avif` and `decode_heic` directly."
-)
+NOT_AN_IMAGE = "not a JPEG, PNG, WebP or GIF image"  # the decoder's reason (datamodules/preprocessing/images.py)
 GIVE_CKPT = (
     "needs --ckpt_path: the .ckpt a fit wrote (outputs/<exp>/<run>/checkpoints/best.ckpt; `make evaluate` and "
     "`make predict` find the newest); without it the network is untrained"
@@ -283,8 +280,8 @@ CASES = [
          "error: {user}/no_complete_row.csv: no row has all of Island, CulmenLength, CulmenDepth, FlipperLength, "
          "BodyMass, Species"),
     Case("csv-unknown-island", ["fit", "--data.init_args.csv_path", "{user}/unknown_island.csv"],
-         "error: {user}/unknown_island.csv: unknown island 'Atlantis' in column Island; the model knows Torgersen, "
-         "Biscoe, Dream"),
+         "error: {user}/unknown_island.csv: unknown island 'Atlantis' in column Island on line 2; the model knows "
+         "Torgersen, Biscoe, Dream"),
     Case("csv-empty", ["fit", "--data.init_args.csv_path", "{user}/empty.csv"],
          "error: {user}/empty.csv: not a readable CSV (No columns to parse from file)"),
     Case("csv-not-text", ["fit", "--data.init_args.csv_path", "{user}/garbage.csv"],
@@ -322,8 +319,8 @@ CASES = [
          "to 231); give millimetres and grams, as in the training data"),
     Case("predict-unknown-island", ["predict", "--ckpt_path", "{penguins_ckpt}", "--data.init_args.predict_path",
                                     "{user}/atlantis.csv"],
-         "error: {user}/atlantis.csv: unknown island 'Atlantis' in column Island; the model knows Torgersen, Biscoe, "
-         "Dream"),
+         "error: {user}/atlantis.csv: unknown island 'Atlantis' in column Island on line 2; the model knows "
+         "Torgersen, Biscoe, Dream"),
     Case("predict-without-a-csv", ["predict", "--ckpt_path", "{penguins_ckpt}"],
          "error: predict needs data.init_args.predict_path: a CSV of penguins"),
     Case("predict-csv-missing", ["predict", "--ckpt_path", "{penguins_ckpt}", "--data.init_args.predict_path",
@@ -355,7 +352,7 @@ CASES = [
          "error: {user}/digits-none: no .jpg, .jpeg, .png, .webp image in this folder"),
     Case("mnist-predict-broken-image", ["predict", *MNIST, "--ckpt_path", "{mnist_ckpt}",
                                         "--data.init_args.predict_path", "{user}/digits-broken"],
-         "error: {user}/digits-broken/7.png: not a readable image (Content is not png!); remove or replace it"),
+         f"error: {{user}}/digits-broken/7.png: not a readable image ({NOT_AN_IMAGE}); remove or replace it"),
     # ---- birds ----
     Case("birds-folder-missing", ["fit", *BIRDS, "--data.init_args.data_dir", "{user}/nope"],
          "error: {user}/nope: no such folder; give data.init_args.data_dir a folder of labelled images or "

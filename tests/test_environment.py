@@ -1,5 +1,6 @@
 """environment.yml (what Azure ML builds) and pyproject.toml (what `make install` installs) pin the same packages."""
 
+import contextlib
 import json
 import subprocess
 import tomllib
@@ -40,6 +41,15 @@ def test_the_serving_environment_pins_every_package_and_shares_the_training_vers
     assert {name: version for name, version in serving.items() if name in training} == {
         name: training[name] for name in serving if name in training
     }
+    assert not {"torch", "torchvision", "lightning"} & set(serving)  # the registered model's predict needs neither
+    # What the model's predict imports (Pillow decodes and resizes, numpy and ONNX Runtime compute) is the training
+    # environment's version too: predict there and the model here give the same numbers.
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name, pinned in serving.items():
+        with contextlib.suppress(PackageNotFoundError):  # azureml-inference-server-http is the server's alone
+            assert version(name) == pinned, name
+    assert serving["mlflow-skinny"] == training["mlflow"]
     venv = REPO / ".venv-serve" / "bin" / "python"
     if venv.is_file():  # what make serve-env installed is what the file pins
         listed = subprocess.run([venv, "-m", "pip", "list", "--format", "json"], capture_output=True, text=True)

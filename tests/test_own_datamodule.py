@@ -1,11 +1,13 @@
 """A datamodule of the user's own, written as the README's "Add your own dataset" says and defined only here (with its
-network), trains, registers and serves with nothing in scripts/ edited: the registry's model and a checkpoint both
-answer requests and batch scoring as `scripts.train predict` answers the same rows."""
+network, and its torch-free serving preprocessing in tests/fruit_preprocessing.py), trains, registers and serves with
+nothing in scripts/ edited: the registry's model and a checkpoint both answer requests, batch scoring and
+mlflow.pyfunc in the serving environment (no torch) as `scripts.train predict` answers the same rows."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,12 +16,12 @@ from torch import nn
 from werkzeug.test import EnvironBuilder
 from werkzeug.wrappers import Request
 
-from datamodules.errors import DataError
 from datamodules.in_memory import InMemoryDataModule
-from tests.conftest import run_module
+from scripts.serving.mlflow_model import ExportError, save_model, serving_inputs
+from tests import fruit_preprocessing
+from tests.conftest import REPO, run_module
 
 pytestmark = pytest.mark.slow
-COLUMNS = ("weight_g", "width_mm")
 
 
 def fruit_table(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,13 +58,13 @@ class FruitDataModule(InMemoryDataModule):
     def serving_state(self) -> dict:
         return {"mean": self.mean.tolist(), "std": self.std.tolist()}
 
+    serving_preprocess = staticmethod(fruit_preprocessing.serving_batch)
+
     @classmethod
-    def serving_batch(cls, state: dict, inputs, names: list[str]) -> torch.Tensor:
-        missing = [column for column in COLUMNS if column not in inputs.columns]
-        if missing:
-            raise DataError(f"request: no column {', '.join(missing)}; send {', '.join(COLUMNS)}")
-        raw = torch.tensor(inputs[list(COLUMNS)].to_numpy(dtype="float32"))
-        return (raw - torch.tensor(state["mean"])) / torch.tensor(state["std"])
+    def serving_example(cls):
+        import pandas as pd
+
+        return pd.DataFrame({"weight_g": [150.0], "width_mm": [75.0]})
 
 
 class FruitNet(nn.Sequential):
@@ -162,3 +164,40 @@ def test_a_checkpoint_of_an_own_datamodule_serves_and_batch_scores_as_predict_an
     scored = run_module("scripts.score", served, rows, "--backend", "torch")
     assert scored.returncode == 0, scored.stderr[-2000:]
     assert [line.split(",")[:2] for line in scored.stdout.splitlines()[1:]] == [a[:2] for a in answers]
+
+
+def test_a_checkpoint_of_an_own_datamodule_serves_with_mlflow_pyfunc_where_there_is_no_torch(fitted, tmp_path):
+    from scripts.serve import from_checkpoint
+
+    serve_python = REPO / ".venv-serve" / "bin" / "python"
+    if not serve_python.is_file():
+        pytest.skip("needs .venv-serve: `make serve-env` (.ci/run builds it)")
+    _, checkpoint, rows, answers = fitted
+    served = from_checkpoint(checkpoint, tmp_path / "model")
+    script = (
+        "import json, sys, mlflow.pyfunc, pandas as pd; "
+        "answer = mlflow.pyfunc.load_model(sys.argv[1]).predict(pd.read_csv(sys.argv[2])); "
+        "print(json.dumps(['torch' in sys.modules, answer['class'].tolist(), answer['probability'].tolist()]))"
+    )
+    done = subprocess.run([serve_python, "-c", script, served, rows], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    torch_loaded, classes, probabilities = json.loads(done.stdout.strip().splitlines()[-1])
+    assert torch_loaded is False and classes == [answer[1] for answer in answers]
+    assert probabilities == pytest.approx([float(answer[2]) for answer in answers], abs=1e-4)
+
+
+def preprocess_with_torch(state: dict, inputs, names: list[str]):
+    return torch.tensor(inputs.to_numpy(dtype="float32")).numpy()
+
+
+class TorchPreprocessingDataModule(FruitDataModule):
+    serving_preprocess = staticmethod(preprocess_with_torch)
+
+
+def test_serving_preprocessing_that_imports_torch_is_refused_naming_its_module(tmp_path):
+    data = TorchPreprocessingDataModule()
+    data.setup("fit")
+    with pytest.raises(ExportError) as error:
+        save_model(FruitNet(2), torch.randn(4, 2), ["apple", "pear"], tmp_path / "model", serving_inputs(data))
+    assert str(error.value).startswith(f"{Path(__file__)}: imports torch, which the registered model's environment")
+    assert not (tmp_path / "model").exists()

@@ -123,7 +123,7 @@ def assert_same_answers(answers: list[dict], expected: dict[str, tuple[str, floa
         assert abs(sum(answer["probabilities"].values()) - 1) < 1e-5
 
 
-# Penguins: a registered model, served from the registry with both backends.
+# Penguins: a registered model, served from the registry.
 
 
 @pytest.fixture(scope="module")
@@ -134,13 +134,9 @@ def penguins(tmp_path_factory):
                        "--register_model", "penguins-classifier")  # fmt: skip
     assert "registered model: penguins-classifier version 1" in stdout
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{outputs / 'mlflow.db'}"}
-    servers = {
-        backend: Server("models:/penguins-classifier/1", folder, "--backend", backend, env=env)
-        for backend in ("onnxruntime", "torch")
-    }
-    yield folder, best, servers
-    for server in servers.values():
-        server.stop()
+    server = Server("models:/penguins-classifier/1", folder, env=env)
+    yield folder, best, server
+    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -155,21 +151,18 @@ def penguin_csv(penguins) -> Path:
 
 
 def test_the_server_listens_on_loopback_only_and_describes_its_model(penguins):
-    _, _, servers = penguins
-    for backend, server in servers.items():
-        assert f"Listening at: http://127.0.0.1:{server.port}" in server.log.read_text()  # not 0.0.0.0, azmlinfsrv's
-        assert (server.card["classes"], server.card["inputs"]) == (["Adelie", "Gentoo", "Chinstrap"], "rows")
-        assert server.card["backend"] == backend
-        assert urllib.request.urlopen(server.url + "/", timeout=10).status == 200  # Azure ML's liveness probe
+    _, _, server = penguins
+    assert f"Listening at: http://127.0.0.1:{server.port}" in server.log.read_text()  # not 0.0.0.0, azmlinfsrv's
+    assert (server.card["classes"], server.card["inputs"]) == (["Adelie", "Gentoo", "Chinstrap"], "rows")
+    assert server.card["backend"] == "onnxruntime"
+    assert urllib.request.urlopen(server.url + "/", timeout=10).status == 200  # Azure ML's liveness probe
 
 
-@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
-def test_penguin_answers_are_predicts_for_a_csv_and_for_json_rows(penguins, penguin_csv, backend):
-    _, best, servers = penguins
-    server = servers[backend]
+def test_penguin_answers_are_predicts_for_a_csv_json_rows_and_azure_mls_no_code_request(penguins, penguin_csv):
+    _, best, server = penguins
     expected = predictions("--config", "configs/penguins.yaml", "--ckpt_path", str(best),
                            "--data.predict_path", str(penguin_csv))  # fmt: skip
-    tolerance = 1e-6 if backend == "torch" else 1e-5  # the same program; ONNX Runtime's kernels differ in the 7th digit
+    tolerance = 1e-5  # ONNX Runtime's kernels and PyTorch's differ in the 7th digit
     status, answer = server.post(penguin_csv.read_bytes(), "text/csv")
     assert status == 200
     assert_same_answers(answer["predictions"], expected, tolerance)  # named by their line, as predict names them
@@ -183,6 +176,11 @@ def test_penguin_answers_are_predicts_for_a_csv_and_for_json_rows(penguins, peng
                         tolerance)  # fmt: skip
     course = {"Island": "Biscoe", "CulmenLength": 50.4, "CulmenDepth": 15.3, "FlipperLength": 200, "BodyMass": 5000}
     assert server.post_json(course)[1] == server.post_json(PENGUIN)[1]  # either schema, one row as an object
+    # What Azure ML's no-code MLflow deployments take: {"input_data": a DataFrame in pandas' split orientation}.
+    status, answer = server.post_json({"input_data": json.loads(rows.to_json(orient="split"))})
+    assert status == 200
+    assert_same_answers(answer["predictions"], dict(zip([f"row {i + 1}" for i in range(len(rows))], expected.values())),
+                        tolerance)  # fmt: skip
 
 
 BAD_PENGUIN_REQUESTS = [
@@ -191,7 +189,9 @@ BAD_PENGUIN_REQUESTS = [
     (b"[]", "application/json", 400, "send one row as a JSON object, or several as a non-empty list of objects"),
     (b'"Biscoe"', "application/json", 400, "send one row as a JSON object"),
     ({k: v for k, v in PENGUIN.items() if k != "body_mass_g"}, None, 400, "request: missing columns; a penguin CSV"),
-    ({**PENGUIN, "island": "Atlantis"}, None, 400, "request: unknown island 'Atlantis' in column island; the model"),
+    ({**PENGUIN, "island": "Atlantis"}, None, 400, "request: unknown island 'Atlantis' in column island on row 1; the"),
+    ({"input_data": {"columns": ["island"], "data": [["Biscoe"]]}}, None, 400, "request: missing columns; a penguin"),
+    ({"input_data": {"columns": ["island"], "data": "x"}}, None, 400, "input_data: send a DataFrame in pandas' split"),
     ([PENGUIN, {**PENGUIN, "bill_depth_mm": "deep"}], None, 400, "request: column bill_depth_mm has a non-numeric"),
     ([PENGUIN, {**PENGUIN, "body_mass_g": None}], None, 400, "request: row 2 has no value for body_mass_g"),
     ({**PENGUIN, "flipper_length_mm": 20}, None, 400, "request: row 1: flipper_length_mm 20 is far outside"),
@@ -206,8 +206,7 @@ BAD_PENGUIN_REQUESTS = [
 def test_a_bad_penguin_request_is_a_4xx_with_one_message_and_the_next_request_is_served(
     penguins, body, content_type, status, message
 ):
-    _, _, servers = penguins
-    server = servers["onnxruntime"]
+    _, _, server = penguins
     got = server.post(body, content_type) if isinstance(body, bytes) else server.post_json(body)
     assert got[0] == status and list(got[1]) == ["message"], got
     assert got[1]["message"].startswith(message) and "\n" not in got[1]["message"], got
@@ -340,7 +339,7 @@ def test_batch_scoring_of_a_folder_answers_as_the_server(birds, tmp_path):
     [
         (["nothing.ckpt"], "error: nothing.ckpt: no such model; give models:/NAME/VERSION (fit --register_model NAME)"),
         (["x", "--port", "0"], "error: --port 0 --workers 1: give a port 1-65535 and 1 or more workers"),
-        (["x", "--backend", "tensorrt"], "error: --backend: 'tensorrt' is not a valid value; give onnxruntime, torch"),
+        (["x", "--backend", "torch"], "error: unrecognized arguments: --backend torch"),
         (["configs"], "error: configs: no MLmodel in this folder; give a registered model's folder, .ckpt or models:/"),
         (["models:/penguins-classifier/1"], "error: sqlite:///{tmp}/none.db: no such MLflow store; check"),
     ],
@@ -361,9 +360,3 @@ def test_a_version_not_in_the_registry_is_one_line(penguins, tmp_path, monkeypat
         serve_main(["models:/penguins-classifier/3", "--serving_dir", str(tmp_path)])
     assert str(exit.value.code).startswith("error: models:/penguins-classifier/3: not in the registry at sqlite:///")
     assert "\n" not in str(exit.value.code)
-
-
-def test_serve_and_the_scoring_script_default_to_the_same_backend():
-    from scripts import score, serve
-
-    assert serve.DEFAULT_BACKEND == score.DEFAULT_BACKEND == "onnxruntime"

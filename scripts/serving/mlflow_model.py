@@ -1,15 +1,21 @@
-"""The registered model: a network saved as an MLflow model (torch.export's program, the same network as ONNX checked
-against PyTorch, the class names and the datamodule's serving preprocessing in its metadata), and its registration.
-scripts.train registers the best checkpoint with it, scripts.export and scripts.serve write the same files.
+"""The registered model: a network saved as an MLflow pyfunc model (scripts/serving/pyfunc_model.py: raw rows or
+images in, classes and probabilities out, with ONNX Runtime and the datamodule's torch-free preprocessing; no torch),
+and its registration. scripts.train registers the best checkpoint with it; scripts.serve saves a checkpoint the same
+way, and scripts.export writes the same ONNX file.
 
     python -m scripts.train fit --config configs/penguins.yaml --register_model penguins-classifier
 """
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import itertools
-import sys
+import shutil
+import tempfile
+import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -85,18 +91,104 @@ def write_onnx(network: torch.nn.Module, inputs: list[torch.Tensor], target: Pat
     return difference
 
 
+REPO = Path(__file__).resolve().parents[2]
+SERVING_ENVIRONMENT = REPO / "scripts" / "serving" / "environment.yml"
+# What the model's predict runs, shipped inside it: its PythonModel and the shared torch-free preprocessing.
+SHIPPED = ["scripts/serving/pyfunc_model.py", "datamodules/errors.py", "datamodules/preprocessing"]
+NOT_IN_THE_SERVING_ENVIRONMENT = {"torch", "torchvision", "torchmetrics", "lightning", "lightning_fabric"}
+
+
 def serving_inputs(datamodule: ClassificationDataModule) -> dict | None:
-    """The `inputs` of a saved model's metadata: how the scoring script reads a request (`kind`), the datamodule
-    whose `serving_batch` preprocesses it and the values it needs (`state`); None for a datamodule without a
-    serving_kind (the model is saved all the same, and cannot be served)."""
-    kind = type(datamodule).serving_kind
+    """How the registered model reads raw inputs: `kind` (rows or images), the datamodule's torch-free
+    `preprocess` function ("module:name") and the values it needs (`state`), its input example and signature columns;
+    None for a datamodule without a serving_kind (it cannot be registered)."""
+    datamodule_class = type(datamodule)
+    kind = datamodule_class.serving_kind
     if kind is None:
         return None
-    datamodule_class = type(datamodule)
-    path = f"{datamodule_class.__module__}.{datamodule_class.__qualname__}"
+    function = datamodule_class.serving_preprocess
+    name = datamodule_class.__name__
+    if function is None or "." in function.__qualname__ or function.__module__ == "__main__":
+        raise ExportError(
+            f"{name}: its serving_preprocess is not a function at the top of a module; set serving_preprocess = "
+            "staticmethod(a function of a module that imports only numpy, pandas and Pillow), as the README's "
+            "Add your own dataset says"
+        )
     # A datamodule built from a checkpoint has the state its network was trained with, and perhaps no data.
     state = getattr(datamodule, "checkpoint_serving_state", None)
-    return {"kind": kind, "datamodule": path, "state": state if state is not None else datamodule.serving_state()}
+    return {
+        "kind": kind,
+        "datamodule": f"{datamodule_class.__module__}.{datamodule_class.__qualname__}",
+        "preprocess": f"{function.__module__}:{function.__qualname__}",
+        "state": state if state is not None else datamodule.serving_state(),
+        "example": datamodule_class.serving_example(),
+        "columns": datamodule_class.serving_columns(),
+    }
+
+
+def serving_requirements() -> list[str]:
+    """The model's pip requirements: the serving environment's pins (scripts/serving/environment.yml) but the
+    inference server's, which the model does not import."""
+    import yaml
+
+    conda = yaml.safe_load(SERVING_ENVIRONMENT.read_text())
+    (pip,) = [entry["pip"] for entry in conda["dependencies"] if isinstance(entry, dict)]
+    return [requirement for requirement in pip if not requirement.startswith("azureml-inference-server-http")]
+
+
+def code_to_ship(preprocess: str, target: Path) -> list[Path]:
+    """Copies the model's code below `target`, as packages (datamodules/, scripts/, the preprocessing function's own
+    package), and returns the top folders for MLflow's code_paths. Refuses code that imports torch or Lightning, or a
+    module of this repository that is not shipped: the model must run in the serving environment."""
+    module = preprocess.partition(":")[0]
+    spec = importlib.util.find_spec(module)
+    source = Path(spec.origin).resolve()
+    try:
+        own = [str(source.relative_to(REPO))]
+    except ValueError:
+        raise ExportError(f"{source}: the serving_preprocess module is outside the repository {REPO}") from None
+    for relative in SHIPPED + own:
+        path = REPO / relative
+        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        for file in files:
+            copy = target / file.relative_to(REPO)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(file, copy)
+            parent = file.parent
+            while parent != REPO:  # every package on the way, for the imports
+                if (parent / "__init__.py").is_file():
+                    shutil.copyfile(parent / "__init__.py", target / parent.relative_to(REPO) / "__init__.py")
+                parent = parent.parent
+    for file in sorted(target.rglob("*.py")):
+        check_imports(file, target)
+    return sorted(path for path in target.iterdir() if path.is_dir())
+
+
+def check_imports(file: Path, shipped: Path) -> None:
+    """ExportError when `file` imports torch or Lightning, or a module of the repository that is not in `shipped`."""
+    original = REPO / file.relative_to(shipped)
+    for node in ast.walk(ast.parse(file.read_text(), str(file))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] in NOT_IN_THE_SERVING_ENVIRONMENT:
+                raise ExportError(
+                    f"{original}: imports {name}, which the registered model's environment has not (no torch, no "
+                    "Lightning); keep serving_preprocess and what it imports in modules of numpy, pandas and Pillow"
+                )
+            where = shipped.joinpath(*parts)
+            if (REPO / parts[0] / "__init__.py").is_file() and not (
+                where.with_suffix(".py").is_file() or (where / "__init__.py").is_file()
+            ):
+                raise ExportError(
+                    f"{original}: imports {name}, which the registered model does not ship; import only "
+                    "datamodules.errors, datamodules.preprocessing, numpy, pandas and Pillow there"
+                )
 
 
 def save_model(
@@ -104,36 +196,91 @@ def save_model(
     example: torch.Tensor,
     class_names: list[str],
     folder: str | Path,
-    inputs: dict | None = None,
+    inputs: dict | None,
 ) -> None:
-    """Saves `network` as an MLflow model in `folder`: torch.export's program (MLflow's pt2 format), which loads with
-    torch alone, without this repository's code, and takes any batch size; the same network as ONNX in
-    `onnx/model.onnx` (checked against PyTorch on `example`, as scripts.export does; a network the ONNX exporter cannot
-    express is saved without it, with a warning, and serves with the torch backend); in its metadata the class names
-    (index i for logit i) and `inputs` (`serving_inputs`), what the scoring script needs to preprocess
-    a request as the datamodule does (penguin scaling statistics and training ranges, the image size)."""
+    """Saves `network` in `folder` as an MLflow pyfunc model (scripts/serving/pyfunc_model.py) that takes raw inputs:
+    the network as ONNX (`artifacts/model.onnx`, checked against PyTorch on `example`, the network's input, as
+    scripts.export checks) and as torch.export's program (`artifacts/model.pt2`, for torch users); the class names,
+    `inputs` (`serving_inputs`: the input kind, the preprocessing function and its state) in its model_config; the
+    preprocessing code itself (code_paths); a signature and input example from the datamodule's; the serving
+    environment's pins as requirements."""
     import mlflow
-    from mlflow.models import infer_signature
+    import pandas as pd
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import AnyType, ColSpec, Schema
 
+    from scripts.serving.pyfunc_model import IMAGE_COLUMN, ClassifierModel, InputError
+
+    if inputs is None:
+        raise ExportError(
+            "the datamodule has no serving_kind: give it serving_kind, serving_state, serving_preprocess (the "
+            "README's Add your own dataset) to register or serve its network"
+        )
     network, example = network.eval().cpu(), example[:8].cpu()
-    with torch.no_grad():
-        logits = network(example)
-    metadata = {"class_names": list(class_names)}
-    if inputs is not None:
-        metadata["inputs"] = inputs
-    mlflow.pytorch.save_model(
-        network,
-        str(folder),
-        signature=infer_signature(example.numpy(), logits.numpy()),
-        input_example=example.numpy(),
-        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],  # what loading a pt2 program needs
-        metadata=metadata,
-    )
-    try:
-        write_onnx(network, [example], Path(folder) / "onnx" / "model.onnx")
-    except Exception as error:  # the exporter's many types: a network ONNX cannot express still registers, as pt2
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        print(f"warning: the model is saved without ONNX ({reason}); serve it with --backend torch", file=sys.stderr)
+    config = {key: inputs[key] for key in ("kind", "preprocess", "state")} | {"class_names": list(class_names)}
+    if inputs["kind"] == "rows":
+        raw = inputs["example"]
+        columns = [ColSpec(AnyType(), column, required=False) for column in inputs["columns"]]
+    else:
+        raw = pd.DataFrame({IMAGE_COLUMN: list(inputs["example"])})
+        columns = [ColSpec("binary", IMAGE_COLUMN)]
+    with tempfile.TemporaryDirectory() as staging:
+        staging = Path(staging)
+        code = code_to_ship(inputs["preprocess"], staging / "code")
+        onnx, pt2 = staging / "model.onnx", staging / "model.pt2"
+        try:
+            write_onnx(network, [example], onnx)
+        except ExportError:
+            raise
+        except Exception as error:  # the exporter's many types
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ExportError(
+                f"the network cannot be written as ONNX ({reason}); the registered model runs it with ONNX Runtime"
+            ) from None
+        torch.export.save(torch.export.export(network, (example,)), pt2)
+        trial = ClassifierModel()  # the example's answer gives the output schema (and checks the model once)
+        trial.load_context(SimpleNamespace(model_config=config, artifacts={"onnx": str(onnx)}))
+        try:
+            output = trial.answer(raw)
+        except InputError as error:
+            raise ExportError(f"the datamodule's serving_example: {error}") from None
+        outputs = [ColSpec("string", "class"), *(ColSpec("double", column) for column in output.columns[1:])]
+        with warnings.catch_warnings(), QuietLogger("mlflow.pyfunc", "mlflow.models"):
+            warnings.simplefilter("ignore")  # MLflow's advice to save code rather than an object: it is code
+            mlflow.pyfunc.save_model(
+                str(folder),
+                python_model=ClassifierModel(),
+                artifacts={"onnx": str(onnx), "pt2": str(pt2)},
+                code_paths=[str(path) for path in code],
+                model_config=config,
+                signature=ModelSignature(inputs=Schema(columns), outputs=Schema(outputs)),
+                input_example=raw,
+                pip_requirements=serving_requirements(),
+                metadata={
+                    "class_names": list(class_names),
+                    "inputs": {key: inputs[key] for key in ("kind", "datamodule", "preprocess")},
+                },
+            )
+
+
+class QuietLogger:
+    """Raises the level of some loggers to ERROR for a while (MLflow's INFO and WARNING lines about saving)."""
+
+    def __init__(self, *names: str) -> None:
+        import logging
+
+        self.loggers = [logging.getLogger(name) for name in names]
+
+    def __enter__(self) -> None:
+        import logging
+
+        self.levels = [logger.level for logger in self.loggers]
+        for logger in self.loggers:
+            logger.setLevel(logging.ERROR)
+
+    def __exit__(self, *exc) -> None:
+        for logger, level in zip(self.loggers, self.levels):
+            logger.setLevel(level)
 
 
 def register_model(
@@ -154,8 +301,6 @@ def register_model(
 
         python -m scripts.train fit --config configs/penguins.yaml --register_model penguins-classifier
     """
-    import tempfile
-
     import mlflow
     from mlflow import MlflowClient
 

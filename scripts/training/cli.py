@@ -34,7 +34,7 @@ from datamodules.base import ClassificationDataModule
 from datamodules.errors import DataError
 from lightning_modules.classifier import ClassificationModule, DivergedError, OptimizerError
 from lightning_modules.transfer_net import WeightsError, skip_pretrained_weights
-from scripts.serving.mlflow_model import register_model, serving_inputs, test_inputs
+from scripts.serving.mlflow_model import ExportError, register_model, serving_inputs, test_inputs
 from scripts.training.checkpoints import (
     CONFIG_KEY,
     RUN_ID_FILE,
@@ -217,6 +217,11 @@ class TemplateCLI(LightningCLI):
         checkpoint = self.trainer.checkpoint_callback
         if self.config.fit.register_model and not (isinstance(self.trainer.logger, MLFlowLogger) and checkpoint):
             sys.exit("error: --register_model needs the MLflow logger and checkpoints; check trainer.logger")
+        if self.config.fit.register_model and type(self.datamodule).serving_kind is None:
+            sys.exit(
+                f"error: --register_model: {type(self.datamodule).__name__} has no serving_kind; give it serving_kind, "
+                "serving_state and serving_preprocess (the README's Add your own dataset), or train without it"
+            )
         if self.config.fit.test_after_fit:
             self.trainer.callbacks.append(TestDataFirst())
 
@@ -246,8 +251,12 @@ class TemplateCLI(LightningCLI):
         self.model.load_state_dict(state)
         example = test_inputs(self.datamodule, batches=1)[0]
         tracking_uri = self.config.fit.trainer.logger.init_args.tracking_uri
-        network, classes, inputs = self.model.network, self.model.class_names, serving_inputs(self.datamodule)
-        version = register_model(tracking_uri, logger.run_id, network, example, classes, name, inputs)
+        try:
+            inputs = serving_inputs(self.datamodule)
+            network, classes = self.model.network, self.model.class_names
+            version = register_model(tracking_uri, logger.run_id, network, example, classes, name, inputs)
+        except ExportError as error:
+            raise ConfigError(f"--register_model {name}: {error}") from None
         print(f"registered model: {name} version {version}")
 
     def check_classes(self) -> None:

@@ -1,0 +1,1 @@
+"""Raw input to network input without torch (numpy, pandas, Pillow): the datamodules' and the registered model's."""

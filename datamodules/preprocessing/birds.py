@@ -1,0 +1,42 @@
+"""Photos as the birds network sees them in evaluation, predict and serving: upright, shorter side resized to
+256/224 of the crop, the centre crop, ImageNet-normalised. numpy and Pillow only (the registered model ships it).
+
+    python -m scripts.train predict --config configs/birds.yaml --ckpt_path CKPT --data.predict_path photos/
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from datamodules.preprocessing.images import pixels, read
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)  # what every ImageNet-pretrained backbone expects
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def centre_crop(image, image_size: int) -> np.ndarray:
+    """ImageNet's evaluation recipe on a Pillow RGB image: shorter side to round(image_size * 256 / 224) (bilinear,
+    antialiased), the centre image_size x image_size; uint8 (H, W, 3)."""
+    from PIL import Image
+
+    width, height = image.size
+    short = round(image_size * 256 / 224)
+    size = (short, int(short * height / width)) if width <= height else (int(short * width / height), short)
+    if size != image.size:
+        image = image.resize(size, Image.Resampling.BILINEAR)
+    left, top = round((size[0] - image_size) / 2), round((size[1] - image_size) / 2)
+    return pixels(image.crop((left, top, left + image_size, top + image_size)))
+
+
+def normalize(images: np.ndarray) -> np.ndarray:
+    """A uint8 batch (N, 3, H, W) as the network takes it: float32 in [0, 1], ImageNet-normalised (the datamodule
+    does the same on the training device, in torch)."""
+    mean = np.asarray(IMAGENET_MEAN, dtype=np.float32)[:, None, None]
+    std = np.asarray(IMAGENET_STD, dtype=np.float32)[:, None, None]
+    return (images.astype(np.float32) / np.float32(255) - mean) / std
+
+
+def serving_batch(state: dict, inputs: list[bytes], names: list[str]) -> np.ndarray:
+    """Encoded photos (one name each, for messages) as the network's input batch (N, 3, S, S), S: image_size."""
+    crops = [centre_crop(read(data, name), state["image_size"]).transpose(2, 0, 1) for data, name in zip(inputs, names)]
+    return normalize(np.stack(crops))

@@ -1,0 +1,87 @@
+"""Encoded images as upright 8-bit pictures, with numpy and Pillow only: the one decoder of the datamodules (training,
+evaluation, predict) and of the registered model (scripts/serving/pyfunc_model.py), which ships this file.
+
+    python -m scripts.train predict --config configs/birds.yaml --ckpt_path CKPT --data.predict_path photos/
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+
+from datamodules.errors import DataError
+
+# What one image to serve may be: encoded size, and decoded size read from its header before decoding (a small file
+# can announce a huge picture). The scoring script (scripts/score.py) and the registered model check both.
+MAX_IMAGE_BYTES = int(os.environ.get("SCORE_MAX_IMAGE_BYTES", str(10 * 2**20)))
+MAX_IMAGE_PIXELS = int(os.environ.get("SCORE_MAX_IMAGE_PIXELS", str(40_000_000)))
+FORMATS = "JPEG, PNG, WebP or GIF"
+
+
+class OversizeImage(DataError):
+    """An image over MAX_IMAGE_BYTES or MAX_IMAGE_PIXELS (HTTP 413 in the scoring script)."""
+
+
+def open_image(source: bytes | str | Path, grey: bool = False):
+    """`source` (a file or its bytes) as an upright Pillow image, 8-bit "RGB" or "L" (`grey`); (None, why) when it is
+    not one readable image. Upright: a JPEG's EXIF orientation applied (phones store photos sideways). A 16-bit image
+    is scaled to 8 bits as its 8-bit version holds it (65535 -> 255)."""
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
+            image.load()
+            image = ImageOps.exif_transpose(image)
+            if image.mode in ("I;16", "I;16B", "I;16L", "I"):
+                wide = np.asarray(image, dtype=np.int64)
+                image = Image.fromarray(((wide.clip(0, 65535) * 255 + 32767) // 65535).astype(np.uint8), "L")
+            image = image.convert("L" if grey else "RGB")
+    except UnidentifiedImageError:
+        return None, f"not a {FORMATS} image"
+    except Image.DecompressionBombError as error:
+        return None, str(error)
+    except (OSError, ValueError, SyntaxError, EOFError) as error:  # Pillow's for damaged or cut-short files
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return None, f"truncated ({reason})" if "truncated" in reason.lower() else reason
+    if min(image.size) == 0:
+        return None, f"decodes to {image.size[0]}x{image.size[1]} pixels, not one image"
+    return image, None
+
+
+def read(source: bytes | str | Path, name: str, grey: bool = False, fix: str = "send a JPEG, PNG or WebP file"):
+    """`open_image`, or a DataError "<name>: not a readable image (why); <fix>"."""
+    image, reason = open_image(source, grey)
+    if image is None:
+        raise DataError(f"{name}: not a readable image ({reason}); {fix}")
+    return image
+
+
+def check_size(name: str, data: bytes) -> None:
+    """Refuses an empty image, or one over MAX_IMAGE_BYTES or MAX_IMAGE_PIXELS (read from its header), before it is
+    decoded."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not data:
+        raise DataError(f"{name}: empty file; send the image's bytes")
+    if len(data) > MAX_IMAGE_BYTES:
+        raise OversizeImage(f"{name}: {len(data)} bytes; send images of at most {MAX_IMAGE_BYTES} bytes")
+    try:
+        with Image.open(io.BytesIO(data)) as header:  # reads the header only
+            width, height = header.size
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
+        return  # not an image Pillow knows: decoding says why
+    except Image.DecompressionBombError:
+        width, height = MAX_IMAGE_PIXELS, 2
+    if width * height > MAX_IMAGE_PIXELS:
+        raise OversizeImage(
+            f"{name}: {width}x{height} pixels; send images of at most {MAX_IMAGE_PIXELS // 1_000_000} megapixels"
+        )
+
+
+def pixels(image) -> np.ndarray:
+    """A Pillow image as uint8 (H, W, C): C = 3 for RGB, 1 for grey."""
+    array = np.asarray(image, dtype=np.uint8)
+    return array[..., None] if array.ndim == 2 else array

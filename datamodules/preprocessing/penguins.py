@@ -1,0 +1,178 @@
+"""Penguin rows as the network sees them, with pandas and numpy only: reading either CSV schema's columns, the range
+check against the training split and the scaling. The datamodule (datamodules/penguins.py: fit, test, predict) and
+the registered model (scripts/serving/pyfunc_model.py, which ships this file) both use it.
+
+    python -m scripts.train predict --config configs/penguins.yaml --ckpt_path CKPT --data.predict_path new.csv
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from datamodules.errors import DataError
+
+SPECIES = ("Adelie", "Gentoo", "Chinstrap")  # the course's label order: Species 0, 1, 2
+ISLANDS = ("Torgersen", "Biscoe", "Dream")  # order of first appearance in the data
+FEATURES = ("island", "culmen_length", "culmen_depth", "flipper_length", "body_mass")
+
+# Each schema's column name for each of our names; species is optional (absent at predict time).
+SCHEMAS = {
+    "palmerpenguins": {
+        "island": "island",
+        "culmen_length": "bill_length_mm",
+        "culmen_depth": "bill_depth_mm",
+        "flipper_length": "flipper_length_mm",
+        "body_mass": "body_mass_g",
+        "species": "species",
+    },
+    "course": {
+        "island": "Island",
+        "culmen_length": "CulmenLength",
+        "culmen_depth": "CulmenDepth",
+        "flipper_length": "FlipperLength",
+        "body_mass": "BodyMass",
+        "species": "Species",
+    },
+}
+# The course's scaling: brings flipper length (mm) and body mass (g) near the other features.
+# Every column name of the features in either schema: a request's cells in these must all be given.
+FEATURE_COLUMNS = {column for schema in SCHEMAS.values() for name, column in schema.items() if name in FEATURES}
+COURSE_SCALE = np.array([1.0, 1.0, 1.0, 10.0, 100.0], dtype=np.float32)
+# What a penguin can measure, generously (the 344 Palmer penguins span 32-60, 13-21.5, 172-231 mm and 2700-6300 g;
+# docs/tasks.md): a training value outside is a typo or another unit, and would widen the ranges predict accepts.
+PLAUSIBLE = {
+    "culmen_length": (20.0, 80.0),
+    "culmen_depth": (8.0, 30.0),
+    "flipper_length": (120.0, 260.0),
+    "body_mass": (1500.0, 9000.0),
+}
+UNITS = {"culmen_length": "mm", "culmen_depth": "mm", "flipper_length": "mm", "body_mass": "g"}
+# Cells read as missing (the row is dropped, as the course does); pandas' other defaults, "nan" and its kin, are
+# values that are not numbers, and refused where they stand.
+MISSING = ["", "NA", "N/A", "n/a", "#N/A", "#NA", "<NA>", "NULL", "null", "None"]
+
+
+# The course's example penguin (a Gentoo), in palmerpenguins' schema: the registered model's input example.
+EXAMPLE = {"island": ["Biscoe"], "bill_length_mm": [50.4], "bill_depth_mm": [15.3], "flipper_length_mm": [200.0],
+           "body_mass_g": [5000.0]}  # fmt: skip
+
+
+def penguin_table(frame, where: str, need_species: bool = True, row_name=lambda index: f"line {index + 2}"):
+    """`frame` (a pandas DataFrame in either schema) in our column names, complete rows only, island as an index;
+    what `read_penguins` makes of a file and the scoring script (scripts/score.py) of a request's rows. `where` names
+    the source in messages, `row_name(index)` a row of it (a CSV's line: +1 for the header, +1 for counting from 1)."""
+    import pandas as pd
+
+    wanted = [name for name in SCHEMAS["course"] if need_species or name != "species"]
+    schema = next((s for s in SCHEMAS.values() if all(s[name] in frame.columns for name in wanted)), None)
+    if schema is None:
+        options = " or ".join(", ".join(s[n] for n in wanted) for s in SCHEMAS.values())
+        raise DataError(f"{where}: missing columns; a penguin CSV needs {options}")
+    table = frame[[schema[name] for name in wanted]].set_axis(wanted, axis=1)
+    table.attrs["columns"] = schema  # the file's own column names, for messages
+
+    for column in FEATURES[1:]:
+        numbers = pd.to_numeric(table[column], errors="coerce")
+        given = table[column].notna()
+        spelled = table[column].astype(str).str.strip().str.lower().str.lstrip("+-")
+        bad = given & numbers.isna() & ~spelled.isin(NOT_A_NUMBER)
+        if bad.any():
+            raise DataError(
+                f"{where}: column {schema[column]} has a non-numeric value "
+                f"{table[column][bad.idxmax()]!r} on {row_name(int(bad.idxmax()))}; fix or remove that row"
+            )
+        infinite = given & (numbers.isna() | numbers.abs().eq(float("inf")))
+        if infinite.any():
+            row = infinite.idxmax()
+            value = str(table[column][row]).strip()
+            raise DataError(
+                f"{where}: {row_name(int(row))}, column {schema[column]}: {value!r} is not a finite number; give the "
+                "measurement, or leave the cell empty to drop the row"
+            )
+        table[column] = numbers
+    gaps = table.isna()
+    # Each row dropped, with the columns it lacks: predict names them, rather than answering one row fewer.
+    table.attrs["incomplete"] = {
+        int(row): [schema[name] for name in wanted if gaps.loc[row, name]] for row in gaps.index[gaps.any(axis=1)]
+    }
+    table = table.dropna()  # keeps the index: row i is line i + 2 of the file
+    if table.empty:
+        raise DataError(f"{where}: no row has all of {', '.join(schema[n] for n in wanted)}")
+
+    unknown = ~table["island"].isin(ISLANDS)
+    if unknown.any():
+        row = unknown.idxmax()
+        raise DataError(
+            f"{where}: unknown island {table['island'][row]!r} in column {schema['island']} on {row_name(int(row))}; "
+            f"the model knows {', '.join(ISLANDS)}"
+        )
+    table["island"] = table["island"].map(ISLANDS.index)
+    if need_species:
+        table["species"] = table["species"].map(species_index)
+        if (table["species"] < 0).any():
+            row = int((table["species"] < 0).idxmax())
+            value = frame[schema["species"]][row]
+            raise DataError(
+                f"{where}: line {row + 2}: {schema['species']} '{value}' is none of {', '.join(SPECIES)} or 0/1/2; "
+                "fix or remove that row"
+            )
+    return table
+
+
+NOT_A_NUMBER = {"nan", "inf", "infinity", "1.#qnan", "1.#ind"}  # what pandas and Python read as a float that is none
+
+
+def species_index(value) -> int:
+    """0, 1 or 2 for a species named (palmerpenguins) or numbered (the course; pandas reads 1 as 1.0 in a column
+    with an empty cell); -1 for anything else."""
+    if isinstance(value, str):
+        value = value.strip()
+        return SPECIES.index(value) if value in SPECIES else int(value) if value in ("0", "1", "2") else -1
+    try:
+        return int(value) if float(value) in (0.0, 1.0, 2.0) else -1
+    except (TypeError, ValueError):
+        return -1
+
+
+def scale_features(raw: np.ndarray, seen: dict[str, np.ndarray] | None, preprocessing: str) -> np.ndarray:
+    """The model's inputs from raw measurements (FEATURES order, island as an index): the course's scaling, or
+    standardised with the training split's statistics `seen` (what a checkpoint's datamodule state holds)."""
+    if preprocessing == "course":
+        return raw / COURSE_SCALE
+    return (raw - seen["mean"]) / seen["std"]
+
+
+def check_ranges(raw: np.ndarray, seen: dict[str, np.ndarray], where, row_names, columns: dict) -> None:
+    """Refuses measurements far outside the training split's (most likely another unit, as the course's
+    scaled example: flipper 20, mass 50): the model would answer with confidence, and wrongly. `row_names` name the
+    rows of `raw` in the message, `columns` maps our names to the source's column names."""
+    low, high = seen["low"], seen["high"]
+    margin = (high - low) / 2
+    outside = (raw < low - margin) | (raw > high + margin)
+    outside[:, 0] = False  # the island index is checked by name when read
+    if outside.any():
+        row, column = (int(i) for i in np.argwhere(outside)[0])
+        name = columns[FEATURES[column]]
+        raise DataError(
+            f"{where}: {row_names[row]}: {name} {float(raw[row, column]):g} is far "
+            f"outside what the model was trained on ({float(low[column]):g} to {float(high[column]):g}); "
+            "give millimetres and grams, as in the training data"
+        )
+
+
+def serving_batch(state: dict, inputs, names: list[str]) -> np.ndarray:
+    """Rows (a pandas DataFrame in either CSV schema's columns; one name each, for messages) read, range-checked and
+    scaled as predict reads a CSV, as the network's input batch (N, 5). A row with a value missing is refused rather
+    than dropped (predict skips it), so that every answer has its row."""
+    frame = inputs.reset_index(drop=True)
+    known = [column for column in frame.columns if column in FEATURE_COLUMNS]
+    gaps = frame[known].isna()
+    if gaps.to_numpy().any():
+        row = int(gaps.any(axis=1).to_numpy().argmax())
+        missing = ", ".join(column for column in known if gaps.loc[row, column])
+        raise DataError(f"request: {names[row]} has no value for {missing}; give every column")
+    table = penguin_table(frame, "request", need_species=False, row_name=lambda index: names[index])
+    raw = table[list(FEATURES)].to_numpy(dtype="float32")
+    seen = {key: np.asarray(value, dtype=np.float32) for key, value in state["seen"].items()}
+    check_ranges(raw, seen, "request", names, table.attrs["columns"])
+    return scale_features(raw, seen, state["preprocessing"])

@@ -1,0 +1,155 @@
+"""The registered model's own code: an MLflow pyfunc (python_function flavour) that turns raw inputs into a class and
+every class's probability with ONNX Runtime, numpy, pandas and Pillow; it imports neither torch nor Lightning.
+scripts/serving/mlflow_model.py saves it with this file and the datamodule's torch-free preprocessing inside (MLflow's
+code_paths), so the model runs wherever its requirements are installed (.venv-serve, `make serve-env`).
+
+    python -c "import mlflow, pandas as pd; print(mlflow.pyfunc.load_model('models:/penguins-classifier/1').predict(
+        pd.DataFrame({'island': ['Biscoe'], 'bill_length_mm': [50.4], 'bill_depth_mm': [15.3],
+                      'flipper_length_mm': [200], 'body_mass_g': [5000]})))"
+
+Input: rows tasks: a DataFrame in the datamodule's column names (penguins: either CSV schema's); image tasks: a
+DataFrame with one column `image` holding each image's bytes or base64 text. Output: a DataFrame, one row per input in
+order: `class`, `probability` (the class's), then `probability_<class>` for every class. A bad input raises InputError
+(an MlflowException and a ValueError) whose one-line message names the row or image and what to send.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import importlib
+import os
+import warnings
+
+import numpy as np
+import pandas as pd
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import BAD_REQUEST
+from mlflow.pyfunc import PythonModel
+
+# MLflow advises type hints on predict, for a signature inferred from them: this model's comes from the datamodule.
+warnings.filterwarnings("ignore", message="Add type hints to the `predict` method")
+IMAGE_COLUMN = "image"
+KINDS = ("rows", "images")
+
+
+class InputError(MlflowException, ValueError):
+    """An input the model cannot answer; the message names it and what to send. `oversize`: an image too large (the
+    scoring script answers 413 rather than 400)."""
+
+    def __init__(self, message: str, oversize: bool = False) -> None:
+        super().__init__(message, error_code=BAD_REQUEST)
+        self.oversize = oversize
+
+
+def preprocess_function(path: str):
+    """The function `module:name` (a datamodule's serving_preprocess) imported from the model's code."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return shifted / shifted.sum(axis=1, keepdims=True)
+
+
+class ClassifierModel(PythonModel):
+    """The pyfunc: its model_config (written by mlflow_model.save_model) holds the class names, the input kind, the
+    preprocessing function and its state; its artifact `onnx` is the network."""
+
+    def load_context(self, context) -> None:
+        config = context.model_config
+        self.class_names = list(config["class_names"])
+        self.kind, self.state = config["kind"], config.get("state") or {}
+        self.preprocess = preprocess_function(config["preprocess"])
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        # Threads of one batch (0: one per core). Several server workers on few cores want fewer.
+        options.intra_op_num_threads = int(os.environ.get("SCORE_THREADS", "0"))
+        self.session = onnxruntime.InferenceSession(
+            context.artifacts["onnx"], options, providers=["CPUExecutionProvider"]
+        )
+
+    def predict(self, context, model_input, params=None) -> pd.DataFrame:
+        return self.answer(model_input)
+
+    def columns(self) -> list[str]:
+        return ["class", "probability", *(f"probability_{name}" for name in self.class_names)]
+
+    def answer(self, inputs, names: list[str] | None = None) -> pd.DataFrame:
+        """The output DataFrame for `inputs` (a DataFrame, or for images a list of encoded images); `names` names each
+        input in messages (default: row i / image i, counted from 1)."""
+        if self.kind == "images" and not isinstance(inputs, list):
+            inputs = image_bytes(as_frame(inputs, "images"))
+        elif self.kind == "rows":
+            inputs = as_frame(inputs, "rows").reset_index(drop=True)
+        noun = "row" if self.kind == "rows" else "image"
+        names = names or [f"{noun} {i + 1}" for i in range(len(inputs))]
+        if len(inputs) == 0:
+            return pd.DataFrame({column: [] for column in self.columns()})
+        if self.kind == "images":
+            from datamodules.errors import DataError
+            from datamodules.preprocessing.images import OversizeImage, check_size
+
+            for name, data in zip(names, inputs):
+                try:
+                    check_size(name, data)
+                except DataError as error:
+                    raise InputError(str(error), isinstance(error, OversizeImage)) from None
+        probabilities = self.probabilities(inputs, names)
+        best = probabilities.argmax(axis=1)
+        frame = pd.DataFrame(
+            {
+                "class": [self.class_names[i] for i in best],
+                "probability": probabilities[np.arange(len(best)), best].astype(np.float64),
+            }
+        )
+        for i, name in enumerate(self.class_names):
+            frame[f"probability_{name}"] = probabilities[:, i].astype(np.float64)
+        return frame
+
+    def probabilities(self, inputs, names: list[str]) -> np.ndarray:
+        from datamodules.errors import DataError
+
+        try:
+            batch = self.preprocess(self.state, inputs, names)
+        except DataError as error:
+            raise InputError(str(error)) from None
+        (logits,) = self.session.run(["logits"], {"input": np.ascontiguousarray(batch, dtype=np.float32)})
+        return softmax(logits.astype(np.float32))
+
+
+def as_frame(inputs, kind: str) -> pd.DataFrame:
+    """`inputs` as a DataFrame: one already, or what pandas makes of a dict of columns or a list of rows."""
+    if isinstance(inputs, pd.DataFrame):
+        return inputs
+    try:
+        return pd.DataFrame(inputs)
+    except (ValueError, TypeError):
+        what = "rows in the data's column names" if kind == "rows" else f"one column {IMAGE_COLUMN!r}"
+        raise InputError(f"inputs of type {type(inputs).__name__}: send a pandas DataFrame of {what}") from None
+
+
+def image_bytes(frame: pd.DataFrame) -> list[bytes]:
+    """The encoded images of a DataFrame's `image` column: bytes as they are, text as base64."""
+    if IMAGE_COLUMN not in frame.columns:
+        given = ", ".join(map(str, frame.columns)) or "none"
+        raise InputError(
+            f"no column {IMAGE_COLUMN!r} (columns: {given}); send one column {IMAGE_COLUMN!r} holding each image's "
+            "bytes or base64 text"
+        )
+    images = []
+    for i, value in enumerate(frame[IMAGE_COLUMN].tolist()):
+        if isinstance(value, bytes | bytearray | memoryview):
+            images.append(bytes(value))
+        elif isinstance(value, str):
+            try:
+                images.append(base64.b64decode(value, validate=True))
+            except (binascii.Error, ValueError):
+                raise InputError(f"image {i + 1}: not base64 text; encode each image's bytes as base64") from None
+        else:
+            raise InputError(
+                f"image {i + 1}: a {type(value).__name__}, not an image; send each image's bytes or base64 text"
+            )
+    return images
