@@ -15,7 +15,7 @@ when the fit runs as an Azure ML job), the instance type and count; then sends i
 environment from the model's own requirements and answers its documented request
 (`{"input_data": {"columns": [...], "index": [...], "data": [...]}}`). `--scoring script` deploys this folder as code
 (less .amlignore) with scripts/score.py as the scoring script in scripts/serving/environment.yml on Azure ML's Open MPI
-image (the environment `make serve` runs locally) or a registered one (--environment), with SCORE_BACKEND.
+image (the environment `make serve` runs locally) or a registered one (--environment).
 `--dry_run true` prints the endpoint's YAML and the deployment's, what `az ml online-endpoint create -f` and
 `az ml online-deployment create -f` take; `--yaml_dir` writes them there.
 
@@ -135,7 +135,6 @@ def online(
     instance_count: int = 1,
     auth_mode: Literal["key", "aml_token"] = "key",
     scoring: Literal["mlflow", "script"] = "mlflow",
-    backend: Literal["onnxruntime", "torch"] | None = None,
     workers: int = 1,
     request_timeout_ms: int = 5000,
     environment: str | None = None,
@@ -159,7 +158,6 @@ def online(
             expiring, from the caller's Azure login).
         scoring: mlflow (the model alone: Azure ML's no-code deployment of MLflow models) or script (scripts/score.py
             in the serving environment: this project's request format and 4xx errors).
-        backend: with --scoring script, the scoring script's runtime (SCORE_BACKEND): onnxruntime (default) or torch.
         workers: inference server processes per instance (WORKER_COUNT), each with its own copy of the model.
         request_timeout_ms: Azure ML's request timeout (its default, 5000 ms, fits these models).
         environment: with --scoring script, a registered serving environment, azureml:NAME:VERSION (python -m
@@ -176,16 +174,14 @@ def online(
     if yaml_dir and not dry_run:
         raise DeployError("--yaml_dir writes the YAML instead of deploying: add --dry_run true")
     with_code = scoring == "script"
-    if backend is not None and not with_code:
-        raise DeployError("--backend is for --scoring script; the MLflow model alone runs its ONNX network")
     if with_code:
         check_code_folder()
     environment = registered_environment(environment, with_code, "--scoring script")
     check_workspace_ids(subscription_id, resource_group, workspace)
     from scripts.azure_ml.endpoints import build_online
 
-    entities = build_online(names, instance_type, instance_count, auth_mode, scoring, backend or "onnxruntime",
-                            workers, request_timeout_ms, environment)  # fmt: skip
+    entities = build_online(names, instance_type, instance_count, auth_mode, scoring, workers,
+                            request_timeout_ms, environment)  # fmt: skip
     if dry_run:
         return print_or_write(entities, yaml_dir, "online")
 

@@ -100,11 +100,11 @@ def test_by_default_an_online_deployment_is_the_mlflow_model_alone_no_code_no_en
 
 
 def test_scoring_script_deploys_score_py_in_the_serving_environment(tmp_path, capsys):
-    text = online("penguins-classifier:3", "penguins", scoring="script", backend="torch", dry_run=True)
+    text = online("penguins-classifier:3", "penguins", scoring="script", dry_run=True)
     endpoint, deployment = dry_run_entities(tmp_path, text, "online")
     assert yaml.safe_load(text.split("---\n")[1])["code_configuration"]["code"] == "."  # for deployment.yml at the root
     assert deployment.code_configuration.scoring_script == "scripts/score.py"
-    assert deployment.environment_variables == {"SCORE_BACKEND": "torch", "WORKER_COUNT": "1"}
+    assert deployment.environment_variables == {"WORKER_COUNT": "1"}
     conda = yaml.safe_load((REPO / "scripts/serving/environment.yml").read_text())
     assert deployment.environment.conda_file == conda  # the environment `make serve` runs
     assert deployment.environment.image == "mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04:latest"
@@ -120,7 +120,7 @@ def test_yaml_dir_writes_both_files_for_az_ml_run_from_anywhere(tmp_path, capsys
     monkeypatch.chdir(tmp_path)  # `az ml online-deployment create -f deploy/deployment.yml` from another folder
     deployment = load_online_deployment(tmp_path / "deploy" / "deployment.yml")
     assert (tmp_path / "deploy" / deployment.code_configuration.code).resolve() == REPO
-    assert deployment.environment_variables["SCORE_BACKEND"] == "onnxruntime"
+    assert deployment.code_configuration.scoring_script == "scripts/score.py"
 
 
 def test_deploy_creates_the_endpoint_then_the_model_alone_then_gives_it_all_traffic(monkeypatch, capsys):
@@ -160,7 +160,7 @@ def test_deploy_with_the_scoring_script_uploads_this_folder_and_builds_the_servi
     assert properties["codeConfiguration"]["codeId"].startswith(f"{WORKSPACE}/codes/")
     # The code snapshot asked for is this folder's, as the SDK's own walk of it would hash it.
     assert azure.code_hashes == [get_content_hash(REPO, get_ignore_file(REPO))]
-    assert properties["environmentVariables"] == {"SCORE_BACKEND": "onnxruntime", "WORKER_COUNT": "1"}
+    assert properties["environmentVariables"] == {"WORKER_COUNT": "1"}
     (environment,) = azure.sent("PUT", r"/environments/")
     conda = yaml.safe_load(environment["properties"]["condaFile"])
     assert conda == yaml.safe_load((REPO / "scripts/serving/environment.yml").read_text())
@@ -259,7 +259,7 @@ def test_batch_creates_the_endpoint_then_the_deployment_then_makes_it_the_defaul
             "--environment 'serving': give a regis",
         ),
         (["online", "m:1", "--endpoint", "pen", "--environment", "azureml:s:1"], "--environment is for --scoring scr"),
-        (["online", "m:1", "--endpoint", "pen", "--backend", "torch"], "--backend is for --scoring script"),
+        (["online", "m:1", "--endpoint", "pen", "--backend", "torch"], "Unrecognized arguments: --backend torch"),
         (["online", "m:1", "--endpoint", "pen", "--scoring", "code"], "--scoring: 'code' is not a valid value"),
         (["batch", "m:1", "--endpoint", "pen", "--compute", "c"], "say what the endpoint scores: --inputs tabular"),
         (["batch", "m:1", "--endpoint", "pen", "--inputs", "images"], "give the compute cluster the scoring jobs"),

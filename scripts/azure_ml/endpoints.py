@@ -51,7 +51,6 @@ def build_online(
     instance_count: int,
     auth_mode: str,
     scoring: str,
-    backend: str,
     workers: int,
     request_timeout_ms: int,
     registered_environment: str | None = None,
@@ -75,7 +74,6 @@ def build_online(
     variables = {"WORKER_COUNT": str(workers)}
     code = {}
     if scoring == "script":
-        variables = {"SCORE_BACKEND": backend, **variables}
         code = {
             "code_configuration": CodeConfiguration(code=".", scoring_script=SCORING_SCRIPT),
             "environment": environment(registered_environment),

@@ -111,8 +111,8 @@ def failure_line(error: Exception) -> str:
 def score(spark, model_uri: str, path: str, output: str | None = None, label: str | None = None) -> dict:
     """Scores `path` with the model on `spark`; writes the predictions to `output` (CSV) when given; returns
     {"rows": n, "accuracy": a or None}. Raises SparkScoreError with the line to print."""
-    from pyspark.errors import PySparkException
     from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
 
     frame = read_inputs(spark, path)
     scored, outputs, classes = predict(spark, model_uri, frame)
@@ -139,9 +139,10 @@ def check_arguments(model_uri: str, path: str, output: str | None) -> None:
         raise SparkScoreError(f"{path}: give a CSV of rows (.csv) or a folder of images")
     if output and "://" not in output and Path(output).exists():
         raise SparkScoreError(f"--output {output}: already exists; give a new folder (nothing is overwritten)")
-    if not re.match(r"^(models|runs|file|dbfs|azureml|s3|gs|abfss?|wasbs?|https?):/", model_uri) and not (
-        Path(model_uri) / "MLmodel"
-    ).is_file():
+    if (
+        not re.match(r"^(models|runs|file|dbfs|azureml|s3|gs|abfss?|wasbs?|https?):/", model_uri)
+        and not (Path(model_uri) / "MLmodel").is_file()
+    ):
         raise SparkScoreError(
             f"model {model_uri!r}: give an MLflow model: models:/NAME/VERSION, runs:/RUN_ID/model or a folder with "
             "an MLmodel file"
