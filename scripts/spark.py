@@ -444,7 +444,24 @@ def fit_on_spark(argv: list[str], spark=None) -> dict:
 def score_on_spark(argv: list[str], spark=None) -> dict:
     """Runs `score MODEL INPUT [--output DIR] [--label COLUMN] [--master MASTER]` (argv without `score`) on `spark`
     or the session this process has or starts; returns {"rows", "accuracy"}. Raises SparkFitError with the line."""
-    from scripts.serving.spark_score import SPARK_OPTIONS, SparkScoreError, check_arguments, score
+    from scripts.serving.spark_score import SparkScoreError, check_arguments, score
+
+    model_uri, path, values = split_score_options(argv)
+    try:
+        check_arguments(model_uri, path, values.get("--output"))
+        spark, local = session(spark, values.get("--master"), "local[*]")
+        try:
+            return score(spark, model_uri, path, values.get("--output"), values.get("--label"))
+        finally:
+            if local:
+                local.stop()
+    except SparkScoreError as error:
+        raise SparkFitError(str(error)) from None
+
+
+def split_score_options(argv: list[str]) -> tuple[str, str, dict[str, str]]:
+    """(model, input, {option: value}) of score's command line (without `score`); nothing checked on disk."""
+    from scripts.serving.spark_score import SPARK_OPTIONS
 
     values: dict[str, str] = {}
     positional: list[str] = []
@@ -459,17 +476,7 @@ def score_on_spark(argv: list[str], spark=None) -> dict:
             positional.append(arg)
     if len(positional) != 2:
         raise SparkFitError("score takes a model and an input: score MODEL CSV_OR_FOLDER [--output DIR]")
-    model_uri, path = positional
-    try:
-        check_arguments(model_uri, path, values.get("--output"))
-        spark, local = session(spark, values.get("--master"), "local[*]")
-        try:
-            return score(spark, model_uri, path, values.get("--output"), values.get("--label"))
-        finally:
-            if local:
-                local.stop()
-    except SparkScoreError as error:
-        raise SparkFitError(str(error)) from None
+    return positional[0], positional[1], values
 
 
 USAGE = """usage: python -m scripts.spark fit --num_processes N [--master MASTER] [scripts.train fit options]

@@ -79,8 +79,12 @@ def run(mini_batch: list[str]) -> pd.DataFrame:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    usage = "usage: python -m scripts.serving.batch_score MODEL_DIR FILE_OR_FOLDER...  (prints the predictions as CSV)"
+    if argv[:1] in (["-h"], ["--help"]):
+        print(usage)
+        return
     if len(argv) < 2:
-        sys.exit("usage: python -m scripts.serving.batch_score MODEL_DIR FILE_OR_FOLDER...")
+        sys.exit(usage)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     init(argv[0])
     files = [str(p) for given in argv[1:] for p in (sorted(Path(given).iterdir()) if Path(given).is_dir() else [given])]
