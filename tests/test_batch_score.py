@@ -34,7 +34,7 @@ def batch_score(monkeypatch, tmp_path):
     spec.loader.exec_module(module)
 
     def init(model):
-        mounted = tmp_path / "azureml-models" / "birds-classifier" / "2"
+        mounted = tmp_path / "azureml-models" / "a-classifier" / "2"
         shutil.copytree(model, mounted / "model")  # Azure ML mounts a registered MLflow model under its artifact path
         monkeypatch.setenv("AZUREML_MODEL_DIR", str(mounted))
         module.init()
