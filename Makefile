@@ -89,7 +89,7 @@ $(SERVE_VENV)/installed: scripts/serving/environment.yml
 	$(SERVE_VENV)/bin/python -m pip install --quiet -r $(SERVE_VENV)/requirements.txt
 	touch $@
 
-serve-env: $(SERVE_VENV)/installed ## create .venv-serve, Azure ML's inference server and the scoring script's packages (~1.5 min)
+serve-env: $(SERVE_VENV)/installed ## create .venv-serve: the inference server, MLflow pyfunc, ONNX Runtime; no torch (~1.3 min, 401 MB)
 
 serve: $(VENV)/installed $(SERVE_VENV)/installed ## serve MODEL (models:/NAME/VERSION, a .ckpt; default CKPT) on 127.0.0.1:5001
 	@test -n "$(MODEL)" || { echo "error: give MODEL=models:/NAME/VERSION or a .ckpt (make train TASK=$(TASK) first)" >&2; exit 1; }

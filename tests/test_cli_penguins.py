@@ -173,10 +173,12 @@ def test_unknown_island_at_predict_time(fitted, train_cli, tmp_path):
     assert str(new) in last and "unknown island 'Atlantis'" in last
 
 
-def test_fit_registers_the_best_networks_program_with_its_class_names(fitted):
+def test_fit_registers_the_best_network_as_a_pyfunc_with_its_class_names_and_program(fitted):
     import mlflow
+    import numpy as np
+    import pandas as pd
 
-    from datamodules.penguins import PenguinDataModule
+    from datamodules.penguins import ISLANDS, PenguinDataModule
     from lightning_modules.classifier import ClassificationModule
 
     outputs, stdout, best = fitted
@@ -187,17 +189,28 @@ def test_fit_registers_the_best_networks_program_with_its_class_names(fitted):
     mlflow.set_tracking_uri(f"sqlite:///{outputs / 'mlflow.db'}")
     try:
         registered = mlflow.pyfunc.load_model(f"models:/{MODEL}/1")
-        program = mlflow.pytorch.load_model(f"models:/{MODEL}/1")  # torch.export's: no code of ours needed
+        folder = Path(mlflow.artifacts.download_artifacts(f"models:/{MODEL}/1", dst_path=str(outputs / "registered")))
     finally:
         mlflow.set_tracking_uri(None)
     assert registered.metadata.metadata["class_names"] == PenguinDataModule.class_names
     data = PenguinDataModule()
     data.setup("test")
-    inputs = data.splits["test"][0][:13]  # another batch size than the example's
+    inputs, raw = data.splits["test"][0][:13], data.raw["test"][0][:13]  # another batch size than the example's
     network = ClassificationModule.load_from_checkpoint(best, map_location="cpu").network.eval()
+    program = torch.export.load(folder / "artifacts" / "model.pt2").module()  # torch.export's: no code of ours needed
     with torch.no_grad():
-        assert torch.allclose(program(inputs), network(inputs), atol=1e-6)
-    assert registered.predict(inputs.numpy()).shape == (13, 3)
+        logits = network(inputs)
+        assert torch.allclose(program(inputs), logits, atol=1e-6)
+    rows = pd.DataFrame(raw[:, 1:].numpy(), columns=["CulmenLength", "CulmenDepth", "FlipperLength", "BodyMass"])
+    rows.insert(0, "Island", [ISLANDS[int(i)] for i in raw[:, 0]])  # the course's schema, raw measurements
+    answers = registered.predict(rows)
+    assert list(answers.columns) == [
+        "class",
+        "probability",
+        *(f"probability_{c}" for c in PenguinDataModule.class_names),
+    ]
+    probabilities = torch.softmax(logits, 1).numpy()
+    assert np.allclose(answers.iloc[:, 2:].to_numpy(), probabilities, atol=1e-5)
 
 
 def test_register_model_without_mlflow_stops_before_training(train_cli):

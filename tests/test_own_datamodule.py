@@ -161,7 +161,7 @@ def test_a_checkpoint_of_an_own_datamodule_serves_and_batch_scores_as_predict_an
     status, body = score(served, rows.read_bytes(), "text/csv")
     assert status == 200, body
     check_answers(body["predictions"], answers)
-    scored = run_module("scripts.score", served, rows, "--backend", "torch")
+    scored = run_module("scripts.score", served, rows)
     assert scored.returncode == 0, scored.stderr[-2000:]
     assert [line.split(",")[:2] for line in scored.stdout.splitlines()[1:]] == [a[:2] for a in answers]
 

@@ -249,6 +249,10 @@ def test_bird_answers_are_predicts_for_files_base64_and_raw_bytes(birds):
     status, answer = server.post_json({"images": [base64.b64encode(data).decode() for _, data in files]})
     assert status == 200 and [a["input"] for a in answer["predictions"]] == [f"image {i + 1}" for i in range(4)]
     assert_same_answers(answer["predictions"], dict(zip([f"image {i + 1}" for i in range(4)], expected.values())), 1e-5)
+    no_code = {"input_data": {"columns": ["image"], "data": [[base64.b64encode(data).decode()] for _, data in files]}}
+    status, answer = server.post_json(no_code)  # Azure ML's no-code request: a split DataFrame of base64 text
+    assert status == 200
+    assert_same_answers(answer["predictions"], dict(zip([f"image {i + 1}" for i in range(4)], expected.values())), 1e-5)
     for (name, data), (label, probability) in zip(files, expected.values()):
         # curl --data-binary @photo.jpg sends application/x-www-form-urlencoded unless told: the body is the image
         status, answer = server.post(data, "image/jpeg" if name.endswith("jpg") else FORM)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import itertools
+import os
 import shutil
 import tempfile
 import warnings
@@ -217,6 +218,7 @@ def save_model(
             "README's Add your own dataset) to register or serve its network"
         )
     network, example = network.eval().cpu(), example[:8].cpu()
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # MLflow's check of the input example
     config = {key: inputs[key] for key in ("kind", "preprocess", "state")} | {"class_names": list(class_names)}
     if inputs["kind"] == "rows":
         raw = inputs["example"]
