@@ -259,7 +259,7 @@ def test_batch_creates_the_endpoint_then_the_deployment_then_makes_it_the_defaul
             "--environment 'serving': give a regis",
         ),
         (["online", "m:1", "--endpoint", "pen", "--environment", "azureml:s:1"], "--environment is for --scoring scr"),
-        (["online", "m:1", "--endpoint", "pen", "--backend", "torch"], "Unrecognized arguments: --backend torch"),
+        (["online", "m:1", "--endpoint", "pen", "--backend", "torch"], "unrecognized arguments: --backend torch"),
         (["online", "m:1", "--endpoint", "pen", "--scoring", "code"], "--scoring: 'code' is not a valid value"),
         (["batch", "m:1", "--endpoint", "pen", "--compute", "c"], "say what the endpoint scores: --inputs tabular"),
         (["batch", "m:1", "--endpoint", "pen", "--inputs", "images"], "give the compute cluster the scoring jobs"),

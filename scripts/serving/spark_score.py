@@ -40,8 +40,11 @@ def read_inputs(spark, path: str):
 def model_udf(spark, model_uri: str):
     """The model as a Spark UDF and its class names (from its output signature: the `probability_<class>` columns);
     the UDF returns a struct of the model's output columns."""
+    import os
+
     import mlflow
 
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # the copy spark_udf makes: no bars
     info = mlflow.models.get_model_info(model_uri)
     outputs = info.signature.outputs.input_names() if info.signature and info.signature.outputs else []
     classes = [name.removeprefix("probability_") for name in outputs if name.startswith("probability_")]
