@@ -239,7 +239,9 @@ def save_model(
             raise ExportError(
                 f"the network cannot be written as ONNX ({reason}); the registered model runs it with ONNX Runtime"
             ) from None
-        torch.export.save(torch.export.export(network, (example,)), pt2)
+        pair = example if len(example) > 1 else torch.cat([example, example])  # a size-1 axis would be a constant
+        program = torch.export.export(network, (pair,), dynamic_shapes=({0: torch.export.Dim("batch")},))
+        torch.export.save(program, pt2)  # any batch size
         trial = ClassifierModel()  # the example's answer gives the output schema (and checks the model once)
         trial.load_context(SimpleNamespace(model_config=config, artifacts={"onnx": str(onnx)}))
         try:
