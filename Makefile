@@ -101,7 +101,7 @@ deploy: $(VENV)/installed ## MODEL=NAME:VERSION (the workspace's registry) to EN
 	@test -n "$(ENDPOINT)" || { echo "error: give ENDPOINT=<a name for the online endpoint>" >&2; exit 1; }
 	$(PY) -m scripts.deploy online $(MODEL) --endpoint $(ENDPOINT) $(ARGS)
 
-bench-serve: $(VENV)/installed $(SERVE_VENV)/installed ## requests/s and p50/p99 of the local server, PyTorch against ONNX Runtime
+bench-serve: $(VENV)/installed $(SERVE_VENV)/installed ## the registered model: azmlinfsrv, mlflow models serve, in-process, Spark spark_udf against scripts.score
 	$(PY) -m scripts.bench.serve $(ARGS)
 
 plot: $(VENV)/installed ## PNG of training and validation loss of RUN (default: the newest run)

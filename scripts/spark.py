@@ -1,10 +1,12 @@
 """Fit any task on a Spark cluster: the very same LightningCLI fit, one DDP process per Spark barrier task, started by
-pyspark's TorchDistributor (Databricks, Synapse, a Spark cluster of your own, or this machine).
+pyspark's TorchDistributor (Databricks, Synapse, a Spark cluster of your own, or this machine); and score data with the
+registered model there (`score`: mlflow.pyfunc.spark_udf, scripts/serving/spark_score.py).
 
     python -m scripts.spark fit --config configs/penguins.yaml --num_processes 2
     python -m scripts.spark fit --config configs/mnist.yaml --num_processes 8 --data.init_args.data_dir /dbfs/mnist
     python -m scripts.spark fit --config configs/penguins.yaml --num_processes 2 --master "local-cluster[2,1,1024]"
     make spark TASK=penguins PROCESSES=2
+    python -m scripts.spark score models:/penguins-classifier/1 new.csv --output predictions/
 
 Every option but --num_processes and --master is scripts.train's. The Spark session is the one this process has (a
 Databricks or Synapse notebook or job, spark-submit) or, run with plain python, a new one on --master (default
@@ -84,7 +86,8 @@ def split_options(argv: list[str]) -> tuple[int, str | None, list[str]]:
     if not rest or rest[0] != "fit":
         given = rest[0] if rest else "nothing"
         raise SparkFitError(
-            f"scripts.spark runs fit (given: {given}); validate, test and predict a checkpoint with scripts.train"
+            f"scripts.spark runs fit or score (given: {given}); validate, test and predict a checkpoint with "
+            "scripts.train"
         )
     number = values.get("--num_processes", "")
     if not number.isdigit() or int(number) < 1:
@@ -221,7 +224,7 @@ class LocalSpark:
 
         self.session = (
             SparkSession.builder.master(master)
-            .appName("lightning-template fit")
+            .appName("lightning-template")
             .config("spark.driver.host", "127.0.0.1")
             .config("spark.driver.bindAddress", "127.0.0.1")
             .config("spark.ui.enabled", "false")
@@ -238,6 +241,22 @@ class LocalSpark:
         if self.home:
             shutil.rmtree(self.home, ignore_errors=True)
             os.environ.pop("SPARK_HOME", None)
+
+
+def session(spark, master: str | None, default_master: str):
+    """(the session, the LocalSpark this process started or None): `spark` if given, else the one this process has
+    (a notebook, spark-submit, the pyspark shell), else a new one on `master` (default: `default_master`)."""
+    from pyspark.sql import SparkSession
+
+    spark = spark or SparkSession.getActiveSession()
+    if spark is None and "PYSPARK_GATEWAY_PORT" in os.environ:  # under spark-submit or the pyspark shell: theirs
+        spark = SparkSession.builder.getOrCreate()
+    if spark is not None and master:
+        raise SparkFitError(f"--master {master}: this process already has a Spark session; leave --master out")
+    if spark is not None:
+        return spark, None
+    local = LocalSpark(master or default_master)  # plain python: a session on this machine, or on --master
+    return local.session, local
 
 
 def tracking_environment(logger) -> dict[str, str]:
@@ -388,17 +407,8 @@ def fit_on_spark(argv: list[str], spark=None) -> dict:
     config = resolve_trainer(args)
     check_launcher(config.trainer)  # before any Spark start; the GPUs of a task are known once a session is there
     from pyspark import cloudpickle
-    from pyspark.sql import SparkSession
 
-    local = None
-    spark = spark or SparkSession.getActiveSession()
-    if spark is None and "PYSPARK_GATEWAY_PORT" in os.environ:  # under spark-submit or the pyspark shell: theirs
-        spark = SparkSession.builder.getOrCreate()
-    if spark is not None and master:
-        raise SparkFitError(f"--master {master}: this process already has a Spark session; leave --master out")
-    if spark is None:  # plain python: a session on this machine (local[N]), or on --master
-        local = LocalSpark(master or f"local[{num_processes}]")
-        spark = local.session
+    spark, local = session(spark, master, f"local[{num_processes}]")
     try:
         master = spark.conf.get("spark.master", "") or ""
         slots = local_slots(master)
@@ -431,9 +441,51 @@ def fit_on_spark(argv: list[str], spark=None) -> dict:
             local.stop()
 
 
-USAGE = """usage: python -m scripts.spark fit --num_processes N [--master MASTER] [scripts.train fit options]
+def score_on_spark(argv: list[str], spark=None) -> dict:
+    """Runs `score MODEL INPUT [--output DIR] [--label COLUMN] [--master MASTER]` (argv without `score`) on `spark`
+    or the session this process has or starts; returns {"rows", "accuracy"}. Raises SparkFitError with the line."""
+    from scripts.serving.spark_score import SparkScoreError, check_arguments, score
 
-Fit a task on Spark: one DDP process per Spark barrier task, started by TorchDistributor.
+    model_uri, path, values = split_score_options(argv)
+    try:
+        check_arguments(model_uri, path, values.get("--output"))
+        spark, local = session(spark, values.get("--master"), "local[*]")
+        try:
+            return score(spark, model_uri, path, values.get("--output"), values.get("--label"))
+        finally:
+            if local:
+                local.stop()
+    except SparkScoreError as error:
+        raise SparkFitError(str(error)) from None
+
+
+def split_score_options(argv: list[str]) -> tuple[str, str, dict[str, str]]:
+    """(model, input, {option: value}) of score's command line (without `score`); nothing checked on disk."""
+    from scripts.serving.spark_score import SPARK_OPTIONS
+
+    values: dict[str, str] = {}
+    positional: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        name, equals, value = arg.partition("=")
+        if name in SPARK_OPTIONS:
+            values[name] = value if equals else next(args, "")
+        elif arg.startswith("--"):
+            raise SparkFitError(f"{name}: score takes {', '.join(SPARK_OPTIONS)} (python -m scripts.spark --help)")
+        else:
+            positional.append(arg)
+    if len(positional) != 2:
+        raise SparkFitError("score takes a model and an input: score MODEL CSV_OR_FOLDER [--output DIR]")
+    return positional[0], positional[1], values
+
+
+USAGE = """usage: python -m scripts.spark fit --num_processes N [--master MASTER] [scripts.train fit options]
+       python -m scripts.spark score MODEL CSV_OR_FOLDER [--output DIR] [--label COLUMN] [--master MASTER]
+
+fit: a task on Spark, one DDP process per Spark barrier task, started by TorchDistributor.
+score: a CSV of rows or a folder of images with a registered MLflow model (models:/NAME/VERSION, runs:/ID/model, a
+folder), through mlflow.pyfunc.spark_udf; writes the predictions as CSV to --output (a new folder) and prints the
+accuracy when the inputs carry their answer (the CSV's --label column; images in folders named by class).
 
 options:
   -h, --help            show this help and exit; `fit --help` adds scripts.train fit's options
@@ -456,6 +508,15 @@ def main(argv: list[str] | None = None) -> None:
             print("scripts.train fit's options:", flush=True)
             sys.argv[1:] = ["fit", "--help"]  # from sys.argv: LightningCLI warns of args given beside it
             cli_main()  # prints them and exits 0
+        return
+    if argv[:1] == ["score"]:
+        try:
+            result = score_on_spark(argv[1:])
+        except SparkFitError as error:
+            sys.exit(f"error: {error}")
+        print(f"scored {result['rows']} inputs")
+        if result["accuracy"] is not None:
+            print(f"accuracy: {result['accuracy']:.4f}")
         return
     try:
         result = fit_on_spark(argv)

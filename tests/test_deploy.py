@@ -1,7 +1,8 @@
-"""scripts.deploy: the managed online endpoint and deployment of a registered model, and the batch scoring job, checked
+"""scripts.deploy: the managed online endpoint and deployment of a registered MLflow model (no code by default, or
+scripts/score.py), and the batch endpoint and its model deployment (tabular: no code; images: batch_score.py), checked
 offline by the real azure-ai-ml objects: the YAML `az ml` takes through load_online_endpoint / load_online_deployment /
-load_job, and a deployment through MLClient over the fake HTTP transport of tests/test_submit.py, grown the routes of
-online endpoints."""
+load_batch_endpoint / load_batch_deployment, and deployments through MLClient over tests/fake_azure.py's transport,
+grown the routes of online and batch endpoints."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tests.conftest import REPO
 from tests.fake_azure import WORKSPACE, FakeAzureML, FakeCredential, fake_client, http_response
 
 SCORING_URI = "https://penguins.westeurope.inference.ml.azure.com/score"
+BATCH_URI = "https://birds-batch.westeurope.inference.ml.azure.com/jobs"
 
 
 @pytest.fixture(autouse=True)
@@ -25,9 +27,10 @@ def at_repo_root(monkeypatch):
     monkeypatch.chdir(REPO)  # the deployment's code is this folder
 
 
-class FakeOnlineEndpoints(FakeAzureML):
-    """FakeAzureML with Azure ML's online endpoint and deployment routes: a PUT is provisioned at once (a finished
-    long-running operation), GET returns what was put, with what the service adds (scoring URI, scale settings)."""
+class FakeEndpoints(FakeAzureML):
+    """FakeAzureML with Azure ML's online and batch endpoint and deployment routes: a PUT is provisioned at once (a
+    finished long-running operation), GET returns what was put, with what the service adds (scoring URI, scale
+    settings)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -35,22 +38,22 @@ class FakeOnlineEndpoints(FakeAzureML):
 
     def request(self, method, url, data=None, **kwargs):
         path = url.split("?")[0].removeprefix("https://management.azure.com")
-        resource = re.search(r"/onlineEndpoints/[^/]+(/deployments/[^/]+)?$", path)
+        resource = re.search(r"/(online|batch)Endpoints/[^/]+(/deployments/[^/]+)?$", path)
         if resource and method in ("PUT", "GET"):
             sent = json.loads(data) if data else None
             self.requests.append((method, path, sent))
             if method == "PUT":
                 answer = {"id": path, "name": path.rsplit("/", 1)[1], **sent}
                 answer["properties"] = {**answer["properties"], "provisioningState": "Succeeded"}
-                if resource.group(1):
+                if resource.group(2) and resource.group(1) == "online":
                     answer["properties"]["scaleSettings"] = {"scaleType": "Default"}
-                else:
-                    answer["properties"]["scoringUri"] = SCORING_URI
+                elif not resource.group(2):
+                    answer["properties"]["scoringUri"] = SCORING_URI if resource.group(1) == "online" else BATCH_URI
                 self.resources[path] = answer
             if path not in self.resources:
                 return http_response(method, url, 404, b'{"error": {"code": "NotFound", "message": "no such"}}')
             return self.json(method, url, self.resources[path])
-        if method == "GET" and re.search(r"/onlineEndpoints/[^/]+/deployments$", path):
+        if method == "GET" and re.search(r"/(online|batch)Endpoints/[^/]+/deployments$", path):
             self.requests.append((method, path, None))
             return self.json(method, url, {"value": [v for k, v in self.resources.items() if k.startswith(path)]})
         return super().request(method, url, data, **kwargs)
@@ -63,26 +66,45 @@ class FakeOnlineEndpoints(FakeAzureML):
         return [body for m, path, body in self.requests if m == method and re.search(pattern, path)]
 
 
-def test_dry_run_prints_the_endpoint_and_deployment_yaml_that_az_ml_loads_back(tmp_path, capsys):
-    from azure.ai.ml import load_online_deployment, load_online_endpoint
+def dry_run_entities(tmp_path, text: str, kind: str):
+    """The endpoint and the deployment of a dry run's YAML, as `az ml` loads them from files at the repository root.
+    A batch deployment is `type: model` with its `settings`, today's schema (modelBatchDeployment, as in Azure ML's
+    examples), which `az ml batch-deployment create` reads with load_model_batch_deployment; load_batch_deployment
+    reads only the older flat schema, whose BatchDeployment the SDK deprecates, and refuses `settings`."""
+    import azure.ai.ml
+    from azure.ai.ml.entities._load_functions import load_model_batch_deployment  # not exported by azure-ai-ml 1.35
 
-    text = online("models:/penguins-classifier/3", "penguins", "green", "Standard_F4s_v2", 2, "aml_token", "torch",
-                  workers=2, dry_run=True)  # fmt: skip
-    printed = capsys.readouterr().out
-    assert printed.startswith("# endpoint.yml\n") and "---\n# deployment.yml\n" in printed
     endpoint_text, deployment_text = text.split("---\n")
     (tmp_path / "endpoint.yml").write_text(endpoint_text)
     (tmp_path / "deployment.yml").write_text(deployment_text)
-    endpoint = load_online_endpoint(tmp_path / "endpoint.yml")
+    endpoint = getattr(azure.ai.ml, f"load_{kind}_endpoint")(tmp_path / "endpoint.yml")
+    if kind == "batch":
+        assert yaml.safe_load(deployment_text)["type"] == "model"
+        return endpoint, load_model_batch_deployment(tmp_path / "deployment.yml")
+    return endpoint, azure.ai.ml.load_online_deployment(tmp_path / "deployment.yml")
+
+
+def test_by_default_an_online_deployment_is_the_mlflow_model_alone_no_code_no_environment(tmp_path, capsys):
+    text = online("models:/penguins-classifier/3", "penguins", "green", "Standard_F4s_v2", 2, "aml_token", workers=2,
+                  dry_run=True)  # fmt: skip
+    printed = capsys.readouterr().out
+    assert printed.startswith("# endpoint.yml\n") and "---\n# deployment.yml\n" in printed
+    endpoint, deployment = dry_run_entities(tmp_path, text, "online")
     assert (endpoint.name, endpoint.auth_mode) == ("penguins", "aml_token")
-    assert yaml.safe_load(deployment_text)["code_configuration"]["code"] == "."  # for deployment.yml at the root
-    deployment = load_online_deployment(tmp_path / "deployment.yml")
     assert (deployment.name, deployment.endpoint_name) == ("green", "penguins")
     assert deployment.model == "penguins-classifier:3"  # of the workspace's registry, where --register_model puts it
+    assert deployment.code_configuration is None and deployment.environment is None  # Azure ML's no-code deployment
     assert (deployment.instance_type, deployment.instance_count) == ("Standard_F4s_v2", 2)
-    assert deployment.code_configuration.scoring_script == "scripts/score.py"
-    assert deployment.environment_variables == {"SCORE_BACKEND": "torch", "WORKER_COUNT": "2"}
+    assert deployment.environment_variables == {"WORKER_COUNT": "2"}
     assert deployment.request_settings.max_concurrent_requests_per_instance == 2
+
+
+def test_scoring_script_deploys_score_py_in_the_serving_environment(tmp_path, capsys):
+    text = online("penguins-classifier:3", "penguins", scoring="script", dry_run=True)
+    endpoint, deployment = dry_run_entities(tmp_path, text, "online")
+    assert yaml.safe_load(text.split("---\n")[1])["code_configuration"]["code"] == "."  # for deployment.yml at the root
+    assert deployment.code_configuration.scoring_script == "scripts/score.py"
+    assert deployment.environment_variables == {"WORKER_COUNT": "1"}
     conda = yaml.safe_load((REPO / "scripts/serving/environment.yml").read_text())
     assert deployment.environment.conda_file == conda  # the environment `make serve` runs
     assert deployment.environment.image == "mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04:latest"
@@ -91,46 +113,58 @@ def test_dry_run_prints_the_endpoint_and_deployment_yaml_that_az_ml_loads_back(t
 def test_yaml_dir_writes_both_files_for_az_ml_run_from_anywhere(tmp_path, capsys, monkeypatch):
     from azure.ai.ml import load_online_deployment, load_online_endpoint
 
-    main(["online", "penguins-classifier:1", "--endpoint", "penguins", "--dry_run", "true",
+    main(["online", "penguins-classifier:1", "--endpoint", "penguins", "--scoring", "script", "--dry_run", "true",
           "--yaml_dir", str(tmp_path / "deploy")])  # fmt: skip
     assert capsys.readouterr().out.startswith(f"wrote {tmp_path / 'deploy' / 'endpoint.yml'} and ")
     assert load_online_endpoint(tmp_path / "deploy" / "endpoint.yml").auth_mode == "key"
     monkeypatch.chdir(tmp_path)  # `az ml online-deployment create -f deploy/deployment.yml` from another folder
     deployment = load_online_deployment(tmp_path / "deploy" / "deployment.yml")
     assert (tmp_path / "deploy" / deployment.code_configuration.code).resolve() == REPO
-    assert deployment.environment_variables["SCORE_BACKEND"] == "onnxruntime"
+    assert deployment.code_configuration.scoring_script == "scripts/score.py"
 
 
-@pytest.mark.slow
-def test_deploy_creates_the_endpoint_then_the_deployment_then_gives_it_all_traffic(monkeypatch, capsys):
-    from azure.ai.ml._utils._asset_utils import get_content_hash, get_ignore_file
-
-    azure = FakeOnlineEndpoints()
+def test_deploy_creates_the_endpoint_then_the_model_alone_then_gives_it_all_traffic(monkeypatch, capsys):
+    azure = FakeEndpoints()
     client = fake_client(azure)
     monkeypatch.setattr("scripts.deploy.workspace_client", lambda *ids: client)
     assert online("penguins-classifier:1", "penguins", instance_type="Standard_DS2_v2") == SCORING_URI
     puts = [path.rsplit("/ws", 1)[1] for method, path, _ in azure.requests if method == "PUT"]
-    assert puts[0] == "/onlineEndpoints/penguins" and puts[-2:] == [
-        "/onlineEndpoints/penguins/deployments/blue", "/onlineEndpoints/penguins"
-    ]  # fmt: skip
+    endpoint = "/onlineEndpoints/penguins"
+    assert puts == [endpoint, f"{endpoint}/deployments/blue", endpoint]
     first, last = azure.sent("PUT", r"/onlineEndpoints/penguins$")
     assert (first["properties"]["authMode"], first["properties"]["traffic"]) == ("Key", {})
     assert last["properties"]["traffic"] == {"blue": 100}
     (deployment,) = azure.sent("PUT", r"/deployments/blue$")
     properties = deployment["properties"]
     assert properties["model"] == f"{WORKSPACE}/models/penguins-classifier/versions/1"
+    assert "codeConfiguration" not in properties and "environmentId" not in properties  # no code, no environment
+    assert azure.code_hashes == []  # nothing of this folder asked for or uploaded
+    assert (properties["instanceType"], deployment["sku"]["capacity"]) == ("Standard_DS2_v2", 1)
+    assert properties["environmentVariables"] == {"WORKER_COUNT": "1"}
+    out = capsys.readouterr().out
+    assert f"deployment blue takes all traffic of {SCORING_URI}" in out
+    assert "az ml online-endpoint get-credentials -n penguins" in out
+
+
+@pytest.mark.slow
+def test_deploy_with_the_scoring_script_uploads_this_folder_and_builds_the_serving_environment(monkeypatch, capsys):
+    from azure.ai.ml._utils._asset_utils import get_content_hash, get_ignore_file
+
+    azure = FakeEndpoints()
+    client = fake_client(azure)
+    monkeypatch.setattr("scripts.deploy.workspace_client", lambda *ids: client)
+    assert online("penguins-classifier:1", "penguins", scoring="script") == SCORING_URI
+    (deployment,) = azure.sent("PUT", r"/deployments/blue$")
+    properties = deployment["properties"]
     assert properties["codeConfiguration"]["scoringScript"] == "scripts/score.py"
     assert properties["codeConfiguration"]["codeId"].startswith(f"{WORKSPACE}/codes/")
     # The code snapshot asked for is this folder's, as the SDK's own walk of it would hash it.
     assert azure.code_hashes == [get_content_hash(REPO, get_ignore_file(REPO))]
-    assert (properties["instanceType"], deployment["sku"]["capacity"]) == ("Standard_DS2_v2", 1)
-    assert properties["environmentVariables"] == {"SCORE_BACKEND": "onnxruntime", "WORKER_COUNT": "1"}
+    assert properties["environmentVariables"] == {"WORKER_COUNT": "1"}
     (environment,) = azure.sent("PUT", r"/environments/")
     conda = yaml.safe_load(environment["properties"]["condaFile"])
     assert conda == yaml.safe_load((REPO / "scripts/serving/environment.yml").read_text())
-    out = capsys.readouterr().out
-    assert f"deployment blue takes all traffic of {SCORING_URI}" in out
-    assert "az ml online-endpoint get-credentials -n penguins" in out
+    assert azure.sent("PUT", r"/onlineEndpoints/penguins$")[-1]["properties"]["traffic"] == {"blue": 100}
 
 
 def test_a_deployment_without_an_azure_login_is_one_line(monkeypatch):
@@ -142,30 +176,70 @@ def test_a_deployment_without_an_azure_login_is_one_line(monkeypatch):
 
         get_token_info = get_token
 
-    client = fake_client(FakeOnlineEndpoints(), NoLogin())
+    client = fake_client(FakeEndpoints(), NoLogin())
     monkeypatch.setattr("scripts.deploy.workspace_client", lambda *ids: client)
     with pytest.raises(SystemExit) as exit:
         main(["online", "penguins-classifier:1", "--endpoint", "penguins"])
     assert str(exit.value.code).startswith("error: not signed in to Azure: run `az login`")
 
 
-def test_batch_scoring_is_the_scoring_code_as_a_command_job(tmp_path, capsys):
-    from azure.ai.ml import load_job
-
-    (tmp_path / "photos").mkdir()
-    text = batch("birds-classifier:2", str(tmp_path / "photos"), "cpu-cluster", "torch", dry_run=True)
-    (tmp_path / "job.yml").write_text(text)
-    job = load_job(tmp_path / "job.yml")
-    assert job.command == (
-        "python -m scripts.score ${{inputs.model}} ${{inputs.data}} --backend torch --output ${{outputs.predictions}}"
+def test_a_batch_deployment_of_tabular_files_is_the_mlflow_model_alone(tmp_path, capsys):
+    text = batch("penguins-classifier:1", "penguins-batch", "tabular", "cpu-cluster", instance_count=2,
+                 mini_batch_size=4, dry_run=True)  # fmt: skip
+    endpoint, deployment = dry_run_entities(tmp_path, text, "batch")
+    assert endpoint.name == "penguins-batch"
+    assert (deployment.name, deployment.endpoint_name, deployment.type) == ("default", "penguins-batch", "model")
+    assert deployment.model == "penguins-classifier:1" and deployment.compute == "cpu-cluster"
+    assert deployment.code_configuration is None and deployment.environment is None  # Azure ML's MLflow batch driver
+    settings = deployment.settings
+    assert (deployment.resources.instance_count, settings.mini_batch_size, settings.max_concurrency_per_instance) == (
+        2,
+        4,
+        1,
     )
-    assert job.inputs["model"].type == "mlflow_model" and job.inputs["model"].path.endswith("birds-classifier:2")
-    assert (job.inputs["data"].type, job.inputs["data"].path) == ("uri_folder", str(tmp_path / "photos"))
-    assert job.compute == "cpu-cluster" and job.outputs["predictions"].type == "uri_folder"
+    assert (settings.output_action, settings.output_file_name) == ("append_row", "predictions.csv")
+
+
+def test_a_batch_deployment_of_images_runs_batch_score_over_the_model_in_the_serving_environment(tmp_path, capsys):
+    text = batch("birds-classifier:2", "birds-batch", "images", "gpu-cluster", max_concurrency_per_instance=2,
+                 dry_run=True)  # fmt: skip
+    endpoint, deployment = dry_run_entities(tmp_path, text, "batch")
+    assert deployment.model == "birds-classifier:2"
+    assert deployment.code_configuration.scoring_script == "scripts/serving/batch_score.py"
+    assert yaml.safe_load(text.split("---\n")[1])["code_configuration"]["code"] == "."
     conda = yaml.safe_load((REPO / "scripts/serving/environment.yml").read_text())
-    assert job.environment.conda_file == conda
-    text = batch("penguins-classifier:1", "azureml://datastores/blob/paths/new.csv", "c", dry_run=True)
-    assert yaml.safe_load(text)["inputs"]["data"]["type"] == "uri_file"
+    assert deployment.environment.conda_file == conda
+    assert deployment.settings.max_concurrency_per_instance == 2
+
+
+@pytest.mark.parametrize("inputs", ["tabular", "images"])
+def test_batch_creates_the_endpoint_then_the_deployment_then_makes_it_the_default(monkeypatch, capsys, inputs):
+    azure = FakeEndpoints()
+    client = fake_client(azure)
+    monkeypatch.setattr("scripts.deploy.workspace_client", lambda *ids: client)
+    assert batch("birds-classifier:2", "birds-batch", inputs, "cpu-cluster", deployment="onnx") == BATCH_URI
+    puts = [path.rsplit("/ws", 1)[1] for method, path, _ in azure.requests if method == "PUT"]
+    environments = ["/environments/"] if inputs == "images" else []
+    assert [path if "/environments/" not in path else "/environments/" for path in puts] == [
+        "/batchEndpoints/birds-batch", *environments, "/batchEndpoints/birds-batch/deployments/onnx",
+        "/batchEndpoints/birds-batch",
+    ]  # fmt: skip
+    first, last = azure.sent("PUT", r"/batchEndpoints/birds-batch$")
+    assert "defaults" not in first["properties"] and last["properties"]["defaults"] == {"deploymentName": "onnx"}
+    (deployment,) = azure.sent("PUT", r"/deployments/onnx$")
+    properties = deployment["properties"]
+    assert properties["model"]["assetId"] == f"{WORKSPACE}/models/birds-classifier/versions/2"
+    assert properties["compute"].endswith("/computes/cpu-cluster")
+    assert (properties["outputAction"], properties["outputFileName"]) == ("AppendRow", "predictions.csv")
+    if inputs == "images":
+        assert properties["codeConfiguration"]["scoringScript"] == "scripts/serving/batch_score.py"
+        assert len(azure.code_hashes) == 1
+    else:
+        assert "codeConfiguration" not in properties and "environmentId" not in properties
+        assert azure.code_hashes == []
+    out = capsys.readouterr().out
+    assert f"deployment onnx is the default of {BATCH_URI}" in out
+    assert "az ml batch-endpoint invoke -n birds-batch --input PATH --input-type uri_folder" in out
 
 
 @pytest.mark.parametrize(
@@ -180,9 +254,36 @@ def test_batch_scoring_is_the_scoring_code_as_a_command_job(tmp_path, capsys):
         (["online", "m:1", "--endpoint", "pen", "--auth_mode", "none"], "--auth_mode: 'none' is not a valid value"),
         (["online", "m:1", "--endpoint", "pen", "--yaml_dir", "d"], "--yaml_dir writes the YAML instead of deploying"),
         (["online", "m:1", "--endpoint", "pen", "--workspace", "ws"], "name the workspace with all three of"),
-        (["batch", "m:1", "no/such/photos", "--compute", "c"], "no/such/photos: no such file or folder"),
-        (["batch", "m:1", "configs", "--dry_run", "true"], "give the compute cluster to run on: --compute NAME"),
-        (["online", "m:1", "--endpoint", "pen", "--environment", "serving"], "--environment 'serving': give a regis"),
+        (
+            ["online", "m:1", "--endpoint", "pen", "--scoring", "script", "--environment", "serving"],
+            "--environment 'serving': give a regis",
+        ),
+        (["online", "m:1", "--endpoint", "pen", "--environment", "azureml:s:1"], "--environment is for --scoring scr"),
+        (["online", "m:1", "--endpoint", "pen", "--backend", "torch"], "unrecognized arguments: --backend torch"),
+        (["online", "m:1", "--endpoint", "pen", "--scoring", "code"], "--scoring: 'code' is not a valid value"),
+        (["batch", "m:1", "--endpoint", "pen", "--compute", "c"], "say what the endpoint scores: --inputs tabular"),
+        (["batch", "m:1", "--endpoint", "pen", "--inputs", "images"], "give the compute cluster the scoring jobs"),
+        (["batch", "m:1", "--inputs", "images", "--compute", "c"], "--endpoint '': 3-32 letters"),
+        (["batch", "m:1", "--endpoint", "pen", "--inputs", "rows", "--compute", "c"], "--inputs: 'rows' is not a"),
+        (
+            ["batch", "m:1", "--endpoint", "pen", "--inputs", "images", "--compute", "c", "--mini_batch_size", "0"],
+            "--instance_count, --mini_batch_size and --max_concurrency_per_instance must be 1 or more",
+        ),
+        (
+            [
+                "batch",
+                "m:1",
+                "--endpoint",
+                "pen",
+                "--inputs",
+                "tabular",
+                "--compute",
+                "c",
+                "--environment",
+                "azureml:s:1",
+            ],
+            "--environment is for --inputs images",
+        ),
     ],
 )
 def test_a_mistake_is_one_line_before_the_azure_sdk_is_imported(args, line):
@@ -195,16 +296,11 @@ def test_a_mistake_is_one_line_before_the_azure_sdk_is_imported(args, line):
     assert not [name for name in imported if name.startswith("azure")]
 
 
-def test_a_registered_serving_environment_and_data_asset_are_named_not_built(tmp_path, capsys):
-    from azure.ai.ml import load_job, load_online_deployment
-
-    text = online("penguins-classifier:1", "penguins", environment="azureml:lightning-serving:2", dry_run=True)
-    (tmp_path / "deployment.yml").write_text(text.split("---\n")[1])
-    deployment = load_online_deployment(tmp_path / "deployment.yml")
+def test_a_registered_serving_environment_is_named_not_built(tmp_path, capsys):
+    text = online("penguins-classifier:1", "penguins", scoring="script", environment="azureml:lightning-serving:2",
+                  dry_run=True)  # fmt: skip
+    _, deployment = dry_run_entities(tmp_path, text, "online")
     assert deployment.environment.endswith("lightning-serving:2")  # no conda file: nothing to build
-    text = batch("penguins-classifier:1", "azureml:penguins:3", "cpu", data_type="uri_file",
-                 environment="lightning-serving:2", dry_run=True)  # fmt: skip
-    (tmp_path / "job.yml").write_text(text)
-    job = load_job(tmp_path / "job.yml")
-    assert job.inputs["data"].type == "uri_file" and job.inputs["data"].path.endswith("penguins:3")
-    assert yaml.safe_load(text)["environment"] == "azureml:lightning-serving:2"
+    text = batch("birds-classifier:1", "birds-batch", "images", "cpu", environment="lightning-serving:2", dry_run=True)
+    _, deployment = dry_run_entities(tmp_path, text, "batch")
+    assert yaml.safe_load(text.split("---\n")[1])["environment"] == "azureml:lightning-serving:2"

@@ -2,6 +2,10 @@
 run in two executor processes of their own, as on a cluster. Two tasks of batch 10 train the weights one process of
 batch 20 does, into one MLflow run with one report; a task that fails makes the command fail with its error in one
 line. One Spark cluster serves the module (it takes ~25 s to start); the failing command starts its own.
+
+Scoring on Spark (`scripts.spark score`): mlflow.pyfunc.spark_udf of the registered model over penguin rows read from a
+CSV and over photos read with the binaryFile source answers as `scripts.train predict`, with the accuracy the Synapse
+Horovod tutorial computes (MulticlassClassificationEvaluator); a row the model refuses is one line.
 """
 
 from __future__ import annotations
@@ -14,10 +18,12 @@ import sys
 from types import SimpleNamespace
 
 import lightning as L
+import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import DDP_EPOCHS, assert_same_training, last_checkpoint, penguin_fit, run_module
+from tests.scored_models import scored_models
 
 needs_java = pytest.mark.skipif(
     shutil.which("java") is None, reason="needs Java 17 for Spark (apt-get install openjdk-17-jre-headless; CI has it)"
@@ -124,7 +130,7 @@ def test_a_bad_option_is_one_line_before_spark_starts(tmp_path):
     [
         (["fit", "--config", "configs/penguins.yaml"], "--num_processes (missing): give the number of processes"),
         (["fit", "--num_processes", "0"], "--num_processes 0: give the number of processes to train, 1 or more"),
-        (["test", "--num_processes", "2"], "scripts.spark runs fit (given: test); validate, test and predict"),
+        (["test", "--num_processes", "2"], "scripts.spark runs fit or score (given: test); validate, test and"),
         (["fit", "--num_processes=2", "--trainer.devices", "2"], "--trainer.devices: the Spark launcher sets devices"),
         (["fit", "--num_processes", "2", "--trainer.num_nodes=2"], "--trainer.num_nodes: the Spark launcher sets"),
     ],
@@ -278,3 +284,91 @@ def test_on_databricks_the_tasks_track_to_its_mlflow_with_the_driver_s_credentia
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
     environment = tracking_environment(logger("penguins"))  # elsewhere: the driver's MLflow variables, nothing more
     assert environment["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5000" and "DATABRICKS_TOKEN" not in environment
+
+
+# ---- scoring with the registered model: mlflow.pyfunc.spark_udf ----
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return scored_models(tmp_path_factory)
+
+
+def written(folder) -> pd.DataFrame:
+    """Spark's CSV output folder (part files in partition order) as one DataFrame."""
+    return pd.concat([pd.read_csv(part) for part in sorted(folder.glob("part-*.csv"))], ignore_index=True)
+
+
+def assert_as_predict(answers, expected: dict[str, tuple[str, float]]) -> None:
+    assert list(answers["class"]) == [label for label, _ in expected.values()]
+    difference = max(abs(a - p) for a, (_, p) in zip(answers["probability"], expected.values()))
+    assert difference <= 1e-5, difference
+
+
+@pytest.mark.slow
+@needs_java
+def test_spark_udf_scores_penguin_rows_as_predict_with_the_synapse_accuracy(tmp_path, spark, models, capsys):
+    from scripts.spark import main
+
+    penguins = models["penguins"]
+    main(["score", str(penguins.model), str(penguins.inputs), "--output", str(tmp_path / "out"), "--label", "species"])
+    answers = written(tmp_path / "out")
+    assert list(answers.columns[-5:]) == ["class", "probability", "probability_Adelie", "probability_Gentoo",
+                                          "probability_Chinstrap"]  # fmt: skip
+    assert list(answers["species"]) == list(pd.read_csv(penguins.inputs)["species"])  # each row beside its answer
+    assert_as_predict(answers, penguins.expected)
+    species = list(pd.read_csv(penguins.inputs)["species"])
+    right = sum(label == given for (label, _), given in zip(penguins.expected.values(), species))
+    out = capsys.readouterr().out
+    assert f"scored {len(species)} inputs" in out
+    assert f"accuracy: {right / len(species):.4f}" in out  # the evaluator's, as predict's answers make it
+
+
+@pytest.mark.slow
+@needs_java
+def test_spark_udf_scores_photos_read_as_binary_files_as_predict(tmp_path, spark, models, capsys):
+    from scripts.spark import main
+
+    birds = models["birds"]
+    main(["score", str(birds.model), str(birds.inputs), "--output", str(tmp_path / "out")])
+    answers = written(tmp_path / "out")
+    assert [path.removeprefix("file:") for path in answers["path"]] == list(birds.expected)  # every file, in order
+    assert_as_predict(answers, birds.expected)
+    right = sum(label == name.split("/")[-2] for name, (label, _) in birds.expected.items())  # folders name classes
+    assert f"accuracy: {right / len(birds.expected):.4f}" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@needs_java
+def test_a_row_the_model_refuses_on_spark_is_one_line_naming_it(tmp_path, spark, models):
+    from scripts.spark import main
+
+    rows = pd.read_csv(models["penguins"].inputs).iloc[:4].copy()
+    rows.iloc[2, rows.columns.get_loc("island")] = "Atlantis"
+    rows.to_csv(tmp_path / "new.csv", index=False)
+    with pytest.raises(SystemExit) as stop:
+        main(["score", str(models["penguins"].model), str(tmp_path / "new.csv"), "--output", str(tmp_path / "out")])
+    assert stop.value.code.startswith(
+        "error: the model refused an input: request: unknown island 'Atlantis' in column island on row 3"
+    ), stop.value.code
+    assert not (tmp_path / "out" / "_SUCCESS").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["score", "m"], "score takes a model and an input: score MODEL CSV_OR_FOLDER"),
+        (["score", "m", "no/such.csv"], "no/such.csv: no such file or folder; give a CSV of rows or a folder"),
+        (["score", "m", "README.md"], "README.md: give a CSV of rows (.csv) or a folder of images"),
+        (["score", "m", "configs", "--output", "configs"], "--output configs: already exists; give a new folder"),
+        (["score", "m", "configs", "--limit", "3"], "--limit: score takes --output, --label, --master"),
+        (["score", "no-model", "configs"], "model 'no-model': give an MLflow model: models:/NAME/VERSION"),
+    ],
+)
+def test_score_mistakes_are_one_line_before_spark_starts(argv, line, monkeypatch):
+    from scripts.spark import main
+
+    monkeypatch.setenv("JAVA_HOME", "/none")  # the JVM would not start: Spark is never asked
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code.startswith(f"error: {line}"), stop.value.code

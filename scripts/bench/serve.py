@@ -1,20 +1,26 @@
-"""Requests per second and p50 / p99 latency of the local inference server (azmlinfsrv running scripts/score.py, as
-`make serve` runs it), PyTorch's pt2 program against ONNX Runtime, side by side in one run.
+"""The registered model (an MLflow pyfunc) in every runtime that serves it, side by side in one run: requests per
+second and p50 / p99 latency of the local inference server (azmlinfsrv running scripts/score.py, as `make serve` and
+`--scoring script` deployments run it) and of `mlflow models serve` (what Azure ML's no-code deployments and most MLflow
+users run), the pyfunc called in this process, and rows per second of Spark's spark_udf against scripts.score's batch
+scoring over the same CSV.
 
     python -m scripts.bench.serve                       # make bench-serve
-    python -m scripts.bench.serve --requests 400 --rounds 5 --workers 2
+    python -m scripts.bench.serve --requests 400 --rounds 5 --workers 2 --spark_rows 50000
 
 Three requests: one penguin row, a batch of 100 rows, one bird photo (a 500x375 JPEG, efficientnet_lite0 at 224 px).
-The networks are untrained (time does not depend on the weights), saved as `--register_model` saves a model. Every
-variant has its own server (1 worker unless --workers), all started first; then rounds of sequential requests from
-one client over loopback, the variants interleaved round by round so that a busy machine slows them alike. Printed:
-the median over rounds of each round's requests/s, p50 and p99, and each backend's requests/s as a ratio to
-PyTorch's measured in the same run; then the network alone in this process (no HTTP, no preprocessing), both backends
-interleaved, which a busy machine blurs less. Needs .venv-serve (`make serve-env`).
+The networks are untrained (time does not depend on the weights), saved as `--register_model` saves a model. Both
+servers run in the serving environment (--serve_python, default .venv-serve: `make serve-env`), 1 worker unless
+--workers, all started first; then rounds of sequential requests from one client over loopback, the variants
+interleaved round by round so that a busy machine slows them alike. Printed: the median over rounds of each round's
+requests/s, p50 and p99, and each variant's requests/s as a ratio to the inference server's measured in the same run.
+The pyfunc in-process is mlflow.pyfunc.load_model(...).predict(DataFrame), no HTTP. Spark: --spark_rows penguin rows in
+one CSV, scored by `scripts.spark score` (spark_udf, a session on --master started before the clock) and by
+scripts.score's batch scoring (python -m scripts.score MODEL CSV) in this process, alternating, best of the rounds.
 """
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
@@ -28,16 +34,12 @@ from pathlib import Path
 
 import torch
 
-from scripts.score import BACKEND
 from scripts.serve import SERVE_VENV, server_command
-from scripts.serving.mlflow_model import save_model
-
-# The scoring script runs ONNX Runtime only now (the registered model is a torch-free pyfunc); the torch rows below are
-# to be replaced by the pyfunc's and mlflow models serve's (issue 21, bench-serve).
-BACKENDS = (BACKEND,)
+from scripts.serving.mlflow_model import save_model, serving_inputs
 
 PENGUIN = {"island": "Biscoe", "bill_length_mm": 50.4, "bill_depth_mm": 15.3, "flipper_length_mm": 200}
 PENGUIN["body_mass_g"] = 5000
+VARIANTS = ("azmlinfsrv + score.py", "mlflow models serve", "pyfunc in-process")
 
 
 def free_port() -> int:
@@ -49,22 +51,21 @@ def free_port() -> int:
 def penguin_model(folder: Path) -> Path:
     from datamodules.penguins import PenguinDataModule
     from lightning_modules.penguin_net import PenguinNet
-    from scripts.serving.mlflow_model import serving_inputs
 
     data = PenguinDataModule()
     data.setup("fit")
-    network = PenguinNet(3)
-    save_model(network, data.splits["train"][0][:8], data.class_names, folder / "model", serving_inputs(data))
-    return folder
+    save_model(PenguinNet(3), data.splits["train"][0][:8], data.class_names, folder / "model", serving_inputs(data))
+    return folder / "model"
 
 
 def birds_model(folder: Path) -> Path:
+    from datamodules.birds import BirdsDataModule
     from lightning_modules.transfer_net import TransferNet
 
-    network = TransferNet(2, weights="none")
-    example = torch.randn(2, 3, 224, 224)
-    save_model(network, example, ["chickens", "turkeys"], folder / "model", {"kind": "images", "image_size": 224})
-    return folder
+    inputs = serving_inputs(BirdsDataModule("unused", image_size=224))
+    save_model(TransferNet(2, weights="none"), torch.randn(2, 3, 224, 224), ["chickens", "turkeys"], folder / "model",
+               inputs)  # fmt: skip
+    return folder / "model"
 
 
 def photo() -> bytes:
@@ -77,136 +78,197 @@ def photo() -> bytes:
 
 
 class Server:
-    def __init__(self, folder: Path, backend: str, workers: int, threads: int, log: Path) -> None:
-        self.port = free_port()
-        env = {**os.environ, "SCORE_BACKEND": backend, "SCORE_THREADS": str(threads)}
+    """A server on a free loopback port; `path` is where it scores, GET `ready` answers once it has loaded."""
+
+    def __init__(self, port: int, command: list[str], path: str, ready: str, threads: int, log: Path) -> None:
+        self.port, self.path = port, path
+        # PATH: mlflow models serve starts `uvicorn` by name, from the serving environment's bin folder.
+        env = {**os.environ, "SCORE_THREADS": str(threads), "PATH": f"{Path(command[0]).parent}:{os.environ['PATH']}"}
         with log.open("w") as out:
-            command = server_command(folder, self.port, workers, "127.0.0.1")
-            self.process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                            start_new_session=True)  # fmt: skip
         deadline = time.monotonic() + 300
         while self.process.poll() is None and time.monotonic() < deadline:
             try:
-                if self.request("GET", b"", None)[0] == 200:
+                if self.request("GET", ready, b"", None)[0] == 200:
                     return
             except OSError:
                 time.sleep(0.5)
+        self.stop()
         raise SystemExit(f"error: the server did not start: {log.read_text()[-2000:]}")
 
-    def request(self, method: str, body: bytes, content_type: str | None) -> tuple[int, bytes]:
+    def request(self, method: str, path: str, body: bytes, content_type: str | None) -> tuple[int, bytes]:
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
         try:
-            connection.request(method, "/score", body or None, {"Content-Type": content_type} if content_type else {})
+            connection.request(method, path, body or None, {"Content-Type": content_type} if content_type else {})
             response = connection.getresponse()
             return response.status, response.read()
         finally:
             connection.close()
 
     def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=30)
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, 15)  # mlflow models serve runs uvicorn in a child process of its own
+            self.process.wait(timeout=30)
 
 
-def one_round(server: Server, body: bytes, content_type: str, requests: int) -> tuple[float, float, float]:
-    """(requests/s, p50 ms, p99 ms) of `requests` sequential requests."""
+def inference_server(model: Path, python: Path, workers: int, threads: int, log: Path) -> Server:
+    port = free_port()
+    return Server(port, server_command(model, port, workers, "127.0.0.1", python), "/score", "/score", threads, log)
+
+
+def mlflow_server(model: Path, python: Path, workers: int, threads: int, log: Path) -> Server:
+    port = free_port()
+    command = [str(python), "-m", "mlflow", "models", "serve", "-m", str(model), "--env-manager", "local",
+               "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]  # fmt: skip
+    return Server(port, command, "/invocations", "/ping", threads, log)
+
+
+def one_round(send, requests: int) -> tuple[float, float, float]:
+    """(requests/s, p50 ms, p99 ms) of `requests` sequential calls of send()."""
     latencies = []
     start = time.perf_counter()
     for _ in range(requests):
         sent = time.perf_counter()
-        status, answer = server.request("POST", body, content_type)
+        send()
         latencies.append((time.perf_counter() - sent) * 1000)
-        if status != 200:
-            raise SystemExit(f"error: the server answered {status}: {answer[:300]!r}")
     elapsed = time.perf_counter() - start
     latencies.sort()
     p99 = latencies[min(len(latencies) - 1, len(latencies) * 99 // 100)]
     return requests / elapsed, latencies[len(latencies) // 2], p99
 
 
-def model_only(folders: dict[str, Path], threads: int, rounds: int) -> list[str]:
-    """The network alone in this process through scripts/score.py's Model (no HTTP, no preprocessing): median ms a call
-    per round, best round, both backends interleaved; the lines to print."""
-    from scripts.score import load_model
+def http_sender(server: Server, body: bytes, content_type: str):
+    def send() -> None:
+        status, answer = server.request("POST", server.path, body, content_type)
+        if status != 200:
+            raise SystemExit(f"error: the server answered {status}: {answer[:300]!r}")
 
-    os.environ["SCORE_THREADS"] = str(threads)
-    inputs = {
-        "penguins, 1 row": ("penguins", torch.randn(1, 5), 200),
-        "penguins, 100 rows": ("penguins", torch.randn(100, 5), 200),
-        "birds, 1 image 224 px": ("birds", torch.randn(1, 3, 224, 224), 10),
-    }
-    models = {(task, backend): load_model(folder, backend) for task, folder in folders.items() for backend in BACKENDS}
-    lines = []
-    for name, (task, batch, calls) in inputs.items():
-        best: dict[str, float] = {}
-        for backend in BACKENDS:
-            models[task, backend].logits(batch)  # warm-up
+    return send
+
+
+def cases(image: bytes) -> list[tuple[str, str, dict, dict]]:
+    """(name, task, scripts/score.py's request, MLflow's request) per case; `requests` is filled in by bench."""
+    rows = [PENGUIN] * 100
+    encoded = base64.b64encode(image).decode()
+    return [
+        ("penguins, 1 row", "penguins", {"json": PENGUIN}, {"dataframe_records": [PENGUIN]}),
+        ("penguins, 100 rows", "penguins", {"json": rows}, {"dataframe_records": rows}),
+        ("birds, 1 JPEG 500x375", "birds", {"jpeg": image}, {"dataframe_records": [{"image": encoded}]}),
+    ]
+
+
+def spark_scoring(models: dict[str, Path], folder: Path, rows: int, rounds: int, master: str) -> list[str]:
+    """Rows/s of spark_udf (scripts.spark score) and of scripts.score's batch scoring over one CSV of `rows` penguins;
+    the lines to print."""
+    import pandas as pd
+
+    from scripts.score import Model, score_files
+    from scripts.serving.spark_score import score
+    from scripts.spark import LocalSpark
+
+    csv = folder / "penguins.csv"
+    pd.DataFrame([PENGUIN] * rows).to_csv(csv, index=False)
+    local = LocalSpark(master)
+    best: dict[str, float] = {}
+    try:
+        model = Model(models["penguins"])
+        score(local.session, str(models["penguins"]), str(csv))  # warm-up: Python workers, the model's copy
         for _ in range(rounds):
-            for backend in BACKENDS:
-                times = []
-                for _ in range(calls):
-                    start = time.perf_counter()
-                    models[task, backend].logits(batch)
-                    times.append(time.perf_counter() - start)
-                median = sorted(times)[len(times) // 2] * 1000
-                best[backend] = min(best.get(backend, median), median)
-        for backend in ("torch", "onnxruntime"):
-            lines.append(
-                f"  {name:24} {backend:12} {best[backend]:9.3f} ms a call   {best['torch'] / best[backend]:.2f}x torch"
-            )
-    return lines
+            start = time.perf_counter()
+            assert score(local.session, str(models["penguins"]), str(csv))["rows"] == rows
+            best["spark"] = max(best.get("spark", 0), rows / (time.perf_counter() - start))
+            start = time.perf_counter()
+            assert len(score_files(model, csv, 1000)) == rows
+            best["score"] = max(best.get("score", 0), rows / (time.perf_counter() - start))
+    finally:
+        local.stop()
+    return [
+        f"  {'scripts.score (1 process)':28} {best['score']:9.0f} rows/s",
+        f"  {'spark_udf, ' + master:28} {best['spark']:9.0f} rows/s   "
+        f"{best['spark'] / best['score']:.2f}x scripts.score",
+    ]
 
 
-def bench(requests: int = 300, image_requests: int = 60, rounds: int = 3, workers: int = 1, threads: int = 0) -> None:
+def bench(
+    requests: int = 300,
+    image_requests: int = 60,
+    rounds: int = 3,
+    workers: int = 1,
+    threads: int = 0,
+    serve_python: str = str(SERVE_VENV / "bin" / "python"),
+    spark_rows: int = 20000,
+    master: str = "local[2]",
+) -> None:
     """
     Args:
         requests: penguin requests per round and variant.
         image_requests: bird photo requests per round and variant.
         rounds: rounds per variant, interleaved with the other variants'.
-        workers: server processes (gunicorn workers) per server.
-        threads: SCORE_THREADS, the threads of one request (0: one per core, each library's default).
+        workers: server processes per server.
+        threads: SCORE_THREADS, ONNX Runtime's threads of one request (0: one per core).
+        serve_python: the serving environment's Python, which runs both servers (`make serve-env` builds it).
+        spark_rows: penguin rows in the CSV that Spark and scripts.score score (0: no Spark row).
+        master: the Spark master of the Spark row (local[2]; local-cluster[2,1,1024] puts each task in a process).
     """
-    if not (SERVE_VENV / "bin" / "python").is_file():
-        sys.exit(f"error: {SERVE_VENV} is missing: run `make serve-env` first")
-    cases = [
-        ("penguins, 1 row", "penguins", json.dumps(PENGUIN).encode(), "application/json", requests),
-        ("penguins, 100 rows", "penguins", json.dumps([PENGUIN] * 100).encode(), "application/json", requests),
-        ("birds, 1 JPEG 500x375", "birds", photo(), "image/jpeg", image_requests),
-    ]
+    python = Path(serve_python)
+    if not python.is_file():
+        sys.exit(f"error: {python} is missing: run `make serve-env` first (or give --serve_python)")
+    import mlflow
+    import pandas as pd
+
     with tempfile.TemporaryDirectory() as temp:
-        folders = {"penguins": penguin_model(Path(temp) / "penguins"), "birds": birds_model(Path(temp) / "birds")}
-        servers = {
-            (task, backend): Server(folder, backend, workers, threads, Path(temp) / f"{task}-{backend}.log")
-            for task, folder in folders.items()
-            for backend in BACKENDS
-        }
+        temp = Path(temp)
+        models = {"penguins": penguin_model(temp / "penguins"), "birds": birds_model(temp / "birds")}
+        servers = {}
         try:
+            for task, model in models.items():
+                servers[task, VARIANTS[0]] = inference_server(model, python, workers, threads, temp / f"{task}-a.log")
+                servers[task, VARIANTS[1]] = mlflow_server(model, python, workers, threads, temp / f"{task}-m.log")
+            os.environ["SCORE_THREADS"] = str(threads)
+            loaded = {task: mlflow.pyfunc.load_model(str(model)) for task, model in models.items()}
+            image = photo()
             results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
-            for name, task, body, content_type, count in cases:
-                for backend in BACKENDS:
-                    one_round(servers[task, backend], body, content_type, max(5, count // 10))  # warm-up
+            for name, task, ours, theirs in cases(image):
+                count = image_requests if task == "birds" else requests
+                if "jpeg" in ours:
+                    body, content_type = ours["jpeg"], "image/jpeg"
+                    frame = pd.DataFrame({"image": [image]})
+                else:
+                    body, content_type = json.dumps(ours["json"]).encode(), "application/json"
+                    frame = pd.DataFrame(ours["json"] if isinstance(ours["json"], list) else [ours["json"]])
+                senders = {
+                    VARIANTS[0]: http_sender(servers[task, VARIANTS[0]], body, content_type),
+                    VARIANTS[1]: http_sender(
+                        servers[task, VARIANTS[1]], json.dumps(theirs).encode(), "application/json"
+                    ),  # fmt: skip
+                    VARIANTS[2]: lambda model=loaded[task], frame=frame: model.predict(frame),
+                }
+                for send in senders.values():
+                    one_round(send, max(5, count // 10))  # warm-up
                 for _ in range(rounds):
-                    for backend in BACKENDS:
-                        results.setdefault((name, backend), []).append(
-                            one_round(servers[task, backend], body, content_type, count)
-                        )
+                    for variant, send in senders.items():
+                        results.setdefault((name, variant), []).append(one_round(send, count))
         finally:
             for server in servers.values():
                 server.stop()
-        network_lines = model_only(folders, threads, rounds)
+        spark_lines = spark_scoring(models, temp, spark_rows, rounds, master) if spark_rows else []
     print(
-        f"serving: azmlinfsrv with scripts/score.py, {workers} worker(s), {threads or os.cpu_count()} thread(s) a "
+        f"serving the registered pyfunc: {workers} worker(s) a server, {threads or os.cpu_count()} thread(s) a "
         f"request, sequential requests from one client over loopback, {rounds} rounds interleaved, median of rounds "
         f"({os.cpu_count()} cores)"
     )
-    for name, *_ in cases:
-        reference = statistics.median(r[0] for r in results[name, "torch"])
-        for backend in ("torch", "onnxruntime"):
-            rate, p50, p99 = (statistics.median(r[i] for r in results[name, backend]) for i in range(3))
+    for name, *_ in cases(b""):
+        reference = statistics.median(r[0] for r in results[name, VARIANTS[0]])
+        for variant in VARIANTS:
+            rate, p50, p99 = (statistics.median(r[i] for r in results[name, variant]) for i in range(3))
             print(
-                f"  {name:24} {backend:12} {rate:7.1f} req/s   p50 {p50:7.2f} ms   p99 {p99:7.2f} ms   "
-                f"{rate / reference:.2f}x torch"
+                f"  {name:22} {variant:22} {rate:7.1f} req/s   p50 {p50:7.2f} ms   p99 {p99:7.2f} ms   "
+                f"{rate / reference:.2f}x azmlinfsrv"
             )
-    print(f"the network alone, in this process (scripts/score.py's Model.logits), best of {rounds} rounds:")
-    print("\n".join(network_lines))
+    if spark_lines:
+        print(f"batch scoring of {spark_rows} penguin rows from one CSV, best of {rounds} rounds:")
+        print("\n".join(spark_lines))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,171 @@
+"""The azure.ai.ml entities scripts.deploy creates, and their YAML as `az ml` takes it: a managed online endpoint and
+its deployment (the registered MLflow model alone, Azure ML's no-code deployment, or scripts/score.py in the serving
+environment), a batch endpoint and its model deployment (tabular files: the MLflow model alone; images:
+scripts/serving/batch_score.py over the same model).
+
+    python -m scripts.deploy online penguins-classifier:1 --endpoint penguins --dry_run true
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from scripts.azure_ml.assets import ENVIRONMENTS
+from scripts.azure_ml.jobs import BASE_IMAGE
+
+SERVE_ENVIRONMENT = ENVIRONMENTS["serving"].conda_file
+SCORING_SCRIPT = "scripts/score.py"
+BATCH_SCORING_SCRIPT = "scripts/serving/batch_score.py"
+
+
+@dataclass
+class Names:
+    model: str  # NAME
+    version: str
+    endpoint: str
+    deployment: str
+
+    @property
+    def model_id(self) -> str:
+        return f"azureml:{self.model}:{self.version}"
+
+
+def environment(registered: str | None = None):
+    """The serving environment: a registered one (azureml:NAME:VERSION, scripts.assets environment serving), else
+    scripts/serving/environment.yml on Azure ML's Open MPI image, the one jobs use."""
+    if registered:
+        return registered
+    from azure.ai.ml.entities import Environment
+
+    return Environment(image=BASE_IMAGE, conda_file=SERVE_ENVIRONMENT)
+
+
+def build_online(
+    names: Names,
+    instance_type: str,
+    instance_count: int,
+    auth_mode: str,
+    scoring: str,
+    workers: int,
+    request_timeout_ms: int,
+    registered_environment: str | None = None,
+):
+    """The endpoint and the deployment; scoring "mlflow" is the model alone (Azure ML builds the environment from the
+    model's own requirements and writes the scoring script), "script" is scripts/score.py in the serving
+    environment. See scripts.deploy.online for the other arguments."""
+    from azure.ai.ml.entities import (
+        CodeConfiguration,
+        ManagedOnlineDeployment,
+        ManagedOnlineEndpoint,
+        OnlineRequestSettings,
+    )
+
+    served_by = "Azure ML's MLflow scoring (no code)" if scoring == "mlflow" else SCORING_SCRIPT
+    endpoint = ManagedOnlineEndpoint(
+        name=names.endpoint, auth_mode=auth_mode, description=f"{names.model} served by {served_by}"
+    )
+    # WORKER_COUNT: the inference server's processes per instance, each with the model; one request at a time each.
+    # Azure ML's no-code deployments run the same inference server, so it applies to both.
+    variables = {"WORKER_COUNT": str(workers)}
+    code = {}
+    if scoring == "script":
+        code = {
+            "code_configuration": CodeConfiguration(code=".", scoring_script=SCORING_SCRIPT),
+            "environment": environment(registered_environment),
+        }
+    deployment = ManagedOnlineDeployment(
+        name=names.deployment,
+        endpoint_name=names.endpoint,
+        model=names.model_id,
+        instance_type=instance_type,
+        instance_count=instance_count,
+        environment_variables=variables,
+        request_settings=OnlineRequestSettings(
+            request_timeout_ms=request_timeout_ms, max_concurrent_requests_per_instance=workers
+        ),
+        **code,
+    )
+    return endpoint, deployment
+
+
+def build_batch(
+    names: Names,
+    inputs: str,
+    compute: str,
+    instance_count: int,
+    mini_batch_size: int,
+    max_concurrency_per_instance: int,
+    registered_environment: str | None = None,
+):
+    """The batch endpoint and its model deployment. Tabular files (CSV, Parquet) are read and scored by Azure ML's
+    own MLflow batch driver: no code, no environment. Images are files the MLflow driver cannot read as a table, so
+    scripts/serving/batch_score.py turns each into the model's `image` column, in the serving environment. Every
+    deployment appends one row per input to predictions.csv; a file that fails is logged and counted against the
+    error threshold, its mini-batch's other files still scored."""
+    from azure.ai.ml.entities import (
+        BatchEndpoint,
+        BatchRetrySettings,
+        CodeConfiguration,
+        ModelBatchDeployment,
+        ModelBatchDeploymentSettings,
+    )
+
+    if inputs == "tabular":
+        scores = "CSV and Parquet files by Azure ML's MLflow batch driver (no code)"
+    else:
+        scores = f"image files by {BATCH_SCORING_SCRIPT}"
+    endpoint = BatchEndpoint(name=names.endpoint, description=f"{names.model} scoring {scores}")
+    code = {}
+    if inputs == "images":
+        code = {
+            "code_configuration": CodeConfiguration(code=".", scoring_script=BATCH_SCORING_SCRIPT),
+            "environment": environment(registered_environment),
+        }
+    deployment = ModelBatchDeployment(
+        name=names.deployment,
+        endpoint_name=names.endpoint,
+        model=names.model_id,
+        compute=compute,
+        settings=ModelBatchDeploymentSettings(
+            instance_count=instance_count,
+            mini_batch_size=mini_batch_size,  # files per run(mini_batch) call
+            max_concurrency_per_instance=max_concurrency_per_instance,
+            output_action="append_row",
+            output_file_name="predictions.csv",
+            retry_settings=BatchRetrySettings(max_retries=3, timeout=300),
+            error_threshold=-1,  # a bad file is logged and skipped, the job goes on
+            logging_level="info",
+        ),
+        **code,
+    )
+    return endpoint, deployment
+
+
+def entity_yaml(entity, folder: Path = Path(".")) -> str:
+    """An endpoint's or deployment's YAML as `az ml ... create -f` takes it from a file in `folder`: the code path
+    relative to that folder (the SDK writes this machine's absolute path), the environment's conda file inline."""
+    from azure.ai.ml.entities import BatchEndpoint, OnlineEndpoint
+
+    if isinstance(entity, OnlineEndpoint | BatchEndpoint):
+        data = plain(entity.dump())  # an endpoint's dump returns its YAML's dict and writes nothing
+    else:
+        text = io.StringIO()
+        entity.dump(text)
+        data = yaml.safe_load(text.getvalue())
+    if "code_configuration" in data:
+        data["code_configuration"]["code"] = os.path.relpath(Path.cwd(), folder.resolve())
+    if "instance_count" in data.get("settings", {}):  # the SDK dumps it twice and refuses a file that has both
+        data["settings"].pop("instance_count")
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def plain(value):
+    """The SDK's OrderedDicts as plain dicts and lists, which yaml.safe_dump writes."""
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    return [plain(item) for item in value] if isinstance(value, list | tuple) else value

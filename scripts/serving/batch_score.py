@@ -1,0 +1,95 @@
+"""The scoring script of an Azure ML batch deployment of image files (scripts.deploy batch --inputs images): the
+registered MLflow model, unchanged, over each mini-batch of files Azure ML hands it; CSV and Parquet files of rows are
+scored too (one output row per row). Azure ML calls init() once per process, then run(mini_batch) with a list of file
+paths, and appends the rows run returns to predictions.csv. Locally, on a folder or a CSV:
+
+    python -m scripts.serving.batch_score MODEL_DIR FILE_OR_FOLDER...
+
+Self-contained (the model, pandas and MLflow; nothing of this project), as Azure ML's batch driver loads it by path.
+A file the model refuses (not an image, a row with an unknown island) is logged with the model's message and left out
+of the output; Azure ML counts it against the deployment's error threshold, and the mini-batch's other files are
+still scored.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+TABLES = {".csv": pd.read_csv, ".parquet": pd.read_parquet}
+log = logging.getLogger("batch_score")
+model = None
+
+
+def model_folder(root: str) -> str:
+    """The folder holding MLmodel: AZUREML_MODEL_DIR itself or the one folder below it (Azure ML mounts a registered
+    MLflow model under its artifact path)."""
+    found = sorted(Path(root).glob("MLmodel")) or sorted(Path(root).glob("*/MLmodel"))
+    if not found:
+        raise FileNotFoundError(f"{root}: no MLmodel here or one folder below; deploy an MLflow model")
+    return str(found[0].parent)
+
+
+def init(model_dir: str | None = None) -> None:
+    import mlflow
+
+    global model
+    model = mlflow.pyfunc.load_model(model_folder(model_dir or os.environ["AZUREML_MODEL_DIR"]))
+
+
+def score_file(path: str) -> pd.DataFrame:
+    """One file's predictions, each row led by the file's name (and the row's number in a table)."""
+    read = TABLES.get(Path(path).suffix.lower())
+    if read is None:
+        inputs = pd.DataFrame({"image": [Path(path).read_bytes()]})
+        return pd.concat([pd.DataFrame({"file": [Path(path).name]}), model.predict(inputs)], axis=1)
+    rows = read(path)
+    answers = model.predict(rows).reset_index(drop=True)
+    return pd.concat([pd.DataFrame({"file": Path(path).name, "row": range(len(rows))}), answers], axis=1)
+
+
+def run(mini_batch: list[str]) -> pd.DataFrame:
+    """The predictions of the mini-batch's files, one row per image or table row; a file that fails is logged."""
+    images = [path for path in mini_batch if Path(path).suffix.lower() not in TABLES]
+    scored: dict[str, pd.DataFrame] = {}
+    if len(images) > 1:  # one predict for the images; if one of them fails, each again on its own
+        try:
+            inputs = pd.DataFrame({"image": [Path(path).read_bytes() for path in images]})
+            answers = model.predict(inputs).reset_index(drop=True)
+            names = pd.DataFrame({"file": [Path(path).name for path in images]})
+            for index, path in enumerate(images):
+                scored[path] = pd.concat([names.iloc[[index]], answers.iloc[[index]]], axis=1)
+        except Exception:
+            scored = {}
+    for path in mini_batch:
+        if path not in scored:
+            try:
+                scored[path] = score_file(path)
+            except Exception as error:
+                log.error("%s: %s", path, str(error).strip().splitlines()[0] if str(error).strip() else error)
+    if not scored:
+        return pd.DataFrame()
+    frames = [scored[path] for path in mini_batch if path in scored]
+    return pd.concat([frame.reset_index(drop=True) for frame in frames], ignore_index=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    usage = "usage: python -m scripts.serving.batch_score MODEL_DIR FILE_OR_FOLDER...  (prints the predictions as CSV)"
+    if argv[:1] in (["-h"], ["--help"]):
+        print(usage)
+        return
+    if len(argv) < 2:
+        sys.exit(usage)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    init(argv[0])
+    files = [str(p) for given in argv[1:] for p in (sorted(Path(given).iterdir()) if Path(given).is_dir() else [given])]
+    print(run(files).to_csv(index=False), end="")
+
+
+if __name__ == "__main__":
+    main()

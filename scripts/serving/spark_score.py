@@ -1,0 +1,152 @@
+"""Score a CSV of rows or a folder of images with the registered MLflow model on Spark: `mlflow.pyfunc.spark_udf`
+over a Spark DataFrame (Databricks, Synapse, a cluster of your own, or this machine), the model unchanged.
+
+    python -m scripts.spark score models:/penguins-classifier/1 new.csv --output predictions/
+    python -m scripts.spark score runs:/RUN_ID/model photos/ --output predictions/ --master "local-cluster[2,1,1024]"
+
+A CSV is read with its header, each row one input in the columns the model takes (either penguin schema); a folder
+is read with Spark's binaryFile source, every file below it one image (the `image` column the model takes). The
+predictions (the input's columns or the image's path, then `class`, `probability` and one `probability_<class>` per
+class) are written as CSV to --output, which must not exist yet. When the inputs carry their answer (a CSV's --label
+column; images in folders named by class, as the datamodules' image folders are), the accuracy is printed, computed
+as the Synapse Horovod tutorial does: MulticlassClassificationEvaluator of the label's index against the predicted
+class's.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+SPARK_OPTIONS = ("--output", "--label", "--master")
+FAILED_ROW = re.compile(r"^\s*(\w+(?:\.\w+)*(?:Error|Exception)): (.+)$")
+
+
+class SparkScoreError(Exception):
+    """A bad model, input, output or label, or a row the model refuses; the message is the one line to print."""
+
+
+def read_inputs(spark, path: str):
+    """A Spark DataFrame of the inputs: a CSV's rows (header, numbers inferred, the datamodules' missing cells as
+    null), or one row per file below a folder: its `path` and its bytes as `image`."""
+    from pyspark.sql import functions as F
+
+    if path.lower().endswith(".csv"):
+        return spark.read.csv(path, header=True, inferSchema=True, nullValue="NA")
+    files = spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(path)
+    return files.select("path", F.col("content").alias("image")).orderBy("path")
+
+
+def model_udf(spark, model_uri: str):
+    """The model as a Spark UDF and its class names (from its output signature: the `probability_<class>` columns);
+    the UDF returns a struct of the model's output columns."""
+    import os
+
+    import mlflow
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # the copy spark_udf makes: no bars
+    info = mlflow.models.get_model_info(model_uri)
+    outputs = info.signature.outputs.input_names() if info.signature and info.signature.outputs else []
+    classes = [name.removeprefix("probability_") for name in outputs if name.startswith("probability_")]
+    if not classes:
+        raise SparkScoreError(
+            f"{model_uri}: no probability_<class> outputs in its signature; give a model registered by "
+            "`fit --register_model` (an MLflow pyfunc model of this project)"
+        )
+    types = ", ".join(f"`{name}` {'string' if name == 'class' else 'double'}" for name in outputs)
+    udf = mlflow.pyfunc.spark_udf(spark, model_uri, result_type=types, env_manager="local")
+    return udf, outputs, classes, info.signature.inputs.input_names()
+
+
+def predict(spark, model_uri: str, frame):
+    """`frame` with the model's output columns after its own; returns (scored frame, output names, class names)."""
+    from pyspark.sql import functions as F
+
+    udf, outputs, classes, inputs = model_udf(spark, model_uri)
+    given = [name for name in frame.columns if name in inputs] or [name for name in frame.columns if name != "path"]
+    scored = frame.withColumn("prediction_struct", udf(F.struct(*[F.col(f"`{name}`") for name in given])))
+    scored = scored.select(*frame.columns, *[F.col(f"prediction_struct.`{name}`").alias(name) for name in outputs])
+    return scored, outputs, classes
+
+
+def labelled(scored, classes: list[str], label: str | None):
+    """`scored` with double `label` and `prediction` columns (indexes into classes), or None without labels. A label
+    is a class's name or its index (the course's penguin CSV: Species 0, 1, 2); images are labelled by their folder."""
+    from pyspark.sql import functions as F
+
+    if "path" in scored.columns and label is None:
+        given = F.element_at(F.split(F.col("path"), "/"), -2)  # photos/chicken/1.jpg: chicken
+    elif label is not None and label in scored.columns:
+        given = F.col(f"`{label}`").cast("string")
+    else:
+        return None
+    index = F.lit(None).cast("double")
+    for number, name in reversed(list(enumerate(classes))):
+        index = F.when((given == name) | (given == str(number)), float(number)).otherwise(index)
+    frame = scored.withColumn("label", index).withColumn("given_label", given)
+    prediction = F.lit(None).cast("double")
+    for number, name in enumerate(classes):
+        prediction = F.when(F.col("class") == name, float(number)).otherwise(prediction)
+    frame = frame.withColumn("prediction", prediction)
+    if frame.filter(F.col("label").isNotNull()).limit(1).count() == 0:
+        return None  # folders not named by class, or a label column of something else: no accuracy to state
+    return frame
+
+
+def accuracy(frame) -> float:
+    """The Synapse tutorial's accuracy: MulticlassClassificationEvaluator, label against prediction."""
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+
+    evaluator = MulticlassClassificationEvaluator(labelCol="label", predictionCol="prediction", metricName="accuracy")
+    # Only the two columns: the evaluator reads a column named `probability` as its vector of class probabilities.
+    return evaluator.evaluate(frame.filter(frame.label.isNotNull()).select("label", "prediction"))
+
+
+def failure_line(error: Exception) -> str:
+    """The model's own message out of the executor's traceback that Spark wraps it in."""
+    lines = [FAILED_ROW.match(line) for line in str(error).splitlines()]
+    found = [match for match in lines if match and "Traceback" not in match.group(2)]
+    if found:
+        return f"the model refused an input: {found[-1].group(2).strip()}"
+    return f"Spark failed: {str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}"
+
+
+def score(spark, model_uri: str, path: str, output: str | None = None, label: str | None = None) -> dict:
+    """Scores `path` with the model on `spark`; writes the predictions to `output` (CSV) when given; returns
+    {"rows": n, "accuracy": a or None}. Raises SparkScoreError with the line to print."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    frame = read_inputs(spark, path)
+    scored, outputs, classes = predict(spark, model_uri, frame)
+    try:
+        scored = scored.cache()
+        rows = scored.count()
+        checked = labelled(scored, classes, label)
+        result = {"rows": rows, "accuracy": accuracy(checked) if checked is not None else None}
+        if output:
+            columns = [name for name in scored.columns if name != "image"]
+            scored.select(*columns).write.csv(output, header=True, mode="errorifexists")
+    except (PySparkException, Py4JJavaError) as error:
+        raise SparkScoreError(failure_line(error)) from None
+    finally:
+        scored.unpersist()
+    return result
+
+
+def check_arguments(model_uri: str, path: str, output: str | None) -> None:
+    """Mistakes a user can make, before Spark starts."""
+    if "://" not in path and not Path(path).exists():
+        raise SparkScoreError(f"{path}: no such file or folder; give a CSV of rows or a folder of images")
+    if "://" not in path and Path(path).is_file() and not path.lower().endswith(".csv"):
+        raise SparkScoreError(f"{path}: give a CSV of rows (.csv) or a folder of images")
+    if output and "://" not in output and Path(output).exists():
+        raise SparkScoreError(f"--output {output}: already exists; give a new folder (nothing is overwritten)")
+    if (
+        not re.match(r"^(models|runs|file|dbfs|azureml|s3|gs|abfss?|wasbs?|https?):/", model_uri)
+        and not (Path(model_uri) / "MLmodel").is_file()
+    ):
+        raise SparkScoreError(
+            f"model {model_uri!r}: give an MLflow model: models:/NAME/VERSION, runs:/RUN_ID/model or a folder with "
+            "an MLmodel file"
+        )

@@ -1,0 +1,110 @@
+"""The scoring script of a batch deployment of images (scripts/serving/batch_score.py), run as Azure ML's batch driver
+runs it: init() with AZUREML_MODEL_DIR, then run(mini_batch) with a list of file paths; over a folder of photos and a
+CSV of penguin rows it answers as `scripts.train predict` does, and a file the model refuses is logged and left out
+while the rest of its mini-batch is scored."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from tests.conftest import REPO
+from tests.scored_models import scored_models
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return scored_models(tmp_path_factory)
+
+
+@pytest.fixture
+def batch_score(monkeypatch, tmp_path):
+    """The script as Azure ML loads it: by path, not as part of this package, the model under AZUREML_MODEL_DIR."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("batch_driver", REPO / "scripts/serving/batch_score.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def init(model):
+        mounted = tmp_path / "azureml-models" / "a-classifier" / "2"
+        shutil.copytree(model, mounted / "model")  # Azure ML mounts a registered MLflow model under its artifact path
+        monkeypatch.setenv("AZUREML_MODEL_DIR", str(mounted))
+        module.init()
+        return module
+
+    return init
+
+
+def assert_answers(frame: pd.DataFrame, expected: dict[str, tuple[str, float]]) -> None:
+    assert list(frame["class"]) == [label for label, _ in expected.values()]
+    difference = max(abs(a - p) for a, (_, p) in zip(frame["probability"], expected.values()))
+    assert difference <= 1e-5, difference
+    probabilities = frame[[c for c in frame.columns if c.startswith("probability_")]]
+    assert (probabilities.max(axis=1) == frame["probability"]).all()
+
+
+def test_run_over_a_folder_of_photos_answers_as_predict_and_logs_a_file_it_cannot_read(
+    models,
+    batch_score,
+    tmp_path,
+    caplog,
+):
+    birds = models["birds"]
+    script = batch_score(birds.model)
+    files = [str(path) for path in birds.expected]
+    answers = script.run(files)
+    assert list(answers["file"]) == [path.rsplit("/", 1)[1] for path in files]
+    assert list(answers.columns) == ["file", "class", "probability", "probability_chickens", "probability_turkeys"]
+    assert_answers(answers, birds.expected)
+    # A mini-batch with a file that is not an image: the others scored, that one logged by name and left out.
+    (tmp_path / "notes.jpg").write_text("not a photo")
+    with caplog.at_level(logging.ERROR):
+        answers = script.run([files[0], str(tmp_path / "notes.jpg"), files[1]])
+    assert list(answers["file"]) == [files[0].rsplit("/", 1)[1], files[1].rsplit("/", 1)[1]]
+    assert_answers(answers, {name: birds.expected[name] for name in files[:2]})
+    (line,) = [record.getMessage() for record in caplog.records]
+    assert line.startswith(f"{tmp_path / 'notes.jpg'}: image 1: not a readable image")
+
+
+def test_run_over_csv_files_answers_each_row_as_predict_and_logs_a_file_with_an_unknown_island(
+    models,
+    batch_score,
+    tmp_path,
+    caplog,
+):
+    penguins = models["penguins"]
+    script = batch_score(penguins.model)
+    rows = pd.read_csv(penguins.inputs)
+    rows.iloc[:30].to_csv(tmp_path / "a.csv", index=False)
+    rows.iloc[30:].rename(columns={"island": "Island", "bill_length_mm": "CulmenLength", "bill_depth_mm": "CulmenDepth",
+                                   "flipper_length_mm": "FlipperLength", "body_mass_g": "BodyMass"}).to_csv(
+        tmp_path / "b.csv", index=False)  # fmt: skip
+    bad = rows.iloc[:3].copy()
+    bad.iloc[1, bad.columns.get_loc("island")] = "Atlantis"
+    bad.to_csv(tmp_path / "bad.csv", index=False)
+    with caplog.at_level(logging.ERROR):
+        answers = script.run([str(tmp_path / "a.csv"), str(tmp_path / "bad.csv"), str(tmp_path / "b.csv")])
+    assert list(answers["file"]) == ["a.csv"] * 30 + ["b.csv"] * (len(rows) - 30)
+    assert list(answers["row"]) == list(range(30)) + list(range(len(rows) - 30))
+    assert_answers(answers, penguins.expected)
+    (line,) = [record.getMessage() for record in caplog.records]
+    assert line.startswith(f"{tmp_path / 'bad.csv'}: ") and "Atlantis" in line
+
+
+def test_the_script_runs_from_the_command_line_on_a_folder(models):
+    birds = models["birds"]
+    command = [sys.executable, "-m", "scripts.serving.batch_score", str(birds.model), str(birds.inputs / "turkeys")]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0] == "file,class,probability,probability_chickens,probability_turkeys"
+    turkeys = [name for name in birds.expected if "/turkeys/" in name]
+    assert [line.split(",")[1] for line in lines[1:]] == [birds.expected[name][0] for name in sorted(turkeys)]
