@@ -118,7 +118,7 @@ def pipeline(
 
     plan = plan_pipeline([task, *(presets or [])], compute, nodes, processes_per_node, distribution, train_args, data,
                          test_data, score_data, model_name, metric, threshold, name, experiment, image, environment,
-                         tier, timeout, shm_size, sweep)  # fmt: skip
+                         tier, timeout, shm_size, sweep, components)  # fmt: skip
     if local:
         from scripts.azure_ml.local_pipeline import run_local
 
@@ -145,7 +145,7 @@ def pipeline(
     try:
         with code_snapshot(Path.cwd()) as code:  # the SDK's own walk of the folder reads .venv's every file
             for step in job.jobs.values():
-                (step.trial if hasattr(step, "trial") else step.component).code = str(code)
+                (step.trial if step.type == "sweep" else step.component).code = str(code)
             submitted = client.jobs.create_or_update(job)
         print(f"submitted {submitted.name}: {submitted.studio_url}")
         if stream:

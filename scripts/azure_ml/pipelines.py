@@ -40,7 +40,7 @@ class PipelinePlan:
     threshold: float
     training_data: DataInput | None
     test_data: DataInput | None
-    score_data: DataInput
+    score_data: DataInput | None
     sweep: object = None  # a scripts.sweeps.space.Sweep: the train step is a sweep node over it
     image: str | None = None
     shm_size: str | None = None  # as given
@@ -97,8 +97,10 @@ def plan_pipeline(
     timeout: str | None = None,
     shm_size: str | None = None,
     sweep: str | None = None,
+    components_only: bool = False,
 ) -> PipelinePlan:
-    """Every check that needs no SDK: the cheap ones first, then the configs through the training CLI."""
+    """Every check that needs no SDK: the cheap ones first, then the configs through the training CLI.
+    `components_only`: for the components alone, which name no data."""
     from scripts.azure_ml.assets import check_name
     from scripts.azure_ml.components import check_prefix
     from scripts.azure_ml.jobs import BASE_IMAGE, experiment_of
@@ -134,7 +136,7 @@ def plan_pipeline(
         raise SubmitError(f"--data: {configs[0]}'s datamodule takes no data_dir or csv_path to give it as")
     testing = data_input(test_data, "--test_data", wanted) if test_data else None
     scoring = data_input(score_data, "--score_data", wanted) if score_data else (testing or training)
-    if scoring is None:
+    if scoring is None and not components_only:
         what = "a folder of images" if wanted == "uri_folder" else "a CSV, e.g. configs/examples/penguins.csv"
         raise SubmitError(f"--score_data: give what the score step scores ({what}); without --data it has no default")
     return PipelinePlan(components, job, compute, nodes, processes_per_node, experiment or experiment_of(configs),
@@ -190,6 +192,8 @@ def build_pipeline(plan: PipelinePlan):
     evaluate_inputs = {"checkpoints": None}
     if plan.components.data_option and (plan.test_data or plan.training_data):
         evaluate_inputs["test_data"] = given(plan.test_data or plan.training_data)
+    if job.tier:  # before a sweep over it: the SDK's sweep keeps the tier of queue settings the node has, else none
+        train.queue_settings = {"job_tier": job.tier}
     steps = {"train": train}
     if plan.sweep is not None:
         from scripts.sweeps.azure import sweep_node
@@ -213,7 +217,7 @@ def build_pipeline(plan: PipelinePlan):
     if evaluate_shm:  # one process
         steps["evaluate"].resources = {"shm_size": evaluate_shm}
     for name, step in steps.items():
-        if job.tier and not (name == "train" and plan.sweep is not None):  # a sweep node takes its tier above
+        if job.tier and name != "train":
             step.queue_settings = {"job_tier": job.tier}
         if job.timeout_s:  # each step's own limit (a sweep's are its file's: --timeout is refused with it)
             step.limits = {"timeout": job.timeout_s}
