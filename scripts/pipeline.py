@@ -137,6 +137,7 @@ def pipeline(
         text = pipeline_yaml(job)
         print(text, end="")
         return text
+    from azure.ai.ml.exceptions import MlException
     from azure.core.exceptions import ClientAuthenticationError
 
     from scripts.azure_ml.code_snapshot import code_snapshot
@@ -152,7 +153,21 @@ def pipeline(
             follow(client, submitted.name)
     except ClientAuthenticationError:
         raise not_signed_in() from None
+    except MlException as error:  # the SDK's checks against the workspace, e.g. a compute it does not have
+        raise SubmitError(f"Azure ML refused the pipeline: {refusal(str(error))}") from None
     return submitted.name
+
+
+def refusal(text: str) -> str:
+    """The first error of the SDK's validation report (a JSON object of errors, each with its path and value)."""
+    import json
+
+    try:
+        error = json.loads(text)["errors"][0]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return text.strip().splitlines()[0]
+    message = str(error.get("message", "")).strip().splitlines()[0]
+    return f"{error.get('path')} {error.get('value')}: {message}"
 
 
 def create_components(plan, version: str, dry_run: bool, yaml_file: str | None, subscription_id: str | None,
@@ -169,7 +184,9 @@ def create_components(plan, version: str, dry_run: bool, yaml_file: str | None, 
             folder.mkdir(parents=True, exist_ok=True)
             for step, text in texts.items():
                 (folder / f"{built[step].name}.yml").write_text(text)
-                print(f"wrote {folder / built[step].name}.yml: az ml component create -f {folder / built[step].name}.yml")
+                print(
+                    f"wrote {folder / built[step].name}.yml: az ml component create -f {folder / built[step].name}.yml"
+                )
         else:
             print("---\n".join(texts.values()), end="")
         return "---\n".join(texts.values())
@@ -190,7 +207,9 @@ def create_components(plan, version: str, dry_run: bool, yaml_file: str | None, 
         raise not_signed_in() from None
     except HttpResponseError as error:  # e.g. the version exists with other content: versions are immutable
         message = str(error.message or error).strip().splitlines()[0]
-        raise SubmitError(f"Azure ML refused component {component.name}:{version}: {message}; give the next --version")
+        raise SubmitError(
+            f"Azure ML refused component {component.name}:{version}: {message}; give the next --version"
+        ) from None
     return " ".join(created)
 
 

@@ -156,6 +156,14 @@ def test_a_submission_puts_the_pipeline_with_its_four_steps(monkeypatch, capsys)
     assert job["computeId"] == f"{WORKSPACE}/computes/cpu-cluster"
 
 
+def test_a_compute_the_workspace_does_not_have_is_one_line(monkeypatch, capsys):
+    fake_workspace(monkeypatch)
+    with pytest.raises(SystemExit) as exit:
+        main(["configs/penguins.yaml", "--compute", "no-such-cluster", "--score_data", str(PENGUINS)])
+    assert exit.value.code.startswith("error: Azure ML refused the pipeline: compute azureml:no-such-cluster: ")
+    assert "\n" not in exit.value.code
+
+
 def test_the_components_are_registered_in_the_workspace(monkeypatch, capsys):
     azure = fake_workspace(monkeypatch)
     created = pipeline("configs/birds.yaml", "gpu", components=True, version="3")
@@ -234,7 +242,7 @@ def test_penguins_run_here_end_to_end_registering_only_above_the_threshold(tmp_p
     assert registered_versions(tmp_path / "mlflow.db", "penguins-pipeline") == ["1"]
     rows = list(csv.reader((folder / "score/predictions/predictions.csv").read_text().splitlines()))
     assert rows[0] == ["input", "class", "probability"] and len(rows) == len(PENGUINS.read_text().splitlines())
-    assert (folder / "score/predictions").parent.joinpath("outputs").exists() is False  # score writes no ./outputs
+    assert (folder / "train/outputs").is_dir()  # the step's ./outputs, as Azure ML keeps it: its run's config
 
     again = run_module("scripts.pipeline", *local, "--threshold", "1")
     assert again.returncode == 0, again.stderr[-3000:]
@@ -272,7 +280,10 @@ def test_the_register_step_refuses_what_it_cannot_use_in_one_line(tmp_path):
     (tmp_path / "metrics.json").write_text('{"test_loss": 0.2}')
     with pytest.raises(SystemExit) as exit:
         register([str(tmp_path / "model"), str(tmp_path), "--name", "m", "--threshold", "0.5"])
-    assert exit.value.code == f"error: {tmp_path / 'metrics.json'}: no test_acc in it (it has test_loss); give one of those"
+    assert (
+        exit.value.code
+        == f"error: {tmp_path / 'metrics.json'}: no test_acc in it (it has test_loss); give one of those"
+    )
 
 
 def test_main_prints_one_line_for_an_unknown_option(capsys):

@@ -176,7 +176,9 @@ def plan_components(configs: list[str], train_args: str = "", prefix: str | None
         "python -m scripts.azure_ml.register_step ${{inputs.model}} ${{inputs.metrics}} --name ${{inputs.model_name}} "
         "--metric ${{inputs.metric}} --threshold ${{inputs.threshold}} --output ${{outputs.model}}"
     )
-    plan.commands["score"] = "python -m scripts.score ${{inputs.model}} ${{inputs.data}} --output ${{outputs.predictions}}"
+    plan.commands["score"] = (
+        "python -m scripts.score ${{inputs.model}} ${{inputs.data}} --output ${{outputs.predictions}}"
+    )
     return plan
 
 
@@ -236,9 +238,17 @@ def build_components(plan: TaskComponents, environment, version: str | None = No
             description="python -m scripts.train test of the best checkpoint: test metrics to MLflow and metrics.json",
             inputs={
                 "checkpoints": Input(type="uri_folder", description="the train step's checkpoints (best.ckpt)"),
-                **({"test_data": Input(type=plan.data_type, optional=True,
-                                       description="data whose test split is evaluated; none: the config's own")}
-                   if plan.data_option else {}),
+                **(
+                    {
+                        "test_data": Input(
+                            type=plan.data_type,
+                            optional=True,
+                            description="data whose test split is evaluated; none: the config's own",
+                        )
+                    }
+                    if plan.data_option
+                    else {}
+                ),
             },  # fmt: skip
             outputs={"metrics": Output(type="uri_folder")},
             command=plan.commands["evaluate"],
@@ -252,7 +262,9 @@ def build_components(plan: TaskComponents, environment, version: str | None = No
                 "model": Input(type="mlflow_model"),
                 "metrics": Input(type="uri_folder", description="the evaluate step's metrics (metrics.json)"),
                 "model_name": Input(type="string", default=model_name or f"{plan.task}-classifier"),
-                "metric": Input(type="string", default=metric, description="test_acc (at least) or test_loss (at most)"),
+                "metric": Input(
+                    type="string", default=metric, description="test_acc (at least) or test_loss (at most)"
+                ),
                 "threshold": Input(type="number", default=threshold),
             },
             outputs={"model": Output(type="mlflow_model")},

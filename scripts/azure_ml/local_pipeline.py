@@ -85,7 +85,9 @@ def run_local(plan: PipelinePlan, local_dir: Path) -> Path:
     from scripts.azure_ml.code_snapshot import code_snapshot
 
     if plan.sweep is not None:
-        raise SubmitError("--local true with --sweep: a sweep step runs in Azure ML; here: python -m scripts.sweep FILE")
+        raise SubmitError(
+            "--local true with --sweep: a sweep step runs in Azure ML; here: python -m scripts.sweep FILE"
+        )
     for option, data in (("--data", plan.training_data), ("--test_data", plan.test_data),
                          ("--score_data", plan.score_data)):  # fmt: skip
         if data is not None and not Path(data.path).exists():
@@ -105,7 +107,9 @@ def run_local(plan: PipelinePlan, local_dir: Path) -> Path:
             if (code / "outputs").is_dir():
                 shutil.move(code / "outputs", folder / step / "outputs")
         if status != 0:
-            raise SubmitError(f"step {step} failed (exit status {status}); its output is above, its folders in {folder}")
+            raise SubmitError(
+                f"step {step} failed (exit status {status}); its output is above, its folders in {folder}"
+            )
         done[step] = outputs
     print(f"pipeline done: {folder} (predictions: {done['score']['predictions'] / 'predictions.csv'})")
     return folder

@@ -42,7 +42,9 @@ def step_run(tracking_uri: str) -> str:
     name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "lightning-template")
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
-        location = (LOCAL_STORE.parent / "mlartifacts").resolve().as_uri() if tracking_uri.startswith("sqlite") else None
+        location = (
+            (LOCAL_STORE.parent / "mlartifacts").resolve().as_uri() if tracking_uri.startswith("sqlite") else None
+        )
         experiment_id = client.create_experiment(name, artifact_location=location)
     else:
         experiment_id = experiment.experiment_id
@@ -78,11 +80,15 @@ def register_step(model: Path, metrics: Path, name: str, metric: str, threshold:
 
 
 def main(args: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m scripts.azure_ml.register_step", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.azure_ml.register_step", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("model", type=Path, help="the MLflow model folder (the train step's model output)")
     parser.add_argument("metrics", type=Path, help="the evaluate step's metrics folder (or its metrics.json)")
     parser.add_argument("--name", required=True, help="the registered model's name, e.g. birds-classifier")
-    parser.add_argument("--metric", default="test_acc", help="the metric of metrics.json compared (test_acc, test_loss)")
+    parser.add_argument(
+        "--metric", default="test_acc", help="the metric of metrics.json compared (test_acc, test_loss)"
+    )
     parser.add_argument("--threshold", type=float, required=True, help="the value the metric must reach")
     parser.add_argument("--output", type=Path, default=None, help="a folder to copy the model to (the score step's)")
     options = parser.parse_args(args)

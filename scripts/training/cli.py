@@ -349,9 +349,11 @@ def check_writable(folder: Path, option: str) -> None:
 
 
 def check_empty(folder: Path, option: str) -> None:
-    """Stops before anything starts when `folder` holds files (an MLflow model is saved only into a new or empty one)."""
+    """Stops before anything starts when `folder` holds files: an MLflow model is saved only into a new or empty one."""
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise ConfigError(f"{option} {folder}: not an empty folder; give a new or empty one (nothing in it is replaced)")
+        raise ConfigError(
+            f"{option} {folder}: not an empty folder; give a new or empty one (nothing in it is replaced)"
+        )
     check_writable(folder, option)
 
 
