@@ -97,7 +97,7 @@ def pipeline(
         stream: follow the submitted pipeline's logs and exit with its status.
         subscription_id, resource_group, workspace: the workspace, when there is no config.json.
     """
-    if not compute and not local:
+    if not compute and not local and not components:
         raise SubmitError("give the compute cluster to run on: --compute NAME (or --local true to run it here)")
     if local and (dry_run or components or stream):
         raise SubmitError("--local true runs the pipeline here: leave out --dry_run, --components and --stream")

@@ -216,7 +216,7 @@ def registered_versions(store: Path, name: str) -> list[str]:
     from mlflow.exceptions import MlflowException
 
     try:
-        return [v.version for v in MlflowClient(f"sqlite:///{store}").search_model_versions(f"name = '{name}'")]
+        return [str(v.version) for v in MlflowClient(f"sqlite:///{store}").search_model_versions(f"name = '{name}'")]
     except MlflowException:
         return []
 
