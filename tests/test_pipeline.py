@@ -9,6 +9,7 @@ test makes: no download).
 from __future__ import annotations
 
 import csv
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -244,11 +245,16 @@ def test_penguins_run_here_end_to_end_registering_only_above_the_threshold(tmp_p
     assert rows[0] == ["input", "class", "probability"] and len(rows) == len(PENGUINS.read_text().splitlines())
     assert (folder / "train/outputs").is_dir()  # the step's ./outputs, as Azure ML keeps it: its run's config
 
-    again = run_module("scripts.pipeline", *local, "--threshold", "1")
+    # The register step again, as its own process on the same folders and store, with a threshold not reached.
+    step = [folder / "train/model", folder / "evaluate/metrics", "--name", "penguins-pipeline", "--threshold", "1"]
+    store = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    again = run_module("scripts.azure_ml.register_step", *step, "--output", tmp_path / "passed-on", env=store)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "not registered: test_acc " in again.stdout and "the threshold (at least 1)" in again.stdout
+    assert again.stdout.strip() == (
+        f"not registered: test_acc {metrics['test_acc']:.4f} does not reach the threshold (at least 1)"
+    )
     assert registered_versions(tmp_path / "mlflow.db", "penguins-pipeline") == ["1"]  # nothing else registered
-    assert (run_folder(again.stdout) / "score/predictions/predictions.csv").is_file()  # scored all the same
+    assert (tmp_path / "passed-on/MLmodel").is_file()  # the model goes on to the score step all the same
 
 
 @pytest.mark.slow
