@@ -132,7 +132,7 @@ def plan_components(configs: list[str], train_args: str = "", prefix: str | None
     the train step, `sweep_args` the `--option ${{inputs.name}}` a sweep's search space adds, with their inputs."""
     task = Path(configs[0]).stem
     prefix = check_prefix(prefix if prefix is not None else re.sub(r"\W", "_", task.lower()))
-    config = resolved_config(configs, " ".join(part for part in (train_args,) if part))
+    config = resolved_config(configs, train_args)
     data_args = value_at(config, "data.init_args") or {}
     data_name = next((name for name in DATA_OPTIONS if name in data_args), None)
     plan = TaskComponents(task, prefix, configs, data_name and f"data.init_args.{data_name}",

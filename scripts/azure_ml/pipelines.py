@@ -117,17 +117,16 @@ def plan_pipeline(
                    environment, tier, timeout, shm_size)  # fmt: skip
     spec, sweep_args, sweep_inputs = None, "", {}
     if sweep:
-        from scripts.sweeps.azure import load_for_azure, search_space_names
-        from scripts.sweeps.space import SweepError, cli_value, option_args
+        from scripts.sweeps.azure import load_for_azure, search_space_names, trial_args
+        from scripts.sweeps.space import SweepError
 
         try:
             spec = load_for_azure(sweep, configs)
         except SweepError as error:
             raise SubmitError(f"--sweep {error}") from None
         names = search_space_names(spec)
-        fixed = option_args(spec.fixed)
-        searched = " ".join(f"--{option} ${{{{inputs.{names[option]}}}}}" for option in names)
-        sweep_args = " ".join([*(f"{fixed[i]} {cli_value(fixed[i + 1])}" for i in range(0, len(fixed), 2)), searched])
+        # A sweep node searches its component's inputs: the trial's options, each from the input of its name.
+        sweep_args = trial_args(spec).replace("${{search_space.", "${{inputs.")
         sweep_inputs = {names[p.option]: sweep_input_type(p) for p in spec.params}
     components = plan_components(configs, train_args, name, sweep_args, sweep_inputs)
     wanted = components.data_type
@@ -158,12 +157,12 @@ def sweep_input_type(param) -> str:
 
 
 def build_components_of(plan: PipelinePlan, version: str | None = None) -> dict:
+    """The plan's four components by step, on the train step's environment (one image for all four)."""
     from scripts.azure_ml.components import build_components
     from scripts.azure_ml.jobs import job_environment
 
-    environment = job_environment(plan.job, plan.image)  # one for all four steps: one image
-    components = build_components(plan.components, environment, version, plan.model_name, plan.metric, plan.threshold)
-    return components
+    environment = job_environment(plan.job, plan.image)
+    return build_components(plan.components, environment, version, plan.model_name, plan.metric, plan.threshold)
 
 
 def build_pipeline(plan: PipelinePlan):
