@@ -275,6 +275,27 @@ def test_birds_run_here_end_to_end_on_a_tiny_folder(tmp_path):
                                                     if line.startswith("[evaluate]"))  # fmt: skip
 
 
+@pytest.mark.slow
+def test_a_fit_restarted_after_saving_its_model_replaces_it_and_a_folder_of_other_files_is_refused(tmp_path, train_cli):
+    """A pipeline's train step restarted (preempted) after it saved its model output resumes and saves it again."""
+    fit = ["fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", "1", "--checkpoint_dir",
+           tmp_path / "checkpoints", "--model_dir", tmp_path / "model", "--test_after_fit", "false"]  # fmt: skip
+    first = train_cli(*fit)
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved = (tmp_path / "model/MLmodel").read_text()
+    again = train_cli(*fit)  # the same outputs: it resumes from last.ckpt and saves the model again
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"saved model: {tmp_path / 'model'}" in again.stdout and (tmp_path / "model/MLmodel").read_text() != saved
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine/notes.txt").write_text("mine")
+    refused = train_cli(*fit[:-4], "--model_dir", tmp_path / "mine")
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"error: --model_dir {tmp_path / 'mine'}: neither empty nor an MLflow model's folder; give a new or empty one "
+        "(nothing in it is replaced)"
+    )
+    assert (tmp_path / "mine/notes.txt").read_text() == "mine"
+
+
 def test_the_register_step_refuses_what_it_cannot_use_in_one_line(tmp_path):
     from scripts.azure_ml.register_step import main as register
 

@@ -191,7 +191,7 @@ class TemplateCLI(LightningCLI):
             if config.get("checkpoint_dir") and launched_rank() == 0:
                 check_writable(Path(config.checkpoint_dir), "--checkpoint_dir")
             if config.get("model_dir") and launched_rank() == 0:
-                check_empty(Path(config.model_dir), "--model_dir")
+                check_model_dir(Path(config.model_dir), "--model_dir")
             if ours_only(config.get("checkpoint_dir")):  # Lightning warns of it at every start, resumes included
                 warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
         if self.subcommand == "fit" and (last := resume_from(config)):
@@ -256,7 +256,8 @@ class TemplateCLI(LightningCLI):
             if self.config.fit.register_model:
                 self.register_best(self.config.fit.register_model, checkpoint)
             if self.config.fit.model_dir:
-                save_model(*self.best_network(checkpoint), self.config.fit.model_dir, serving_inputs(self.datamodule))
+                folder = Path(self.config.fit.model_dir)
+                save_model_in(folder, *self.best_network(checkpoint), serving_inputs(self.datamodule))
                 print(f"saved model: {self.config.fit.model_dir}")
 
     def best_network(self, checkpoint: ModelCheckpoint) -> tuple[torch.nn.Module, torch.Tensor, list[str]]:
@@ -348,13 +349,26 @@ def check_writable(folder: Path, option: str) -> None:
         ) from None
 
 
-def check_empty(folder: Path, option: str) -> None:
-    """Stops before anything starts when `folder` holds files: an MLflow model is saved only into a new or empty one."""
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+def check_model_dir(folder: Path, option: str) -> None:
+    """Stops before anything starts when `folder` holds anything but an MLflow model saved there before (which a
+    restarted job's fit replaces): a model is saved only into a new, empty or earlier model's folder."""
+    if folder.exists() and (not folder.is_dir() or (any(folder.iterdir()) and not (folder / "MLmodel").is_file())):
         raise ConfigError(
-            f"{option} {folder}: not an empty folder; give a new or empty one (nothing in it is replaced)"
+            f"{option} {folder}: neither empty nor an MLflow model's folder; give a new or empty one (nothing in it "
+            "is replaced)"
         )
     check_writable(folder, option)
+
+
+def save_model_in(folder: Path, network, example, class_names: list[str], inputs: dict | None) -> None:
+    """save_model into `folder`, an earlier model there replaced (the folder itself stays: it may be a mount)."""
+    if (folder / "MLmodel").is_file():
+        for path in folder.iterdir():
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+    save_model(network, example, class_names, folder, inputs)
 
 
 def write_metrics(metrics: dict, path: Path) -> None:
