@@ -36,7 +36,7 @@ DATA ?=
 VERSION ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install horovod horovod-gpu test-fast train sweep validate evaluate predict export plot submit assets spark bench bench-spark mlflow-ui lint format test clean serve-env serve deploy bench-serve
+.PHONY: help install horovod horovod-gpu test-fast train sweep validate evaluate predict export plot submit pipeline components assets spark bench bench-spark mlflow-ui lint format test clean serve-env serve deploy bench-serve
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ name[NR] = $$1; text[NR] = $$2; \
@@ -110,6 +110,13 @@ plot: $(VENV)/installed ## PNG of training and validation loss of RUN (default: 
 submit: $(VENV)/installed ## run configs/TASK.yaml as an Azure ML job on COMPUTE (ARGS="--nodes 2 --dry_run true")
 	@test -n "$(COMPUTE)" || { echo "error: give COMPUTE=<your Azure ML compute cluster>" >&2; exit 1; }
 	$(PY) -m scripts.submit $(CONFIG) --compute $(COMPUTE) $(ARGS)
+
+pipeline: $(VENV)/installed ## TASK as an Azure ML pipeline, train -> evaluate -> register -> score, on COMPUTE (none: here); INPUT is scored
+	$(PY) -m scripts.pipeline $(CONFIG) $(if $(COMPUTE),--compute $(COMPUTE),--local true) $(if $(INPUT),--score_data "$(INPUT)") $(ARGS)
+
+components: $(VENV)/installed ## register TASK's four Azure ML components (train, evaluate, register, score) as VERSION=N
+	@test -n "$(VERSION)" || { echo "error: give VERSION=<a number: the components' next version>" >&2; exit 1; }
+	$(PY) -m scripts.pipeline $(CONFIG) --components true --version $(VERSION) $(ARGS)
 
 assets: $(VENV)/installed ## DATA=path as TASK's Azure ML data asset (a CSV also an MLTable), or the environments; VERSION=N
 	@test -n "$(VERSION)" || { echo "error: give VERSION=<a number: the assets' next version>" >&2; exit 1; }

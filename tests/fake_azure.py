@@ -1,6 +1,6 @@
 """A fake HTTP transport that answers as Azure ML's REST API and a workspace's blob storage would, for MLClient in the
-tests (no Azure is reachable here): jobs, environments, data assets, datastores, blobs, run history and online
-endpoints.
+tests (no Azure is reachable here): jobs, pipeline jobs, components, environments, data assets, datastores, blobs, run
+history and online endpoints.
 
     from tests.fake_azure import FakeAzureML, fake_client
 """
@@ -45,6 +45,7 @@ class FakeAzureML(requests.Session):
         self.final_status = "Completed"  # what a followed job ends as
         self.details_asked = 0
         self.code_hashes: list[str] = []  # the content hashes the workspace was asked for a code snapshot by
+        self.computes = {"cpu-cluster", "gpu-cluster", "cpu", "gpu"}  # the workspace's clusters (a pipeline checks)
 
     def request(self, method, url, data=None, **kwargs):
         if url.startswith(BLOB_STORE):
@@ -59,6 +60,11 @@ class FakeAzureML(requests.Session):
             status, answer = 200, {"value": [{"id": f"{path}/1", "name": "1", **code}]}
         elif method == "GET" and re.search(r"/codes/[^/]+/versions/1$", path):
             status, answer = 200, {"id": path, "name": "1", **code}
+        elif method == "GET" and re.search(r"/computes/[^/]+$", path) and path.rsplit("/", 1)[1] in self.computes:
+            cluster = {"computeType": "AmlCompute", "provisioningState": "Succeeded",
+                       "properties": {"vmSize": "STANDARD_DS3_V2", "scaleSettings": {"maxNodeCount": 4}}}  # fmt: skip
+            status, answer = 200, {"id": path, "name": path.rsplit("/", 1)[1], "location": "westeurope",
+                                   "properties": cluster}  # fmt: skip
         elif method == "GET" and path.endswith("/datastores/workspaceblobstore"):
             store = {"datastoreType": "AzureBlob", "accountName": "account", "containerName": "container"}
             store |= {
@@ -69,7 +75,7 @@ class FakeAzureML(requests.Session):
             status, answer = 200, {"id": path, "name": "workspaceblobstore", "properties": store}
         elif method == "POST" and path.endswith("/datastores/workspaceblobstore/listSecrets"):
             status, answer = 200, {"secretsType": "AccountKey", "key": base64.b64encode(bytes(64)).decode()}
-        elif method == "PUT" and re.search(r"/(environments|data)/[^/]+/versions/[^/]+$", path):
+        elif method == "PUT" and re.search(r"/(environments|data|components)/[^/]+/versions/[^/]+$", path):
             status, answer = 201, {"id": path, "name": path.rsplit("/", 1)[1], **sent}
         elif method == "PUT" and re.search(r"/jobs/[^/]+$", path):
             status, answer = 201, {"id": path, "name": path.rsplit("/", 1)[1], **sent}
@@ -106,16 +112,27 @@ class FakeAzureML(requests.Session):
         return http_response(method, url, 404, headers={"x-ms-error-code": "BlobNotFound"})  # nothing uploaded before
 
 
+AML_SCOPE = "https://ml.azure.com/.default"  # a pipeline's submission reads the audience of its token for this scope
+
+
+def token_for(scopes) -> str:
+    """An unsigned JWT for Azure ML's own scope (the SDK decodes it, unverified, for its audience), else a plain one."""
+    if AML_SCOPE not in scopes:
+        return "token"
+    part = lambda data: base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")  # noqa: E731
+    return f"{part({'alg': 'none', 'typ': 'JWT'})}.{part({'aud': 'https://ml.azure.com', 'tid': 'tenant'})}."
+
+
 class FakeCredential:
     def get_token(self, *scopes, **options):
         from azure.core.credentials import AccessToken
 
-        return AccessToken("token", 4102444800)
+        return AccessToken(token_for(scopes), 4102444800)
 
     def get_token_info(self, *scopes, options=None):
         from azure.core.credentials import AccessTokenInfo
 
-        return AccessTokenInfo("token", 4102444800)
+        return AccessTokenInfo(token_for(scopes), 4102444800)
 
 
 def fake_client(azure: FakeAzureML, credential=None):

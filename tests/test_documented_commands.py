@@ -19,7 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 PRINT_CONFIG = {"scripts.train", "scripts.submit", "scripts.sweep", "scripts.serve", "scripts.deploy", "scripts.export",
-                "scripts.assets"}  # fmt: skip
+                "scripts.assets", "scripts.pipeline"}  # fmt: skip
 SHELL_ENDS = {"|", ">", ">>", "2>", "2>&1", "&&", ";", "&"}
 
 

@@ -1,1 +1,1 @@
-"""Azure ML job building shared by submit, deploy and sweeps: images, launch rules, the workspace client, job YAML."""
+"""Azure ML job building shared by submit, deploy, sweeps and pipelines: images, launch rules, components, YAML."""

@@ -291,39 +291,54 @@ def build_job(
     """The azure.ai.ml command job that runs `scripts.train fit` on `configs`; see `submit` for the arguments."""
     plan = plan_job(configs, nodes, processes_per_node, distribution, inputs, train_args, image or BASE_IMAGE,
                     checkpoints, environment, tier, timeout, shm_size)  # fmt: skip
-    from azure.ai.ml import Input, MpiDistribution, Output, PyTorchDistribution, command
-    from azure.ai.ml.entities import BuildContext, Environment
+    from azure.ai.ml import Input, Output, command
 
-    if plan.environment:
-        environment = plan.environment  # registered: the job uploads no conda file and builds no image of its own
-    elif plan.horovod:
-        context = horovod_build_context(plan.gpu)
-        environment = Environment(build=BuildContext(path=str(context), dockerfile_path="Dockerfile"))
-    else:
-        environment = Environment(image=image or (GPU_IMAGE if plan.gpu else BASE_IMAGE), conda_file="environment.yml")
-    launch = None
-    if plan.launch:
-        launch = (PyTorchDistribution if plan.launch == "pytorch" else MpiDistribution)(
-            process_count_per_instance=processes_per_node
-        )
     job_inputs = {i.name: Input(type=i.type, path=i.path, mode=i.mode) for i in plan.inputs}
     tasks = ", ".join(Path(path).stem for path in configs)
     return command(
         code=".",
         command=plan.command,
-        environment=environment,
+        environment=job_environment(plan, image),
         compute=compute,
         instance_count=nodes,
-        distribution=launch,
+        distribution=launch_distribution(plan, processes_per_node),
         inputs=job_inputs or None,
         outputs={"checkpoints": Output(type="uri_folder", mode="rw_mount")} if checkpoints else None,
         experiment_name=experiment or experiment_of(configs),
         display_name=f"{tasks}: fit, {plan.shape}",
-        environment_variables=dict(MPI_STOP_GRACE) if plan.launch == "mpi" or plan.horovod else None,
+        environment_variables=launch_variables(plan),
         job_tier=plan.tier,
         timeout=plan.timeout_s,
         shm_size=plan.shm_size,
     )
+
+
+def job_environment(plan: Plan, image: str | None = None):
+    """What the plan's processes run in: its registered environment, Horovod's image, or environment.yml on Azure ML's
+    Open MPI image (its CUDA one for GPUs) or `image`. Pipelines give it to every step."""
+    from azure.ai.ml.entities import BuildContext, Environment
+
+    if plan.environment:
+        return plan.environment  # registered: the job uploads no conda file and builds no image of its own
+    if plan.horovod:
+        context = horovod_build_context(plan.gpu)
+        return Environment(build=BuildContext(path=str(context), dockerfile_path="Dockerfile"))
+    return Environment(image=image or (GPU_IMAGE if plan.gpu else BASE_IMAGE), conda_file="environment.yml")
+
+
+def launch_distribution(plan: Plan, processes_per_node: int):
+    """How Azure ML starts the plan's processes: torch.distributed's variables (`pytorch`), mpirun (`mpi`), or None."""
+    from azure.ai.ml import MpiDistribution, PyTorchDistribution
+
+    if not plan.launch:
+        return None
+    return (PyTorchDistribution if plan.launch == "pytorch" else MpiDistribution)(
+        process_count_per_instance=processes_per_node
+    )
+
+
+def launch_variables(plan: Plan) -> dict[str, str] | None:
+    return dict(MPI_STOP_GRACE) if plan.launch == "mpi" or plan.horovod else None
 
 
 def is_local(path: str) -> bool:

@@ -305,13 +305,18 @@ def register_model(
 
         python -m scripts.train fit --config configs/penguins.yaml --register_model penguins-classifier
     """
+    with tempfile.TemporaryDirectory() as folder:
+        save_model(network, example, class_names, f"{folder}/model", inputs)
+        return register_folder(tracking_uri, run_id, f"{folder}/model", name)
+
+
+def register_folder(tracking_uri: str, run_id: str, folder: str | Path, name: str) -> str:
+    """Logs a saved model folder as the run's `model/` artifacts and registers it as a new version of `name`; returns
+    the version. register_model, and an Azure ML pipeline's register step (a train step's model output), use it."""
     import mlflow
     from mlflow import MlflowClient
 
-    client = MlflowClient(tracking_uri)
-    with tempfile.TemporaryDirectory() as folder:
-        save_model(network, example, class_names, f"{folder}/model", inputs)
-        client.log_artifacts(run_id, f"{folder}/model", "model")
+    MlflowClient(tracking_uri).log_artifacts(run_id, str(folder), "model")
     mlflow.set_tracking_uri(tracking_uri)  # register_model's client, and the registry's, follow it
     try:
         version = mlflow.register_model(f"runs:/{run_id}/model", name)

@@ -139,7 +139,19 @@ def build_sweep_job(command_node, sweep: Sweep, compute: str, tier: str | None =
     """The sweep job over `command_node` (scripts.azure_ml.jobs.build_job's command job, whose command already ends with
     trial_args(sweep)), from the sweep file; `tier` is the job tier of its trials (spot, standard)."""
     names = search_space_names(sweep)
-    node = command_node.sweep(
+    job = sweep_node(command_node, sweep, compute, tier)._to_job()  # the job itself, not the pipeline node wrapping it
+    job.display_name = f"{command_node.display_name.split(':')[0]}: sweep {sweep.name}, {sweep.metric} ({sweep.goal})"
+    job.experiment_name = command_node.experiment_name
+    job.tags = {**(job.tags or {}), **{f"search_space.{name}": option for option, name in names.items()}}
+    job.tags["sweep_file"] = sweep.path
+    return job
+
+
+def sweep_node(command_node, sweep: Sweep, compute: str, tier: str | None = None):
+    """The sweep node over `command_node`, whose command or inputs take `${{search_space.<name>}}` (a job) or whose
+    inputs are named as the search space (a pipeline's train step: scripts/azure_ml/pipelines.py)."""
+    names = search_space_names(sweep)
+    return command_node.sweep(
         primary_metric=sweep.metric,
         goal=sweep.goal,
         sampling_algorithm=sampling(sweep),
@@ -152,12 +164,6 @@ def build_sweep_job(command_node, sweep: Sweep, compute: str, tier: str | None =
         search_space={names[param.option]: distribution(param) for param in sweep.params},
         job_tier=tier,
     )
-    job = node._to_job()  # the job itself, not the pipeline node wrapping it (as scripts.azure_ml.jobs.job_yaml)
-    job.display_name = f"{command_node.display_name.split(':')[0]}: sweep {sweep.name}, {sweep.metric} ({sweep.goal})"
-    job.experiment_name = command_node.experiment_name
-    job.tags = {**(job.tags or {}), **{f"search_space.{name}": option for option, name in names.items()}}
-    job.tags["sweep_file"] = sweep.path
-    return job
 
 
 def options_of_trial(job_tags: dict[str, str], hyperparameters: dict[str, object]) -> dict[str, object]:

@@ -34,7 +34,7 @@ from datamodules.base import ClassificationDataModule
 from datamodules.errors import DataError
 from lightning_modules.classifier import ClassificationModule, DivergedError, OptimizerError
 from lightning_modules.transfer_net import WeightsError, skip_pretrained_weights
-from scripts.serving.mlflow_model import ExportError, register_model, serving_inputs, test_inputs
+from scripts.serving.mlflow_model import ExportError, register_model, save_model, serving_inputs, test_inputs
 from scripts.training.checkpoints import (
     CONFIG_KEY,
     RUN_ID_FILE,
@@ -148,6 +148,15 @@ class TemplateCLI(LightningCLI):
             "--register_model", type=str | None, default=None,
             help="fit: log the best checkpoint's network as the run's MLflow model, registered under this name",
         )  # fmt: skip
+        parser.add_argument(
+            "--model_dir", type=str | None, default=None,
+            help="fit: also save the best checkpoint's network as an MLflow model in this folder (new or empty): what "
+            "--register_model registers; an Azure ML pipeline's mlflow_model output",
+        )  # fmt: skip
+        parser.add_argument(
+            "--metrics_file", type=str | None, default=None,
+            help="fit, test: write the metrics at the end (the last validation's and the test's) to this JSON file",
+        )  # fmt: skip
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         super().parse_arguments(parser, args)
@@ -181,6 +190,8 @@ class TemplateCLI(LightningCLI):
             check_trains(config.trainer)
             if config.get("checkpoint_dir") and launched_rank() == 0:
                 check_writable(Path(config.checkpoint_dir), "--checkpoint_dir")
+            if config.get("model_dir") and launched_rank() == 0:
+                check_model_dir(Path(config.model_dir), "--model_dir")
             if ours_only(config.get("checkpoint_dir")):  # Lightning warns of it at every start, resumes included
                 warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
         if self.subcommand == "fit" and (last := resume_from(config)):
@@ -238,22 +249,38 @@ class TemplateCLI(LightningCLI):
                 "the fit trained no step (check trainer.max_epochs, max_steps, limit_train_batches and the training "
                 "data): its network is untrained, so it is not tested; give options that train at least one step"
             )
+        metrics = dict(self.trainer.callback_metrics)  # the last validation's: testing replaces them
         if self.config.fit.test_after_fit:
             ckpt_path = "best" if checkpoint is not None and checkpoint.best_model_path else None
             (results,) = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt_path)
             rank_zero_print(f"test_acc: {results['test_acc']:.4f}")  # reduced over all processes
-        if self.config.fit.register_model and checkpoint.best_model_path and self.trainer.is_global_zero:
-            self.register_best(self.config.fit.register_model, checkpoint)
+            metrics.update(results)
+        if self.config.fit.metrics_file and self.trainer.is_global_zero:
+            write_metrics(metrics, Path(self.config.fit.metrics_file))
+        if self.trainer.is_global_zero and checkpoint is not None and checkpoint.best_model_path:
+            if self.config.fit.register_model:
+                self.register_best(self.config.fit.register_model, checkpoint)
+            if self.config.fit.model_dir:
+                folder = Path(self.config.fit.model_dir)
+                try:
+                    save_model_in(folder, *self.best_network(checkpoint), serving_inputs(self.datamodule))
+                except ExportError as error:
+                    raise ConfigError(f"--model_dir {folder}: {error}") from None
+                print(f"saved model: {self.config.fit.model_dir}")
 
-    def register_best(self, name: str, checkpoint: ModelCheckpoint) -> None:
-        logger = self.trainer.logger
+    def best_network(self, checkpoint: ModelCheckpoint) -> tuple[torch.nn.Module, torch.Tensor, list[str]]:
+        """The best checkpoint's network, a batch of its test inputs and its class names."""
         state = torch.load(checkpoint.best_model_path, map_location="cpu", weights_only=False)["state_dict"]
         self.model.load_state_dict(state)
         example = test_inputs(self.datamodule, batches=1)[0]
+        return self.model.network, example, self.model.class_names
+
+    def register_best(self, name: str, checkpoint: ModelCheckpoint) -> None:
+        logger = self.trainer.logger
+        network, example, classes = self.best_network(checkpoint)
         tracking_uri = self.config.fit.trainer.logger.init_args.tracking_uri
         try:
             inputs = serving_inputs(self.datamodule)
-            network, classes = self.model.network, self.model.class_names
             version = register_model(tracking_uri, logger.run_id, network, example, classes, name, inputs)
         except ExportError as error:
             raise ConfigError(f"--register_model {name}: {error}") from None
@@ -273,6 +300,10 @@ class TemplateCLI(LightningCLI):
 
     def before_test(self) -> None:
         self.check_classes()
+
+    def after_test(self) -> None:
+        if self.config.test.metrics_file and self.trainer.is_global_zero:
+            write_metrics(dict(self.trainer.callback_metrics), Path(self.config.test.metrics_file))
 
     def before_predict(self) -> None:
         self.check_classes()
@@ -327,6 +358,40 @@ def check_writable(folder: Path, option: str) -> None:
         raise ConfigError(
             f"{folder}: cannot write there ({error.strerror or error}); give {option} a folder you can write"
         ) from None
+
+
+def check_model_dir(folder: Path, option: str) -> None:
+    """Stops before anything starts when `folder` holds anything but an MLflow model saved there before (which a
+    restarted job's fit replaces): a model is saved only into a new, empty or earlier model's folder."""
+    if folder.exists() and (not folder.is_dir() or (any(folder.iterdir()) and not (folder / "MLmodel").is_file())):
+        raise ConfigError(
+            f"{option} {folder}: neither empty nor an MLflow model's folder; give a new or empty one (nothing in it "
+            "is replaced)"
+        )
+    check_writable(folder, option)
+
+
+def save_model_in(folder: Path, network, example, class_names: list[str], inputs: dict | None) -> None:
+    """save_model into `folder`, an earlier model there replaced (the folder itself stays: it may be a mount)."""
+    if (folder / "MLmodel").is_file():
+        for path in folder.iterdir():
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+    save_model(network, example, class_names, folder, inputs)
+
+
+def write_metrics(metrics: dict, path: Path) -> None:
+    """The metrics as a JSON object of numbers, written to a temporary name beside `path` and renamed."""
+    import json
+
+    values = {name: float(value) for name, value in sorted(metrics.items())}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(values, indent=1) + "\n")
+    part.replace(path)
+    rank_zero_print(f"wrote metrics: {path}")
 
 
 def ours_only(folder: str | None) -> bool:

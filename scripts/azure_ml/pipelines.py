@@ -1,0 +1,250 @@
+"""A task's Azure ML pipeline job, train -> evaluate -> register -> score, built from its components
+(scripts/azure_ml/components.py) with the launch rules, images, tier, timeout and shared memory of single jobs
+(scripts/azure_ml/jobs.py); checked before the SDK is imported. scripts.pipeline submits it, prints it or runs it here.
+
+    python -m scripts.pipeline configs/penguins.yaml --compute cpu-cluster --dry_run true
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from scripts.azure_ml.components import TaskComponents, plan_components
+from scripts.azure_ml.jobs import PRESETS, Plan, SubmitError, is_local, parse_reference, plan_job
+
+STEPS = ("train", "evaluate", "register", "score")
+METRICS = ("test_acc", "test_loss")  # what the evaluate step's test writes; acc reaches at or above, loss at or below
+
+
+@dataclass
+class DataInput:
+    path: str
+    type: str
+
+
+@dataclass
+class PipelinePlan:
+    components: TaskComponents
+    job: Plan  # the train step's launch, environment, tier, timeout and shared memory
+    compute: str
+    nodes: int
+    processes_per_node: int
+    experiment: str
+    model_name: str
+    metric: str
+    threshold: float
+    training_data: DataInput | None
+    test_data: DataInput | None
+    score_data: DataInput | None
+    sweep: object = None  # a scripts.sweeps.space.Sweep: the train step is a sweep node over it
+    image: str | None = None
+    shm_size: str | None = None  # as given
+    train_args: str = ""
+
+    @property
+    def launch_config(self) -> str | None:
+        """The DDP preset the train step adds (none for one process, nor for Horovod, whose config joins mpirun's)."""
+        return PRESETS[self.job.launch] if self.job.launch and not self.job.horovod else None
+
+
+def check_threshold(metric: str, threshold: float) -> None:
+    if metric not in METRICS:
+        raise SubmitError(f"--metric {metric!r}: give {' or '.join(METRICS)} (what the evaluate step measures)")
+    if metric == "test_acc" and not 0 <= threshold <= 1:
+        raise SubmitError(f"--threshold {threshold}: test_acc is a fraction; give 0 to 1, e.g. 0.9")
+    if metric == "test_loss" and not threshold >= 0:
+        raise SubmitError(f"--threshold {threshold}: test_loss is 0 or more; give such a value, e.g. 0.3")
+
+
+def data_input(given: str, option: str, wanted: str) -> DataInput:
+    """A local path (checked: a folder or a file as the task reads), a data asset azureml:NAME:VERSION, or a URI."""
+    what = "a folder" if wanted == "uri_folder" else "a file"
+    if given.startswith("azureml:") and "://" not in given:
+        return DataInput(parse_reference(given, option, "azureml:birds:1"), wanted)
+    if not is_local(given):
+        return DataInput(given, wanted)
+    path = Path(given)
+    if not path.exists():
+        raise SubmitError(f"{option} {given}: no such file or folder; give {what}, as the task reads")
+    if path.is_dir() != (wanted == "uri_folder"):
+        raise SubmitError(f"{option} {given}: {'a folder' if path.is_dir() else 'a file'}; this task reads {what}")
+    return DataInput(str(path.resolve()), wanted)
+
+
+def plan_pipeline(
+    configs: list[str],
+    compute: str,
+    nodes: int = 1,
+    processes_per_node: int = 1,
+    distribution: str = "pytorch",
+    train_args: str = "",
+    data: str | None = None,
+    test_data: str | None = None,
+    score_data: str | None = None,
+    model_name: str | None = None,
+    metric: str = "test_acc",
+    threshold: float = 0.9,
+    name: str | None = None,
+    experiment: str | None = None,
+    image: str | None = None,
+    environment: str | None = None,
+    tier: str | None = None,
+    timeout: str | None = None,
+    shm_size: str | None = None,
+    sweep: str | None = None,
+    components_only: bool = False,
+) -> PipelinePlan:
+    """Every check that needs no SDK: the cheap ones first, then the configs through the training CLI.
+    `components_only`: for the components alone, which name no data."""
+    from scripts.azure_ml.assets import check_name
+    from scripts.azure_ml.components import check_prefix
+    from scripts.azure_ml.jobs import BASE_IMAGE, experiment_of
+
+    check_threshold(metric, threshold)
+    if name is not None:
+        check_prefix(name)
+    task = Path(configs[0]).stem
+    model_name = model_name or f"{task}-classifier"
+    check_name(model_name, "--model_name")
+    if sweep and timeout is not None:
+        raise SubmitError("--timeout with --sweep: a sweep's limits are its file's budget.time and budget.trial_time")
+    job = plan_job(configs, nodes, processes_per_node, distribution, None, train_args, image or BASE_IMAGE, True,
+                   environment, tier, timeout, shm_size)  # fmt: skip
+    spec, sweep_args, sweep_inputs = None, "", {}
+    if sweep:
+        from scripts.sweeps.azure import load_for_azure, search_space_names, trial_args
+        from scripts.sweeps.space import SweepError
+
+        try:
+            spec = load_for_azure(sweep, configs)
+        except SweepError as error:
+            raise SubmitError(f"--sweep {error}") from None
+        names = search_space_names(spec)
+        # A sweep node searches its component's inputs: the trial's options, each from the input of its name.
+        sweep_args = trial_args(spec).replace("${{search_space.", "${{inputs.")
+        sweep_inputs = {names[p.option]: sweep_input_type(p) for p in spec.params}
+    components = plan_components(configs, train_args, name, sweep_args, sweep_inputs)
+    wanted = components.data_type
+    training = data_input(data, "--data", wanted) if data else None
+    if training is not None and not components.data_option:
+        raise SubmitError(f"--data: {configs[0]}'s datamodule takes no data_dir or csv_path to give it as")
+    testing = data_input(test_data, "--test_data", wanted) if test_data else None
+    scoring = data_input(score_data, "--score_data", wanted) if score_data else (testing or training)
+    if scoring is None and not components_only:
+        what = "a folder of images" if wanted == "uri_folder" else "a CSV, e.g. configs/examples/penguins.csv"
+        raise SubmitError(f"--score_data: give what the score step scores ({what}); without --data it has no default")
+    return PipelinePlan(components, job, compute, nodes, processes_per_node, experiment or experiment_of(configs),
+                        model_name, metric, threshold, training, testing, scoring, spec, image, shm_size,
+                        train_args)  # fmt: skip
+
+
+def sweep_input_type(param) -> str:
+    if param.kind == "int":
+        return "integer"
+    if param.kind == "choice":
+        values = param.grid_values()
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            return "integer"
+        if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            return "number"
+        return "string"
+    return "number"
+
+
+def build_components_of(plan: PipelinePlan, version: str | None = None) -> dict:
+    """The plan's four components by step, on the train step's environment (one image for all four)."""
+    from scripts.azure_ml.components import build_components
+    from scripts.azure_ml.jobs import job_environment
+
+    environment = job_environment(plan.job, plan.image)
+    return build_components(plan.components, environment, version, plan.model_name, plan.metric, plan.threshold)
+
+
+def build_pipeline(plan: PipelinePlan):
+    """The azure.ai.ml PipelineJob: train (or a sweep over it) -> evaluate -> register -> score."""
+    from azure.ai.ml import Input
+    from azure.ai.ml.entities import PipelineJob
+
+    from scripts.azure_ml.jobs import dataloader_workers, launch_distribution, launch_variables, shm_size_of
+
+    components = build_components_of(plan)
+    job = plan.job
+
+    def given(data: DataInput | None):
+        return None if data is None else Input(type=data.type, path=data.path, mode="ro_mount")
+
+    train_inputs = {"nodes": plan.nodes, "processes_per_node": plan.processes_per_node}
+    if plan.launch_config:
+        train_inputs["launch_config"] = plan.launch_config
+    if plan.training_data:
+        train_inputs["training_data"] = given(plan.training_data)
+    train = components["train"](**train_inputs)
+    train.name = "train"  # before another step names its outputs: ${{parent.jobs.train.outputs.model}}
+    train.resources = {"instance_count": plan.nodes, **({"shm_size": job.shm_size} if job.shm_size else {})}
+    train.distribution = launch_distribution(job, plan.processes_per_node)
+    train.environment_variables = launch_variables(job) or {}
+    evaluate_inputs = {"checkpoints": None}
+    if plan.components.data_option and (plan.test_data or plan.training_data):
+        evaluate_inputs["test_data"] = given(plan.test_data or plan.training_data)
+    if job.tier:  # before a sweep over it: the SDK's sweep keeps the tier of queue settings the node has, else none
+        train.queue_settings = {"job_tier": job.tier}
+    steps = {"train": train}
+    if plan.sweep is not None:
+        from scripts.sweeps.azure import sweep_node
+
+        steps["train"] = sweep_node(train, plan.sweep, plan.compute, job.tier)
+        steps["train"].name = "train"
+    evaluate_inputs["checkpoints"] = steps["train"].outputs.checkpoints
+    steps["evaluate"] = components["evaluate"](**evaluate_inputs)
+    steps["evaluate"].name = "evaluate"
+    steps["register"] = components["register"](
+        model=steps["train"].outputs.model,
+        metrics=steps["evaluate"].outputs.metrics,
+        model_name=plan.model_name,
+        metric=plan.metric,
+        threshold=plan.threshold,
+    )
+    steps["register"].name = "register"
+    steps["score"] = components["score"](model=steps["register"].outputs.model, data=given(plan.score_data))
+    steps["score"].name = "score"
+    evaluate_shm = shm_size_of(plan.shm_size, dataloader_workers(plan.components.configs, plan.train_args), 1)
+    if evaluate_shm:  # one process
+        steps["evaluate"].resources = {"shm_size": evaluate_shm}
+    for name, step in steps.items():
+        if job.tier and name != "train":
+            step.queue_settings = {"job_tier": job.tier}
+        if job.timeout_s:  # each step's own limit (a sweep's are its file's: --timeout is refused with it)
+            step.limits = {"timeout": job.timeout_s}
+    shape = job.shape if plan.sweep is None else f"sweep {plan.sweep.name}"
+    return PipelineJob(
+        jobs=steps,
+        compute=plan.compute,
+        experiment_name=plan.experiment,
+        display_name=f"{plan.components.task}: train ({shape}) -> evaluate -> register -> score",
+        description=f"scripts.pipeline of {' + '.join(plan.components.configs)}",
+        tags={"metric": plan.metric, "threshold": str(plan.threshold), "model_name": plan.model_name},
+    )
+
+
+def pipeline_yaml(job, folder: Path = Path(".")) -> str:
+    """The pipeline as `az ml job create -f` takes it from a file in `folder`: every step's code path relative to that
+    folder (the SDK writes this machine's absolute path), local inputs as the paths they are."""
+    text = io.StringIO()
+    job.dump(text)
+    data = yaml.safe_load(text.getvalue())
+    code = os.path.relpath(Path.cwd(), folder.resolve())
+    for name, step in data["jobs"].items():
+        component = step.get("trial") if step.get("type") == "sweep" else step.get("component")
+        if isinstance(component, dict) and "code" in component:
+            component["code"] = code
+        node = job.jobs[name]
+        for key, given in (node.inputs or {}).items():
+            path = getattr(getattr(given, "_data", None), "path", None)
+            if path and is_local(path) and isinstance(step.get("inputs", {}).get(key), dict):
+                step["inputs"][key]["path"] = path
+    return yaml.safe_dump(data, sort_keys=False)

@@ -1,0 +1,240 @@
+"""A task as an Azure ML pipeline, train -> evaluate -> register -> score, built from components generated from its
+config: submit it, print its YAML, run it here, or register its components.
+
+    python -m scripts.pipeline configs/birds.yaml --compute gpu-cluster --data azureml:birds:1 --threshold 0.9 \\
+        --presets+ configs/trainer/gpu.yaml --nodes 2 --processes_per_node 4
+    python -m scripts.pipeline configs/penguins.yaml --compute cpu-cluster --score_data configs/examples/penguins.csv \\
+        --dry_run true                                   # its YAML, for az ml job create -f
+    python -m scripts.pipeline configs/penguins.yaml --local true --score_data configs/examples/penguins.csv
+    python -m scripts.pipeline configs/birds.yaml --compute gpu-cluster --components true --version 1   # register them
+
+The train step is the task's `scripts.train fit` (the designer's "Train PyTorch Model": epochs, batch_size,
+warmup_step_number, learning_rate, random_seed, patience, print_freq, the config's values as defaults), on --nodes x
+--processes_per_node with the launch rules, images, tier, timeout and shared memory of scripts.submit; with --sweep
+an Azure ML sweep over it. evaluate tests its best checkpoint (metrics to MLflow and metrics.json), register registers
+its MLflow model as --model_name when --metric reaches --threshold (and says so, registering nothing, when it does
+not), score writes predictions.csv of --score_data with `python -m scripts.score`. `--local true` runs the four steps
+here, each its real command in its own process (scripts/azure_ml/local_pipeline.py). Every check of the arguments runs
+before the Azure SDK is imported; each mistake is one line and exit 1. The workspace is config.json or
+--subscription_id --resource_group --workspace, as for scripts.submit.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Literal
+
+from scripts.azure_ml.jobs import SubmitError, check_workspace_ids, follow, workspace_client
+from scripts.training.cli_errors import argument_error_line
+
+
+def pipeline(
+    task: str,
+    compute: str = "",
+    presets: list[str] | None = None,
+    nodes: int = 1,
+    processes_per_node: int = 1,
+    distribution: Literal["pytorch", "mpi"] = "pytorch",
+    data: str | None = None,
+    test_data: str | None = None,
+    score_data: str | None = None,
+    model_name: str | None = None,
+    metric: str = "test_acc",
+    threshold: float = 0.9,
+    train_args: str = "",
+    sweep: str | None = None,
+    name: str | None = None,
+    experiment: str | None = None,
+    image: str | None = None,
+    environment: str | None = None,
+    tier: Literal["spot", "standard"] | None = None,
+    timeout: str | None = None,
+    shm_size: str | None = None,
+    local: bool = False,
+    local_dir: str = "outputs",
+    dry_run: bool = False,
+    yaml_file: str | None = None,
+    components: bool = False,
+    version: str | None = None,
+    stream: bool = False,
+    subscription_id: str | None = None,
+    resource_group: str | None = None,
+    workspace: str | None = None,
+) -> str:
+    """Builds the pipeline and submits it (or prints its YAML, runs it here, registers its components).
+
+    Args:
+        task: the task's config, e.g. configs/birds.yaml.
+        compute: the Azure ML compute cluster every step runs on.
+        presets: configs added after it, e.g. configs/trainer/gpu.yaml (not ddp*.yaml: the train step adds those).
+        nodes: machines of the train step (its instance count).
+        processes_per_node: processes on each, one per GPU.
+        distribution: how Azure ML starts the train step's processes: `pytorch` or `mpi`.
+        data: the training data: a local folder or file (as the task reads; uploaded), azureml:NAME:VERSION or a URI;
+            default: the config's own (penguins: the palmerpenguins package; birds, MNIST: their download).
+        test_data: what the evaluate step tests on (its test split); default: --data.
+        score_data: what the score step scores (a folder of images, a CSV); default: --test_data, else --data.
+        model_name: the name the register step registers the model under; default: TASK-classifier.
+        metric: the evaluation's metric the threshold is for: test_acc (reached at or above) or test_loss (at or below).
+        threshold: the value --metric must reach for the model to be registered.
+        train_args: more scripts.train options of the train step, e.g. "--data.init_args.num_workers 4".
+        sweep: a sweep file (configs/sweeps/TASK.yaml): the train step is an Azure ML sweep over it, its best trial's
+            outputs going on to evaluate.
+        name: the components' names' start (NAME_train, NAME_evaluate, ...); default: the config's file name.
+        experiment: the Azure ML experiment; default: the config's logger's.
+        image: the Docker base image environment.yml is built on (as scripts.submit).
+        environment: a registered environment, azureml:NAME:VERSION, for every step.
+        tier: every step's job tier: spot (preemptible; the train step resumes from its checkpoints output) or standard.
+        timeout: every step's time limit: seconds or 90m, 4h, 1h30m, 2d.
+        shm_size: /dev/shm of the train and evaluate steps; default: 1g per DataLoader worker of each process.
+        local: run the pipeline on this machine, step after step, instead of submitting it.
+        local_dir: with local, where its folders (local_dir/pipelines/...) and MLflow store (local_dir/mlflow.db) go.
+        dry_run: print the pipeline's YAML (or with --components true, the components') instead of submitting it.
+        yaml_file: with dry_run, write it to this file (with components: a folder of TASK_STEP.yml files).
+        components: register the four components in the workspace (a version each: --version) instead of a pipeline.
+        version: with components, the version to register them as, a number.
+        stream: follow the submitted pipeline's logs and exit with its status.
+        subscription_id, resource_group, workspace: the workspace, when there is no config.json.
+    """
+    if not compute and not local and not components:
+        raise SubmitError("give the compute cluster to run on: --compute NAME (or --local true to run it here)")
+    if local and (dry_run or components or stream):
+        raise SubmitError("--local true runs the pipeline here: leave out --dry_run, --components and --stream")
+    if stream and dry_run:
+        raise SubmitError("--stream follows a submitted pipeline: leave out --dry_run")
+    if yaml_file and not dry_run:
+        raise SubmitError("--yaml_file writes the YAML instead of submitting: add --dry_run true")
+    if components:
+        from scripts.azure_ml.assets import check_version
+
+        if stream:
+            raise SubmitError("--stream follows a pipeline: leave it out with --components true")
+        check_version(version or "")
+    elif version is not None:
+        raise SubmitError("--version is the components' version: add --components true, or leave it out")
+    check_workspace_ids(subscription_id, resource_group, workspace)
+    from scripts.azure_ml.pipelines import plan_pipeline
+
+    plan = plan_pipeline([task, *(presets or [])], compute, nodes, processes_per_node, distribution, train_args, data,
+                         test_data, score_data, model_name, metric, threshold, name, experiment, image, environment,
+                         tier, timeout, shm_size, sweep, components)  # fmt: skip
+    if local:
+        from scripts.azure_ml.local_pipeline import run_local
+
+        return str(run_local(plan, Path(local_dir)))
+    if components:
+        return create_components(plan, version, dry_run, yaml_file, subscription_id, resource_group, workspace)
+    from scripts.azure_ml.pipelines import build_pipeline, pipeline_yaml
+
+    job = build_pipeline(plan)
+    if dry_run:
+        if yaml_file:
+            text = pipeline_yaml(job, Path(yaml_file).parent)
+            Path(yaml_file).write_text(text)
+            print(f"wrote {yaml_file}: az ml job create -f {yaml_file}")
+            return text
+        text = pipeline_yaml(job)
+        print(text, end="")
+        return text
+    from azure.ai.ml.exceptions import MlException
+    from azure.core.exceptions import ClientAuthenticationError
+
+    from scripts.azure_ml.code_snapshot import code_snapshot
+
+    client = workspace_client(subscription_id, resource_group, workspace)
+    try:
+        with code_snapshot(Path.cwd()) as code:  # the SDK's own walk of the folder reads .venv's every file
+            for step in job.jobs.values():
+                (step.trial if step.type == "sweep" else step.component).code = str(code)
+            submitted = client.jobs.create_or_update(job)
+        print(f"submitted {submitted.name}: {submitted.studio_url}")
+        if stream:
+            follow(client, submitted.name)
+    except ClientAuthenticationError:
+        raise not_signed_in() from None
+    except MlException as error:  # the SDK's checks against the workspace, e.g. a compute it does not have
+        raise SubmitError(f"Azure ML refused the pipeline: {refusal(str(error))}") from None
+    return submitted.name
+
+
+def refusal(text: str) -> str:
+    """The first error of the SDK's validation report (a JSON object of errors, each with its path and value)."""
+    import json
+
+    try:
+        error = json.loads(text)["errors"][0]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return text.strip().splitlines()[0]
+    message = str(error.get("message", "")).strip().splitlines()[0]
+    return f"{error.get('path')} {error.get('value')}: {message}"
+
+
+def create_components(plan, version: str, dry_run: bool, yaml_file: str | None, subscription_id: str | None,
+                      resource_group: str | None, workspace: str | None) -> str:  # fmt: skip
+    """Registers (or prints) the task's four components; returns their references (or YAML)."""
+    from scripts.azure_ml.components import component_yaml
+    from scripts.azure_ml.pipelines import build_components_of
+
+    built = build_components_of(plan, version)
+    if dry_run:
+        folder = Path(yaml_file) if yaml_file else Path(".")
+        texts = {step: component_yaml(component, folder) for step, component in built.items()}
+        if yaml_file:
+            folder.mkdir(parents=True, exist_ok=True)
+            for step, text in texts.items():
+                (folder / f"{built[step].name}.yml").write_text(text)
+                print(
+                    f"wrote {folder / built[step].name}.yml: az ml component create -f {folder / built[step].name}.yml"
+                )
+        else:
+            print("---\n".join(texts.values()), end="")
+        return "---\n".join(texts.values())
+    from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
+
+    from scripts.azure_ml.code_snapshot import code_snapshot
+
+    client = workspace_client(subscription_id, resource_group, workspace)
+    created = []
+    try:
+        with code_snapshot(Path.cwd()) as code:
+            for component in built.values():
+                component.code = str(code)
+                done = client.components.create_or_update(component)
+                created.append(f"azureml:{done.name}:{done.version}")
+                print(f"created component azureml:{done.name}:{done.version}")
+    except ClientAuthenticationError:
+        raise not_signed_in() from None
+    except HttpResponseError as error:  # e.g. the version exists with other content: versions are immutable
+        message = str(error.message or error).strip().splitlines()[0]
+        raise SubmitError(
+            f"Azure ML refused component {component.name}:{version}: {message}; give the next --version"
+        ) from None
+    return " ".join(created)
+
+
+def not_signed_in() -> SubmitError:
+    return SubmitError(
+        "not signed in to Azure: run `az login` (or set AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET "
+        "for a service principal), then submit again"
+    )
+
+
+def main(args: list[str] | None = None) -> None:
+    """A bad config, option, input, threshold, name or login ends in one line on stderr and exit status 1; so does a
+    step that fails here (--local true) or a followed pipeline that does not complete."""
+    import logging
+
+    from jsonargparse import ArgumentError, auto_cli
+
+    logging.getLogger("azure.ai.ml._utils._experimental").setLevel(logging.ERROR)
+    try:
+        auto_cli(pipeline, args=args, as_positional=True, exit_on_error=False)
+    except ArgumentError as error:
+        sys.exit(f"error: {argument_error_line(str(error))} (python -m scripts.pipeline --help lists the options)")
+    except SubmitError as error:
+        sys.exit(f"error: {error}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,319 @@
+"""scripts.pipeline: each task's components and its train -> evaluate -> register -> score pipeline, checked offline by
+the real azure-ai-ml objects (every YAML through load_component / load_job, submissions through MLClient over the fake
+transport of tests/fake_azure.py) and run end to end here with --local true (penguins, and birds on a tiny folder the
+test makes: no download).
+
+    .venv/bin/python -m pytest -q tests/test_pipeline.py
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from scripts.pipeline import main, pipeline
+from tests.conftest import CLASSES, REPO, bird_folders, run_module, write_images
+from tests.fake_azure import WORKSPACE, FakeAzureML, fake_client
+
+PENGUINS = REPO / "configs/examples/penguins.csv"
+DESIGNER = {"epochs": 5, "batch_size": 16, "warmup_step_number": 0, "learning_rate": 0.001, "random_seed": 1,
+            "patience": 3, "print_freq": 10}  # Train PyTorch Model's defaults  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def at_repo_root(monkeypatch):
+    monkeypatch.chdir(REPO)  # the steps' code is this folder; config paths are relative to it
+
+
+@pytest.fixture(scope="module")
+def birds_folder(tmp_path_factory) -> Path:
+    return bird_folders(tmp_path_factory.mktemp("data") / "birds", count=2)
+
+
+def test_each_tasks_components_read_back_with_load_component_from_another_folder(tmp_path, monkeypatch, capsys,
+                                                                                 birds_folder):  # fmt: skip
+    from azure.ai.ml import load_component
+
+    for config in ("configs/penguins.yaml", "configs/birds.yaml"):
+        folder = tmp_path / Path(config).stem
+        pipeline(config, "c", components=True, version="2", dry_run=True, yaml_file=str(folder))
+    monkeypatch.chdir(tmp_path)  # `az ml component create -f` from elsewhere: the code is still this repository
+    birds = {step: load_component(tmp_path / "birds" / f"birds_{step}.yml") for step in
+             ("train", "evaluate", "register", "score")}  # fmt: skip
+    train = birds["train"]
+    assert (train.name, train.version, (tmp_path / "birds" / train.code).resolve()) == ("birds_train", "2", REPO)
+    assert {name: train.inputs[name].default for name in DESIGNER} == DESIGNER
+    assert (train.inputs["training_data"].type, train.inputs["training_data"].optional) == ("uri_folder", True)
+    assert {name: output.type for name, output in train.outputs.items()} == {
+        "model": "mlflow_model", "checkpoints": "uri_folder", "metrics": "uri_folder"}  # fmt: skip
+    assert train.outputs["checkpoints"].mode == "rw_mount"  # a restarted (preempted) step resumes from it
+    assert "--checkpoint_dir ${{outputs.checkpoints}} --model_dir ${{outputs.model}}" in train.command
+    assert birds["evaluate"].command.startswith("python -m scripts.train test --config configs/birds.yaml --ckpt_path")
+    assert birds["score"].command == (
+        "python -m scripts.score ${{inputs.model}} ${{inputs.data}} --output ${{outputs.predictions}}"
+    )
+    assert birds["register"].inputs["model_name"].default == "birds-classifier"
+    assert birds["register"].is_deterministic is False and train.is_deterministic is False
+    penguins = load_component(tmp_path / "penguins" / "penguins_train.yml")
+    assert penguins.inputs["training_data"].type == "uri_file"  # the datamodule's csv_path
+    assert {name: penguins.inputs[name].default for name in ("epochs", "batch_size", "random_seed", "patience")} == {
+        "epochs": 100, "batch_size": 20, "random_seed": 42, "patience": 20}  # the config's own  # fmt: skip
+    assert load_component(tmp_path / "penguins" / "penguins_score.yml").inputs["data"].type == "uri_file"
+
+
+def test_the_train_command_with_its_defaults_is_one_the_cli_accepts(tmp_path):
+    from scripts.azure_ml.local_pipeline import local_command, step_inputs
+    from scripts.azure_ml.pipelines import plan_pipeline
+
+    plan = plan_pipeline(["configs/birds.yaml"], "c", data=str(tmp_path), train_args="--trainer.max_epochs 2")
+    inputs = step_inputs(plan, {})["train"] | {"patience": 7, "learning_rate": 0.01}
+    outputs = {name: tmp_path / name for name in ("model", "checkpoints", "metrics")}
+    args = local_command(plan.components.commands["train"], inputs, outputs)
+    result = run_module("scripts.train", *args[3:], "--print_config")
+    assert result.returncode == 0, result.stderr[-2000:]
+    printed = yaml.safe_load(result.stdout)
+    stopping, finetuning = printed["trainer"]["callbacks"]
+    assert (stopping["init_args"]["patience"], finetuning["init_args"]["unfreeze_backbone_at_epoch"]) == (7, 2)
+    assert printed["model"]["optimizer"]["init_args"]["lr"] == 0.01
+    assert (printed["trainer"]["max_epochs"], printed["data"]["init_args"]["data_dir"]) == (2, str(tmp_path))
+
+
+def test_the_pipeline_yaml_reads_back_with_load_job_its_steps_wired_and_set(tmp_path, capsys, birds_folder):
+    from azure.ai.ml import load_job
+
+    target = tmp_path / "jobs" / "birds.yml"
+    target.parent.mkdir()
+    pipeline("configs/birds.yaml", "gpu", nodes=2, processes_per_node=4, distribution="mpi", data=str(birds_folder),
+             tier="spot", timeout="2h", dry_run=True, yaml_file=str(target))  # fmt: skip
+    job = load_job(target)
+    assert sorted(job.jobs) == ["evaluate", "register", "score", "train"]
+    train = job.jobs["train"]
+    assert (train.distribution.type, train.distribution.process_count_per_instance) == ("mpi", 4)
+    assert (train.resources.instance_count, train.resources.shm_size) == (2, "8g")  # 4 processes x 2 workers
+    assert train.inputs["launch_config"]._data == "configs/trainer/ddp_mpi.yaml"
+    assert (train.inputs["nodes"]._data, train.inputs["processes_per_node"]._data) == (2, 4)
+    assert train.environment_variables == {"OMPI_MCA_odls_base_sigkill_timeout": "10"}  # mpirun's SIGTERM grace
+    assert train.inputs["training_data"]._data.path == str(birds_folder)  # a local folder, uploaded
+    for step in job.jobs.values():
+        assert (step.queue_settings.job_tier, step.limits.timeout) == ("spot", 7200)
+        assert (target.parent / step.component.code).resolve() == REPO
+    assert job.jobs["evaluate"].resources.shm_size == "2g"  # one process
+    wiring = {(name, key): str(value._data.path if hasattr(value._data, "path") else value._data)
+              for name, step in job.jobs.items() for key, value in step.inputs.items()}  # fmt: skip
+    assert wiring[("evaluate", "checkpoints")] == "${{parent.jobs.train.outputs.checkpoints}}"
+    assert wiring[("register", "model")] == "${{parent.jobs.train.outputs.model}}"
+    assert wiring[("register", "metrics")] == "${{parent.jobs.evaluate.outputs.metrics}}"
+    assert wiring[("score", "model")] == "${{parent.jobs.register.outputs.model}}"
+    assert wiring[("score", "data")] == str(birds_folder)
+    assert (job.compute, job.experiment_name) == ("gpu", "birds")
+
+
+def test_a_sweep_is_the_train_step(capsys, tmp_path, birds_folder):
+    from azure.ai.ml import load_job
+
+    text = pipeline("configs/birds.yaml", "gpu", data=str(birds_folder), sweep="configs/sweeps/birds.yaml",
+                    tier="spot", dry_run=True)  # fmt: skip
+    (tmp_path / "sweep.yml").write_text(text)
+    job = load_job(tmp_path / "sweep.yml")
+    train = job.jobs["train"]
+    assert (train.type, train.objective.primary_metric, train.limits.max_total_trials) == ("sweep", "val_acc", 12)
+    assert set(train.search_space) == {"model_optimizer_init_args_lr", "model_optimizer_init_args_momentum",
+                                       "data_init_args_batch_size", "model_warmup_steps"}  # fmt: skip
+    assert "--model.optimizer.init_args.lr ${{inputs.model_optimizer_init_args_lr}}" in train.trial.command
+    assert train.queue_settings.job_tier == "spot"
+    assert str(job.jobs["evaluate"].inputs["checkpoints"]._data.path) == "${{parent.jobs.train.outputs.checkpoints}}"
+
+
+def fake_workspace(monkeypatch) -> FakeAzureML:
+    azure = FakeAzureML()
+    monkeypatch.setattr(
+        requests.Session, "request", lambda session, method, url, *a, **k: azure.request(method, url, *a, **k)
+    )
+    client = fake_client(azure)
+    monkeypatch.setattr("scripts.pipeline.workspace_client", lambda *ids: client)
+    return azure
+
+
+def test_a_submission_puts_the_pipeline_with_its_four_steps(monkeypatch, capsys):
+    azure = fake_workspace(monkeypatch)
+    name = pipeline("configs/penguins.yaml", "cpu-cluster", data="azureml:penguins:3", threshold=0.95,
+                    environment="azureml:lightning-training:1", tier="spot")  # fmt: skip
+    assert capsys.readouterr().out.endswith(f"submitted {name}: https://ml.azure.com/runs/fake\n")
+    (job,) = [body["properties"] for method, path, body in azure.requests if path.endswith(f"/jobs/{name}")]
+    assert job["jobType"] == "Pipeline" and sorted(job["jobs"]) == ["evaluate", "register", "score", "train"]
+    assert job["jobs"]["train"]["inputs"]["training_data"]["uri"] == f"{WORKSPACE}/data/penguins/versions/3"
+    assert job["jobs"]["register"]["inputs"]["threshold"]["value"] == "0.95"
+    assert job["jobs"]["score"]["inputs"]["model"]["value"] == "${{parent.jobs.register.outputs.model}}"
+    components = [path for method, path, _ in azure.requests if method == "PUT" and "/components/" in path]
+    assert len(components) == 4  # the steps' components, anonymous
+    assert all(step["queue_settings"]["job_tier"].lower() == "spot" for step in job["jobs"].values())
+    assert job["computeId"] == f"{WORKSPACE}/computes/cpu-cluster"
+
+
+def test_a_compute_the_workspace_does_not_have_is_one_line(monkeypatch, capsys):
+    fake_workspace(monkeypatch)
+    with pytest.raises(SystemExit) as exit:
+        main(["configs/penguins.yaml", "--compute", "no-such-cluster", "--score_data", str(PENGUINS)])
+    assert exit.value.code.startswith("error: Azure ML refused the pipeline: compute azureml:no-such-cluster: ")
+    assert "\n" not in exit.value.code
+
+
+def test_the_components_are_registered_in_the_workspace(monkeypatch, capsys):
+    azure = fake_workspace(monkeypatch)
+    created = pipeline("configs/birds.yaml", "gpu", components=True, version="3")
+    assert created.split() == [f"azureml:birds_{step}:3" for step in ("train", "evaluate", "register", "score")]
+    puts = [path.removeprefix(WORKSPACE) for method, path, _ in azure.requests if method == "PUT"]
+    assert [path for path in puts if path.startswith("/components/")] == [
+        f"/components/birds_{step}/versions/3" for step in ("train", "evaluate", "register", "score")]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["configs/nope.yaml", "--compute", "c"], "configs/nope.yaml: no such config in this folder"),
+        (["configs/penguins.yaml"], "give the compute cluster to run on: --compute NAME (or --local true"),
+        (["configs/penguins.yaml", "--compute", "c", "--threshold", "1.5"],
+         "--threshold 1.5: test_acc is a fraction; give 0 to 1"),
+        (["configs/penguins.yaml", "--compute", "c", "--metric", "test_loss", "--threshold", "-1"],
+         "--threshold -1.0: test_loss is 0 or more"),
+        (["configs/penguins.yaml", "--compute", "c", "--metric", "val_acc"], "--metric 'val_acc': give test_acc or"),
+        (["configs/penguins.yaml", "--compute", "c", "--nodes", "0"], "--nodes 0 --processes_per_node 1: both must"),
+        (["configs/penguins.yaml", "--compute", "c", "--processes_per_node", "two"], "--processes_per_node"),
+        (["configs/penguins.yaml", "--compute", "c", "--name", "Penguins-v2"],
+         "--name 'Penguins-v2': Azure ML refuses it as a component name's start"),
+        (["configs/penguins.yaml", "--compute", "c", "--model_name", "my/model"], "--model_name 'my/model': Azure ML"),
+        (["configs/penguins.yaml", "--compute", "c", "--tier", "cheap"], "--tier: 'cheap' is not a valid value"),
+        (["configs/penguins.yaml", "--compute", "c", "--components", "true"], "--version '': give a number"),
+        (["configs/penguins.yaml", "--compute", "c", "--version", "2"], "--version is the components' version"),
+        (["configs/penguins.yaml", "--local", "true", "--dry_run", "true"], "--local true runs the pipeline here"),
+        (["configs/penguins.yaml", "--compute", "c", "--data", "configs"], "--data configs: a folder; this task reads"),
+        (["configs/birds.yaml", "--compute", "c", "--data", "configs/birds.yaml"],
+         "--data configs/birds.yaml: a file; this task reads a folder"),
+        (["configs/birds.yaml", "--compute", "c", "--data", "no/such"], "--data no/such: no such file or folder"),
+        (["configs/penguins.yaml", "--compute", "c"], "--score_data: give what the score step scores (a CSV"),
+        (["configs/birds.yaml", "--compute", "c", "--data", "azureml:birds"], "--data 'azureml:birds': give a"),
+        (["configs/penguins.yaml", "--compute", "c", "--sweep", "configs/sweeps/penguins.yaml", "--timeout", "1h"],
+         "--timeout with --sweep"),
+    ],
+)  # fmt: skip
+def test_a_mistake_is_one_line_before_the_azure_sdk_is_imported(args, line):
+    command = [sys.executable, "-X", "importtime", "-m", "scripts.pipeline", *args]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    messages = [text for text in result.stderr.splitlines() if not text.startswith("import time:")]
+    assert result.returncode == 1 and len(messages) == 1 and messages[0].startswith(f"error: {line}"), messages
+    imported = [text.rsplit("|", 1)[-1].strip() for text in result.stderr.splitlines() if text.startswith("import")]
+    assert not [name for name in imported if name.startswith("azure")]
+
+
+def registered_versions(store: Path, name: str) -> list[str]:
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return [str(v.version) for v in MlflowClient(f"sqlite:///{store}").search_model_versions(f"name = '{name}'")]
+    except MlflowException:
+        return []
+
+
+def run_folder(stdout: str) -> Path:
+    line = next(line for line in stdout.splitlines() if line.startswith("pipeline done: "))
+    return Path(line.removeprefix("pipeline done: ").split(" (")[0])
+
+
+@pytest.mark.slow
+def test_penguins_run_here_end_to_end_registering_only_above_the_threshold(tmp_path):
+    local = ["configs/penguins.yaml", "--local", "true", "--local_dir", tmp_path, "--score_data", PENGUINS,
+             "--train_args", "--trainer.max_epochs 3", "--model_name", "penguins-pipeline"]  # fmt: skip
+    result = run_module("scripts.pipeline", *local, "--threshold", "0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = run_folder(result.stdout)
+    for step in ("train", "evaluate", "register", "score"):
+        assert f"[{step}] python -m scripts." in result.stdout
+    assert (folder / "train/model/MLmodel").is_file() and (folder / "train/checkpoints/best.ckpt").is_file()
+    metrics = yaml.safe_load((folder / "evaluate/metrics/metrics.json").read_text())
+    assert set(metrics) >= {"test_acc", "test_loss"} and 0 <= metrics["test_acc"] <= 1
+    assert f"registered model: penguins-pipeline version 1 (test_acc {metrics['test_acc']:.4f}" in result.stdout
+    assert registered_versions(tmp_path / "mlflow.db", "penguins-pipeline") == ["1"]
+    rows = list(csv.reader((folder / "score/predictions/predictions.csv").read_text().splitlines()))
+    assert rows[0] == ["input", "class", "probability"] and len(rows) == len(PENGUINS.read_text().splitlines())
+    assert (folder / "train/outputs").is_dir()  # the step's ./outputs, as Azure ML keeps it: its run's config
+
+    # The register step again, as its own process on the same folders and store, with a threshold not reached.
+    step = [folder / "train/model", folder / "evaluate/metrics", "--name", "penguins-pipeline", "--threshold", "1"]
+    store = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    again = run_module("scripts.azure_ml.register_step", *step, "--output", tmp_path / "passed-on", env=store)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.strip() == (
+        f"not registered: test_acc {metrics['test_acc']:.4f} does not reach the threshold (at least 1)"
+    )
+    assert registered_versions(tmp_path / "mlflow.db", "penguins-pipeline") == ["1"]  # nothing else registered
+    assert (tmp_path / "passed-on/MLmodel").is_file()  # the model goes on to the score step all the same
+
+
+@pytest.mark.slow
+def test_birds_run_here_end_to_end_on_a_tiny_folder(tmp_path):
+    data = bird_folders(tmp_path / "birds", splits=("train", "val", "test"), count=2)
+    write_images(tmp_path / "photos", 3, 1, size=(40, 60))
+    args = "--data.init_args.image_size 32 --data.init_args.archive null --data.init_args.num_workers 0"
+    result = run_module(
+        "scripts.pipeline", "configs/birds.yaml", "--local", "true", "--local_dir", tmp_path, "--data", data,
+        "--score_data", tmp_path / "photos", "--threshold", "0", "--train_args", f"--trainer.max_epochs 1 {args}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = run_folder(result.stdout)
+    assert "registered model: birds-classifier version 1" in result.stdout
+    rows = list(csv.reader((folder / "score/predictions/predictions.csv").read_text().splitlines()))
+    assert len(rows) == 4 and all(row[1] in CLASSES for row in rows[1:])
+    assert "--data.init_args.image_size 32" in next(line for line in result.stdout.splitlines()
+                                                    if line.startswith("[evaluate]"))  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_fit_restarted_after_saving_its_model_replaces_it_and_a_folder_of_other_files_is_refused(tmp_path, train_cli):
+    """A pipeline's train step restarted (preempted) after it saved its model output resumes and saves it again."""
+    fit = ["fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", "1", "--checkpoint_dir",
+           tmp_path / "checkpoints", "--model_dir", tmp_path / "model", "--test_after_fit", "false"]  # fmt: skip
+    first = train_cli(*fit)
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved = (tmp_path / "model/MLmodel").read_text()
+    again = train_cli(*fit)  # the same outputs: it resumes from last.ckpt and saves the model again
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"saved model: {tmp_path / 'model'}" in again.stdout and (tmp_path / "model/MLmodel").read_text() != saved
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine/notes.txt").write_text("mine")
+    refused = train_cli(*fit[:-4], "--model_dir", tmp_path / "mine")
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"error: --model_dir {tmp_path / 'mine'}: neither empty nor an MLflow model's folder; give a new or empty one "
+        "(nothing in it is replaced)"
+    )
+    assert (tmp_path / "mine/notes.txt").read_text() == "mine"
+
+
+def test_the_register_step_refuses_what_it_cannot_use_in_one_line(tmp_path):
+    from scripts.azure_ml.register_step import main as register
+
+    (tmp_path / "model").mkdir()
+    with pytest.raises(SystemExit) as exit:
+        register([str(tmp_path / "model"), str(tmp_path), "--name", "m", "--threshold", "0.5"])
+    assert exit.value.code.startswith(f"error: {tmp_path / 'model'}: no MLmodel in it")
+    (tmp_path / "model" / "MLmodel").write_text("flavors: {}\n")
+    (tmp_path / "metrics.json").write_text('{"test_loss": 0.2}')
+    with pytest.raises(SystemExit) as exit:
+        register([str(tmp_path / "model"), str(tmp_path), "--name", "m", "--threshold", "0.5"])
+    assert (
+        exit.value.code
+        == f"error: {tmp_path / 'metrics.json'}: no test_acc in it (it has test_loss); give one of those"
+    )
+
+
+def test_main_prints_one_line_for_an_unknown_option(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["configs/penguins.yaml", "--computer", "c"])
+    assert "--computer" in str(exit.value.code) and "python -m scripts.pipeline --help" in str(exit.value.code)
