@@ -183,6 +183,14 @@ def test_batch_scoring_is_the_scoring_code_as_a_command_job(tmp_path, capsys):
         (["batch", "m:1", "no/such/photos", "--compute", "c"], "no/such/photos: no such file or folder"),
         (["batch", "m:1", "configs", "--dry_run", "true"], "give the compute cluster to run on: --compute NAME"),
         (["online", "m:1", "--endpoint", "pen", "--environment", "serving"], "--environment 'serving': give a regis"),
+        (
+            ["online", "m:1", "--endpoint", "pen", "--instance_type", "Standard_NC4as_T4_v3"],
+            "--instance_type Standard_NC4as_T4_v3: a GPU size, but the serving environment",
+        ),
+        (
+            ["online", "m:1", "--endpoint", "pen", "--instance_type", "Standard_ND96asr_v4", "--dry_run", "true"],
+            "--instance_type Standard_ND96asr_v4: a GPU size",
+        ),
     ],
 )
 def test_a_mistake_is_one_line_before_the_azure_sdk_is_imported(args, line):
@@ -208,3 +216,13 @@ def test_a_registered_serving_environment_and_data_asset_are_named_not_built(tmp
     job = load_job(tmp_path / "job.yml")
     assert job.inputs["data"].type == "uri_file" and job.inputs["data"].path.endswith("penguins:3")
     assert yaml.safe_load(text)["environment"] == "azureml:lightning-serving:2"
+
+
+def test_a_gpu_instance_type_is_taken_with_a_registered_environment(capsys):
+    """A registered serving environment may be built for GPUs: only the default one is known to score on CPUs."""
+    from scripts.deploy import online
+
+    text = online("penguins-classifier:1", "penguins", instance_type="Standard_NC4as_T4_v3",
+                  environment="azureml:lightning-serving-gpu:1", dry_run=True)  # fmt: skip
+    deployment = yaml.safe_load(text.split("---\n")[1])
+    assert deployment["instance_type"] == "Standard_NC4as_T4_v3"
