@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -459,11 +460,12 @@ def test_the_readme_multi_gpu_example_gets_the_gpu_image_and_one_without_the_pre
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.slow
 def test_a_named_workspace_without_a_login_is_the_one_line_alone(tmp_path):
     """No Azure login anywhere (no az, no environment credentials, an empty home): azure-identity's 14 lines on the
     credentials it tried stay out; the project's line is all there is."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("AZURE_", "MSI_", "IDENTITY_"))}
-    env |= {"HOME": str(tmp_path), "PATH": f"{Path(os.sys.executable).parent}:/usr/bin:/bin"}
+    env |= {"HOME": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
     ids = ["--subscription_id", "00000000-0000-0000-0000-000000000000", "--resource_group", "rg", "--workspace", "ws"]
     result = run_module("scripts.submit", "configs/penguins.yaml", "--compute", "cpu-cluster", *ids, env=env)
     assert result.returncode == 1
