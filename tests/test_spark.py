@@ -102,9 +102,9 @@ def test_a_data_error_in_the_tasks_is_one_line_naming_the_file(tmp_path, spark):
     # Every task meets it; whichever reports first is the one line.
     assert re.fullmatch(
         rf"error: rank [01] of the Spark fit: {re.escape(str(missing))}: no such file; give data.init_args.csv_path "
-        "an existing CSV",
+        rf"an existing CSV \(the tasks' whole output: {re.escape(str(tmp_path))}/spark-logs/fit-[\d-]+\.log\)",
         stop.value.code,
-    )
+    ), stop.value.code
     assert not list(tmp_path.glob("*/*/checkpoints"))
 
 
