@@ -133,7 +133,7 @@ def test_dry_run_prints_yaml_that_load_job_reads_back(tmp_path, capsys):
     job = build_job(["configs/mnist.yaml"], "gpu", nodes=2, inputs=[f"data.init_args.data_dir={data}"])
     assert loaded.command == job.command
     assert (loaded.compute, loaded.resources.instance_count, loaded.distribution.type) == ("gpu", 2, "pytorch")
-    assert loaded.inputs["data_dir"].path == str(data)  # a local folder, uploaded with the job
+    assert (REPO / loaded.inputs["data_dir"].path).resolve() == data  # uploaded with the job; relative to job.yml
     assert loaded.environment.image == job.environment.image
 
 
