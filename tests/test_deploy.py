@@ -160,7 +160,8 @@ def test_batch_scoring_is_the_scoring_code_as_a_command_job(tmp_path, capsys):
         "python -m scripts.score ${{inputs.model}} ${{inputs.data}} --backend torch --output ${{outputs.predictions}}"
     )
     assert job.inputs["model"].type == "mlflow_model" and job.inputs["model"].path.endswith("birds-classifier:2")
-    assert (job.inputs["data"].type, job.inputs["data"].path) == ("uri_folder", str(tmp_path / "photos"))
+    assert job.inputs["data"].type == "uri_folder"
+    assert (REPO / job.inputs["data"].path).resolve() == tmp_path / "photos"  # relative to job.yml at the root
     assert job.compute == "cpu-cluster" and job.outputs["predictions"].type == "uri_folder"
     conda = yaml.safe_load((REPO / "scripts/serving/environment.yml").read_text())
     assert job.environment.conda_file == conda
