@@ -20,6 +20,7 @@ rank 0's `test_acc`, or the error of the task that failed in one line and exits 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -248,7 +249,24 @@ class LocalSpark:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # master, workers and executors on loopback
         from pyspark.sql import SparkSession
 
-        self.session = (
+        try:
+            self.session = self._start(SparkSession, master)
+        except Exception as error:  # no Java, a master that does not answer: Spark's answer is a Java trace
+            self.stop()
+            text = str(error)
+            reason = re.search(r"^: (?:[\w.]+Exception: )?(.*)$", text, re.M)
+            line = reason[1] if reason else (text.strip().splitlines() or [type(error).__name__])[0]
+            raise SparkFitError(
+                f"Spark did not start on {master} ({line.strip().rstrip('.')}); check --master, and Java 17 (`java "
+                "-version`, JAVA_HOME)"
+            ) from None
+        # Its executors log a failed task's Java and Python traces at ERROR, here on this console; the task's own line
+        # and Spark's exception (kept in the fit's log file) say what failed.
+        self.session.sparkContext.setLogLevel("OFF")
+
+    @staticmethod
+    def _start(SparkSession, master: str):  # noqa: N803 (the class, imported where pyspark is needed)
+        return (
             SparkSession.builder.master(master)
             .appName("lightning-template fit")
             .config("spark.driver.host", "127.0.0.1")
@@ -258,14 +276,13 @@ class LocalSpark:
             # Start the job once every executor has registered: the barrier stage needs all N slots at once.
             .config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
             .config("spark.scheduler.maxRegisteredResourcesWaitingTime", "120s")
+            .config("spark.log.level", "OFF")  # from the start: a failed start's own ERROR lines and Java trace
             .getOrCreate()
         )
-        # Its executors log a failed task's Java and Python traces at ERROR, here on this console; the task's own line
-        # and Spark's exception (kept in the fit's log file) say what failed.
-        self.session.sparkContext.setLogLevel("OFF")
 
     def stop(self) -> None:
-        self.session.stop()
+        if getattr(self, "session", None) is not None:
+            self.session.stop()
         if self.home:
             shutil.rmtree(self.home, ignore_errors=True)
             os.environ.pop("SPARK_HOME", None)
@@ -513,6 +530,8 @@ def fit_on_spark(argv: list[str], spark=None) -> dict:
             print(f"a task printed a traceback; the tasks' whole output: {log_path}", file=sys.stderr)
         else:
             log_path.unlink()  # a fit that finished: its output was on the console
+            with contextlib.suppress(OSError):  # spark-logs/ goes too when it holds no other fit's
+                log_path.parent.rmdir()
         return result
     finally:
         if local:

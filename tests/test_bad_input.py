@@ -501,6 +501,11 @@ CASES = [
                                              "--master", "local[2]", "--trainer.default_root_dir", "{outputs}"],
          "error: --num_processes 3: the master local[2] runs 2 tasks at once; give --master local[3] (or "
          "local-cluster[3,1,1024])", module="scripts.spark", env={"JAVA_HOME": "/none"}),
+    Case("spark-without-java", ["fit", "--config", "configs/penguins.yaml", "--num_processes", "1",
+                                "--trainer.default_root_dir", "{outputs}"],
+         "error: Spark did not start on local[1] ([JAVA_GATEWAY_EXITED] Java gateway process exited before sending its "
+         "port number); check --master, and Java 17 (`java -version`, JAVA_HOME)",
+         module="scripts.spark", env={"JAVA_HOME": "{user}/no-java"}),
 ]  # fmt: skip
 
 

@@ -88,6 +88,7 @@ def test_two_spark_tasks_train_the_weights_one_process_does_into_one_run_with_on
     assert run.data.params["trainer.strategy"] == "ddp"
     (checkpoints,) = outputs.glob("*/*/checkpoints")
     assert sorted(path.name for path in checkpoints.iterdir()) == ["best.ckpt", "last.ckpt"]
+    assert not (outputs / "spark-logs").exists()  # a fit that finished keeps no log of its tasks' output
 
 
 @pytest.mark.slow
