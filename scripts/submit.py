@@ -108,7 +108,7 @@ def submit(
     if yaml_file and not dry_run:
         raise SubmitError(f"--yaml_file {yaml_file} writes the job's YAML instead of submitting it: add --dry_run true")
     if yaml_file:
-        check_yaml_file(Path(yaml_file))
+        check_yaml_file(yaml_file)
     check_workspace_ids(subscription_id, resource_group, workspace)  # before the SDK import build_job makes
     if sweep and timeout is not None:
         raise SubmitError("--timeout with --sweep: a sweep's limits are its file's budget.time and budget.trial_time")
@@ -131,7 +131,7 @@ def submit(
         job = build_job(
             configs, compute, nodes, processes_per_node, distribution, inputs, train_args, experiment, image, **settings
         )
-    note = None if environment else cpu_image_note(configs, train_args, compute, processes_per_node)
+    note = None if environment or image else cpu_image_note(configs, train_args, compute, processes_per_node)
     if note:  # after the checks: the configs are there and parse
         print(note, file=sys.stderr)
     if dry_run:
@@ -168,10 +168,11 @@ def submit(
     return submitted.name
 
 
-def check_yaml_file(path: Path) -> None:
+def check_yaml_file(given: str) -> None:
     """A --yaml_file that can be written: not a folder, no file where a folder of its path must be (the folders that
     do not exist yet are made)."""
-    if path.is_dir() or str(path).endswith(os.sep):
+    path = Path(given)
+    if path.is_dir() or given.endswith(os.sep):
         raise SubmitError(f"--yaml_file {path}: a folder; give a file name in it, e.g. {path / 'job.yml'}")
     for parent in path.parents:
         if parent.exists() and not parent.is_dir():
