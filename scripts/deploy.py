@@ -41,6 +41,7 @@ from scripts.azure_ml.endpoints import SERVE_ENVIRONMENT, Names
 from scripts.azure_ml.jobs import SubmitError, check_workspace_ids, parse_reference, workspace_client
 
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{1,30}[A-Za-z0-9]")  # Azure ML's rule for endpoint and deployment names
+GPU_SIZE = re.compile(r"Standard_N", re.IGNORECASE)  # Azure's N-series (NC, ND, NG, NV): the VM sizes with GPUs
 MODEL = re.compile(r"(?:azureml:|models:/)?([A-Za-z0-9][\w.-]*)[:/](\d+)")
 
 
@@ -151,8 +152,8 @@ def online(
         model: the registered model, NAME:VERSION (also azureml:NAME:VERSION or models:/NAME/VERSION).
         endpoint: the endpoint's name: unique in the Azure region, 3-32 letters, digits and hyphens.
         deployment: the deployment's name within the endpoint (blue, green, ...).
-        instance_type: the VM size, e.g. Standard_DS3_v2 (4 cores; Azure ML's smallest supported is Standard_DS1_v2;
-            birds on a GPU: Standard_NC4as_T4_v3).
+        instance_type: the VM size, e.g. Standard_DS3_v2 (4 cores; Azure ML's smallest supported is Standard_DS1_v2);
+            a GPU size (Standard_N*) only with a registered GPU serving --environment: the default one runs on CPUs.
         instance_count: VMs serving the deployment.
         auth_mode: key (two static keys: `az ml online-endpoint get-credentials`) or aml_token (Azure ML tokens,
             expiring, from the caller's Azure login).
@@ -169,6 +170,12 @@ def online(
     names = check_names(model, endpoint, deployment)
     if not re.fullmatch(r"Standard_\w+", instance_type):
         raise DeployError(f"--instance_type {instance_type!r}: give an Azure VM size such as Standard_DS3_v2")
+    if GPU_SIZE.match(instance_type) and environment is None:
+        raise DeployError(
+            f"--instance_type {instance_type}: a GPU size, but the model scores on CPUs (ONNX Runtime's CPU build, in "
+            f"its requirements and {SERVE_ENVIRONMENT}); give a CPU size such as Standard_DS3_v2, or --scoring script "
+            "--environment a registered serving environment built for GPUs"
+        )
     if instance_count < 1 or workers < 1 or request_timeout_ms < 1:
         raise DeployError("--instance_count, --workers and --request_timeout_ms must be 1 or more")
     if yaml_dir and not dry_run:

@@ -14,11 +14,15 @@ Ctrl-C stops it. Mistakes (a model that is not there, no .venv-serve, a bad opti
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
 import shutil
+import socket
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 SERVE_VENV = Path(".venv-serve")
@@ -104,15 +108,28 @@ def from_checkpoint(checkpoint: Path, target: Path) -> Path:
     return target
 
 
+@contextlib.contextmanager
+def new_folder(target: Path) -> Iterator[Path]:
+    """`target`, made with its parents; the folders made here are removed again when the block fails (a model that is
+    not there leaves no empty outputs/serving/<name>/<version> behind)."""
+    made = next((folder for folder in [*reversed(target.parents), target] if not folder.exists()), None)
+    target.mkdir(parents=True, exist_ok=True)
+    try:
+        yield target
+    except BaseException:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        raise
+
+
 def model_dir(model: str, serving: Path = SERVING) -> Path:
     """The AZUREML_MODEL_DIR of `model` (a registry URI, a checkpoint or a model folder), laid out as Azure ML lays out
     a deployment's model: outputs/serving/<name>/<version>/model/MLmodel."""
     if model.startswith(("models:/", "runs:/")):
         parts = [re.sub(r"[^\w.-]+", "-", part) for part in re.split(r"[/@]", model.split(":/", 1)[1]) if part]
         name, version = (parts[0], parts[1]) if model.startswith("models:/") and len(parts) > 1 else ("run", parts[0])
-        target = serving / name / version
-        target.mkdir(parents=True, exist_ok=True)
-        download(model, target / "model")
+        with new_folder(serving / name / version) as target:
+            download(model, target / "model")
         return target
     path = Path(model)
     if path.is_dir():
@@ -120,9 +137,8 @@ def model_dir(model: str, serving: Path = SERVING) -> Path:
             raise ServeError(f"{path}: no MLmodel in this folder; give a registered model's folder, .ckpt or models:/")
         return path
     if path.suffix == ".ckpt" and path.is_file():
-        target = serving / f"{path.parent.parent.name}-{path.stem}" / "1"  # the checkpoint's run and name
-        target.mkdir(parents=True, exist_ok=True)
-        from_checkpoint(path, target / "model")
+        with new_folder(serving / f"{path.parent.parent.name}-{path.stem}" / "1") as target:  # its run and name
+            from_checkpoint(path, target / "model")
         return target
     raise ServeError(
         f"{model}: no such model; give models:/NAME/VERSION (fit --register_model NAME), a .ckpt, or a model folder"
@@ -160,11 +176,15 @@ def serve(
         prepare_only: make the model folder, print its path and stop (what `python -m scripts.score` takes).
         serving_dir: where the model folders go.
     """
-    if not 0 < port < 65536 or workers < 1 or threads < 0:
-        raise ServeError(f"--port {port} --workers {workers}: give a port 1-65535 and 1 or more workers")
+    for option, value, lowest, what in (("--port", port, 1, "a port 1-65535"), ("--workers", workers, 1, "1 or more"),
+                                        ("--threads", threads, 0, "0 (one per core) or more")):  # fmt: skip
+        if value < lowest or (option == "--port" and value > 65535):
+            raise ServeError(f"{option} {value}: give {what}")
     python = SERVE_VENV / "bin" / "python"
     if not prepare_only and not python.is_file():
         raise ServeError(f"{SERVE_VENV} is missing: run `make serve-env` (the inference server's environment) first")
+    if not prepare_only:
+        check_address(host, port)  # before the model is made and "serving" printed
     folder = model_dir(model, Path(serving_dir))
     if prepare_only:
         print(folder)
@@ -173,6 +193,23 @@ def serve(
     environment = {**os.environ, "SCORE_THREADS": str(threads)}
     environment.pop("SCORE_BACKEND", None)  # the scoring script refuses any but ONNX Runtime
     os.execve(python, server_command(folder, port, workers, host, python), environment)  # Ctrl-C reaches the server
+
+
+def check_address(host: str, port: int) -> None:
+    """Refuses an address the server cannot listen on: a port another server has, a host not of this machine. The
+    server binds as gunicorn does (SO_REUSEADDR: a port left in TIME_WAIT is free)."""
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise ServeError(
+                f"--port {port}: {host}:{port} is in use (another server?); give another --port, or stop that one"
+            ) from None
+        reason = getattr(error, "strerror", None) or str(error)
+        raise ServeError(f"--host {host} --port {port}: cannot listen there ({reason})") from None
 
 
 def main(args: list[str] | None = None) -> None:

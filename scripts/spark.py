@@ -22,10 +22,12 @@ rank 0's `test_acc`, or the error of the task that failed in one line and exits 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -49,6 +51,18 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 TASK_FAILED = "spark task failed on rank"
 TASK_FAILED_LINE = re.compile(rf"{TASK_FAILED} (\d+) at ([\d.]+): (.*)")
 LAUNCH_OPTIONS = ("--trainer.devices", "--trainer.num_nodes")  # set here from --num_processes and the GPUs
+# The master URLs Spark takes (SparkContext's own forms), checked before a JVM starts: Spark's answer to another is a
+# 75-line Java and Python traceback after the JVM's start.
+MASTER_URL = re.compile(
+    r"local|local\[(\d+|\*)(,\s*\d+)?\]|local-cluster\[\d+,\s*\d+,\s*\d+\]|yarn"
+    r"|(spark|k8s|mesos)://\S+|sc://\S+"
+)
+# What the tasks print once one has failed: torch's and torchrun's tracebacks and reports, dozens of lines a task. They
+# go to the log file alone; the console keeps the line naming the failure. `exitcode: -9` is torchrun's word for a
+# process killed by a signal (the OOM killer's SIGKILL), reported for the rank its `rank:` line named.
+FAILURE_STARTS = re.compile(r"\[rank\d+\]: Traceback|Traceback \(most recent call last\)|E\d{4} .* failed \(exitcode")
+TORCHRUN_RANK = re.compile(r"\s*rank\s*:\s*(\d+)")
+TORCHRUN_SIGNAL = re.compile(r"\s*exitcode\s*:\s*-(\d+)\b")
 CODE_FOLDERS = ("configs", "datamodules", "lightning_modules", "strategies", "scripts")  # what a task needs to fit
 
 
@@ -99,7 +113,13 @@ def split_options(argv: list[str]) -> tuple[int, str | None, list[str]]:
                 f"{arg.split('=')[0]}: the Spark launcher sets devices x num_nodes from --num_processes and the GPUs "
                 "of a task; leave it out"
             )
-    return int(number), values.get("--master") or None, rest[1:]
+    master = values.get("--master") or None
+    if master is not None and not MASTER_URL.fullmatch(master):
+        raise SparkFitError(
+            f"--master {master}: not a Spark master URL; give local[N], local-cluster[W,C,M] (W workers of C cores "
+            "and M MB), spark://HOST:PORT, yarn or k8s://HOST:PORT"
+        )
+    return int(number), master, rest[1:]
 
 
 def resolve_trainer(args: list[str]) -> Namespace:
@@ -201,6 +221,16 @@ def local_slots(master: str) -> int | None:
     return None
 
 
+def check_slots(master: str, num_processes: int) -> None:
+    """Refuses more processes than a local master runs at once: the barrier stage would wait for slots forever."""
+    slots = local_slots(master)
+    if slots is not None and slots < num_processes:
+        raise SparkFitError(
+            f"--num_processes {num_processes}: the master {master} runs {slots} tasks at once; give --master "
+            f"local[{num_processes}] (or local-cluster[{num_processes},1,1024])"
+        )
+
+
 class LocalSpark:
     """A Spark session this process starts itself (not on Databricks, Synapse or under spark-submit), on loopback.
 
@@ -222,7 +252,24 @@ class LocalSpark:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # master, workers and executors on loopback
         from pyspark.sql import SparkSession
 
-        self.session = (
+        try:
+            self.session = self._start(SparkSession, master)
+        except Exception as error:  # no Java, a master that does not answer: Spark's answer is a Java trace
+            self.stop()
+            text = str(error)
+            reason = re.search(r"^: (?:[\w.]+Exception: )?(.*)$", text, re.M)
+            line = reason[1] if reason else (text.strip().splitlines() or [type(error).__name__])[0]
+            raise SparkFitError(
+                f"Spark did not start on {master} ({line.strip().rstrip('.')}); check --master, and Java 17 (`java "
+                "-version`, JAVA_HOME)"
+            ) from None
+        # Its executors log a failed task's Java and Python traces at ERROR, here on this console; the task's own line
+        # and Spark's exception (kept in the fit's log file) say what failed.
+        self.session.sparkContext.setLogLevel("OFF")
+
+    @staticmethod
+    def _start(SparkSession, master: str):  # noqa: N803 (the class, imported where pyspark is needed)
+        return (
             SparkSession.builder.master(master)
             .appName("lightning-template")
             .config("spark.driver.host", "127.0.0.1")
@@ -232,20 +279,22 @@ class LocalSpark:
             # Start the job once every executor has registered: the barrier stage needs all N slots at once.
             .config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
             .config("spark.scheduler.maxRegisteredResourcesWaitingTime", "120s")
+            .config("spark.log.level", "OFF")  # from the start: a failed start's own ERROR lines and Java trace
             .getOrCreate()
         )
-        self.session.sparkContext.setLogLevel("ERROR")
 
     def stop(self) -> None:
-        self.session.stop()
+        if getattr(self, "session", None) is not None:
+            self.session.stop()
         if self.home:
             shutil.rmtree(self.home, ignore_errors=True)
             os.environ.pop("SPARK_HOME", None)
 
 
-def session(spark, master: str | None, default_master: str):
+def session(spark, master: str | None, default_master: str, processes: int | None = None):
     """(the session, the LocalSpark this process started or None): `spark` if given, else the one this process has
-    (a notebook, spark-submit, the pyspark shell), else a new one on `master` (default: `default_master`)."""
+    (a notebook, spark-submit, the pyspark shell), else a new one on `master` (default: `default_master`), whose
+    slots are checked against `processes` before the JVM starts."""
     from pyspark.sql import SparkSession
 
     spark = spark or SparkSession.getActiveSession()
@@ -255,6 +304,8 @@ def session(spark, master: str | None, default_master: str):
         raise SparkFitError(f"--master {master}: this process already has a Spark session; leave --master out")
     if spark is not None:
         return spark, None
+    if processes:
+        check_slots(master or default_master, processes)
     local = LocalSpark(master or default_master)  # plain python: a session on this machine, or on --master
     return local.session, local
 
@@ -284,34 +335,88 @@ def tracking_environment(logger) -> dict[str, str]:
 
 
 class TaskErrors:
-    """This process's stderr while the tasks run. TorchDistributor writes the lines its tasks print there; the ones
-    that say a task failed (TASK_FAILED) are kept, as (time, rank, message), to report the first failure in one line."""
+    """This process's stderr while the tasks run. TorchDistributor writes the lines its tasks print there; all of them
+    go to `log` (a file), and to the console until a task fails: what follows a failure is tracebacks. The lines that
+    say a task failed (TASK_FAILED) are kept, as (time, rank, message), and the ranks torchrun reports killed by a
+    signal, as (time, rank, signal), to report the failure that came first in one line."""
 
-    def __init__(self, stream) -> None:
-        self.stream = stream
+    def __init__(self, stream, log=None) -> None:
+        self.stream, self.log = stream, log
         self.failures: list[tuple[float, int, str]] = []
+        self.killed: list[tuple[float, int, int]] = []
+        self.muted = False
         self._partial = ""
+        self._rank: int | None = None
 
     def write(self, text: str) -> int:
+        if self.log is not None:
+            self.log.write(text)
+            self.log.flush()
         self._partial += text
         *lines, self._partial = self._partial.split("\n")
-        found = [TASK_FAILED_LINE.search(line) for line in lines]
-        self.failures += [(float(one[2]), int(one[1]), one[3]) for one in found if one]
-        return self.stream.write(text)
+        for line in lines:
+            failed = TASK_FAILED_LINE.search(line)
+            if failed:
+                self.failures.append((float(failed[2]), int(failed[1]), failed[3]))
+            if rank := TORCHRUN_RANK.match(line):
+                self._rank = int(rank[1])
+            elif (killed := TORCHRUN_SIGNAL.match(line)) and self._rank is not None:
+                self.killed.append((time.time(), self._rank, int(killed[1])))
+            self.muted = self.muted or bool(failed or FAILURE_STARTS.match(line))
+            if not self.muted:
+                self.stream.write(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
 
     def __getattr__(self, name: str):
         return getattr(self.stream, name)
 
 
-def failure_line(error: Exception, failures: list[tuple[float, int, str]]) -> str:
-    """One line for a Spark job that failed: the task error that happened first, else Spark's reason (no Java trace)."""
-    if failures:
-        _, rank, message = min(failures)
-        return f"rank {rank} of the Spark fit: {message}"
+def failure_line(error: Exception, failures: list[tuple[float, int, str]], killed=()) -> str:
+    """One line for a Spark job that failed: a rank killed by SIGKILL (the others then fail for the lost peer), else
+    an executor Spark lost, else the task error or kill that came first, else Spark's reason (no Java trace)."""
     text = str(error)
+    sigkilled = [kill for kill in killed if kill[2] == signal.SIGKILL]
+    lost = re.search(r"ExecutorLostFailure \(([^)]*)\)", text)
+    events = sorted(
+        [
+            *((at, rank, message) for at, rank, message in failures),
+            *((at, rank, f"killed by signal {number} ({signal_name(number)})") for at, rank, number in killed),
+        ]
+    )
+    if sigkilled:
+        _, rank, number = min(sigkilled)
+        return (
+            f"rank {rank} of the Spark fit was killed by signal {number} ({signal_name(number)}: out of memory, or "
+            "stopped from outside); the other ranks stopped for its loss"
+        )
+    if lost:
+        return f"the Spark fit lost an executor ({lost[1]}): out of memory, or stopped from outside"
+    if events:
+        _, rank, message = events[0]
+        return f"rank {rank} of the Spark fit: {message}"
     reason = re.search(r"Job aborted due to stage failure: ([^\n]*)", text)
     line = reason[1] if reason else next((line for line in text.splitlines() if line.strip()), type(error).__name__)
-    return f"the Spark fit failed: {line.strip()} (the tasks' output is above, and in the executors' logs)"
+    return f"the Spark fit failed: {line.strip()} (see the executors' logs)"
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def task_log(default_root_dir: str | None) -> Path:
+    """A new file for the tasks' whole output, under the fit's root folder (outputs/spark-logs/)."""
+    folder = Path(default_root_dir or "outputs") / "spark-logs"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:  # the fit's own check names an unwritable root; the log goes to the temporary folder
+        folder = Path(tempfile.gettempdir())
+    return folder / f"fit-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
 
 
 def pack_code(repository: Path = REPOSITORY) -> bytes:
@@ -408,15 +513,9 @@ def fit_on_spark(argv: list[str], spark=None) -> dict:
     check_launcher(config.trainer)  # before any Spark start; the GPUs of a task are known once a session is there
     from pyspark import cloudpickle
 
-    spark, local = session(spark, master, f"local[{num_processes}]")
+    spark, local = session(spark, master, f"local[{num_processes}]", processes=num_processes)
     try:
-        master = spark.conf.get("spark.master", "") or ""
-        slots = local_slots(master)
-        if slots is not None and slots < num_processes:
-            raise SparkFitError(
-                f"--num_processes {num_processes}: the master {master} runs {slots} tasks at once; give --master "
-                f"local[{num_processes}] (or local-cluster[{num_processes},1,1024])"
-            )
+        check_slots(spark.conf.get("spark.master", "") or "", num_processes)
         launch = plan_launch(config.trainer, num_processes, task_gpus(spark))
         environment = tracking_environment(config.trainer.logger)
         from pyspark.ml.torch.distributor import TorchDistributor
@@ -424,17 +523,27 @@ def fit_on_spark(argv: list[str], spark=None) -> dict:
         distributor = TorchDistributor(num_processes=num_processes, local_mode=False, use_gpu=launch.use_gpu)
         cloudpickle.register_pickle_by_value(sys.modules[__name__])
         task_args = [*args, *launch.trainer_args()]
-        errors = TaskErrors(sys.stderr)
-        sys.stderr = errors
-        try:
-            code = pack_code()
-            result = distributor.run(start_in_task, str(REPOSITORY), os.getcwd(), code, task_args, environment)
-        except Exception as error:
-            raise SparkFitError(failure_line(error, errors.failures)) from None
-        finally:
-            sys.stderr = errors.stream
+        log_path = task_log(config.trainer.default_root_dir)
+        with log_path.open("w") as log:
+            errors = TaskErrors(sys.stderr, log)
+            sys.stderr = errors
+            try:
+                code = pack_code()
+                result = distributor.run(start_in_task, str(REPOSITORY), os.getcwd(), code, task_args, environment)
+            except Exception as error:
+                log.write(f"\n{type(error).__name__}: {error}\n")  # Spark's own report, its Java trace with it
+                line = failure_line(error, errors.failures, errors.killed)
+                raise SparkFitError(f"{line} (the tasks' whole output: {log_path})") from None
+            finally:
+                sys.stderr = errors.stream
         if result is None:
-            raise SparkFitError("rank 0 of the Spark fit returned no result (see the tasks' output above)")
+            raise SparkFitError(f"rank 0 of the Spark fit returned no result (the tasks' whole output: {log_path})")
+        if errors.muted:  # a traceback that did not stop the fit: what followed it is in the log alone
+            print(f"a task printed a traceback; the tasks' whole output: {log_path}", file=sys.stderr)
+        else:
+            log_path.unlink()  # a fit that finished: its output was on the console
+            with contextlib.suppress(OSError):  # spark-logs/ goes too when it holds no other fit's
+                log_path.parent.rmdir()
         return result
     finally:
         if local:

@@ -28,11 +28,20 @@ Needs azure-ai-ml (pyproject's `azure` extra, which `make install` installs).
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Literal
 
-from scripts.azure_ml.jobs import SubmitError, build_job, check_workspace_ids, follow, job_yaml, workspace_client
+from scripts.azure_ml.jobs import (
+    SubmitError,
+    build_job,
+    check_workspace_ids,
+    cpu_image_note,
+    follow,
+    job_yaml,
+    workspace_client,
+)
 from scripts.training.cli_errors import argument_error_line
 
 
@@ -96,6 +105,10 @@ def submit(
         raise SubmitError("give the compute cluster to run on: --compute NAME")
     if stream and dry_run:
         raise SubmitError("--stream follows a submitted job: leave out --dry_run")
+    if yaml_file and not dry_run:
+        raise SubmitError(f"--yaml_file {yaml_file} writes the job's YAML instead of submitting it: add --dry_run true")
+    if yaml_file:
+        check_yaml_file(yaml_file)
     check_workspace_ids(subscription_id, resource_group, workspace)  # before the SDK import build_job makes
     if sweep and timeout is not None:
         raise SubmitError("--timeout with --sweep: a sweep's limits are its file's budget.time and budget.trial_time")
@@ -118,10 +131,18 @@ def submit(
         job = build_job(
             configs, compute, nodes, processes_per_node, distribution, inputs, train_args, experiment, image, **settings
         )
+    note = None if environment or image else cpu_image_note(configs, train_args, compute, processes_per_node)
+    if note:  # after the checks: the configs are there and parse
+        print(note, file=sys.stderr)
     if dry_run:
         if yaml_file:
             text = as_yaml(job, Path(yaml_file).parent)
-            Path(yaml_file).write_text(text)
+            try:
+                Path(yaml_file).parent.mkdir(parents=True, exist_ok=True)
+                Path(yaml_file).write_text(text)
+            except OSError as error:
+                message = f"--yaml_file {yaml_file}: cannot write it ({error.strerror}); give another path"
+                raise SubmitError(message) from None
             print(f"wrote {yaml_file}: az ml job create -f {yaml_file}")
             return text
         text = as_yaml(job)
@@ -145,6 +166,17 @@ def submit(
             "for a service principal), then submit again"
         ) from None
     return submitted.name
+
+
+def check_yaml_file(given: str) -> None:
+    """A --yaml_file that can be written: not a folder, no file where a folder of its path must be (the folders that
+    do not exist yet are made)."""
+    path = Path(given)
+    if path.is_dir() or given.endswith(os.sep):
+        raise SubmitError(f"--yaml_file {path}: a folder; give a file name in it, e.g. {path / 'job.yml'}")
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise SubmitError(f"--yaml_file {path}: {parent} is a file, not a folder; give another path")
 
 
 def main(args: list[str] | None = None) -> None:

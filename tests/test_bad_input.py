@@ -474,9 +474,35 @@ CASES = [
          "azureml:lightning-training:1"),
     Submit("submit-environment-and-image", [*SUBMIT, "--environment", "azureml:lightning-training:1", "--image", "x"],
          "error: --image and --environment: a registered environment has its image; give one of them"),
+    Submit("submit-yaml-file-without-dry-run", [*SUBMIT, "--yaml_file", "{user}/job.yml"],
+         "error: --yaml_file {user}/job.yml writes the job's YAML instead of submitting it: add --dry_run true"),
+    Submit("submit-yaml-file-a-folder", [*SUBMIT, "--dry_run", "true", "--yaml_file", "{user}"],
+         "error: --yaml_file {user}: a folder; give a file name in it, e.g. {user}/job.yml"),
+    Submit("submit-yaml-file-under-a-file", [*SUBMIT, "--dry_run", "true", "--yaml_file", "{user}/notes.txt/job.yml"],
+         "error: --yaml_file {user}/notes.txt/job.yml: {user}/notes.txt is a file, not a folder; give another path"),
     Submit("submit-from-another-folder", [str(REPO / "configs/penguins.yaml"), "--compute", "c"],
          "error: environment.yml is not in this folder: run from the repository's root (the job's code)",
            cwd="{user}", env={"PYTHONPATH": str(REPO)}),
+    # ---- Azure ML deployment, Spark: each before the Azure SDK is imported, or before a JVM starts ----
+    Case("deploy-gpu-size-for-the-cpu-environment", ["online", "penguins-classifier:1", "--endpoint", "penguins",
+                                                      "--instance_type", "Standard_NC4as_T4_v3", "--dry_run", "true"],
+         "error: --instance_type Standard_NC4as_T4_v3: a GPU size, but the serving environment "
+         "(scripts/serving/environment.yml on Azure ML's CPU image) scores on CPUs; give a CPU size such as "
+         "Standard_DS3_v2, or --environment a registered serving environment built for GPUs", module="scripts.deploy"),
+    Case("spark-master-not-a-url", ["fit", "--config", "configs/penguins.yaml", "--num_processes", "2", "--master",
+                                    "local[two]"],
+         "error: --master local[two]: not a Spark master URL; give local[N], local-cluster[W,C,M] (W workers of C "
+         "cores and M MB), spark://HOST:PORT, yarn or k8s://HOST:PORT",
+         module="scripts.spark", env={"JAVA_HOME": "/none"}),  # no JVM would start: Spark is never asked
+    Case("spark-more-processes-than-slots", ["fit", "--config", "configs/penguins.yaml", "--num_processes", "3",
+                                             "--master", "local[2]", "--trainer.default_root_dir", "{outputs}"],
+         "error: --num_processes 3: the master local[2] runs 2 tasks at once; give --master local[3] (or "
+         "local-cluster[3,1,1024])", module="scripts.spark", env={"JAVA_HOME": "/none"}),
+    Case("spark-without-java", ["fit", "--config", "configs/penguins.yaml", "--num_processes", "1",
+                                "--trainer.default_root_dir", "{outputs}"],
+         "error: Spark did not start on local[1] ([JAVA_GATEWAY_EXITED] Java gateway process exited before sending its "
+         "port number); check --master, and Java 17 (`java -version`, JAVA_HOME)",
+         module="scripts.spark", env={"JAVA_HOME": "{user}/no-java"}),
 ]  # fmt: skip
 
 

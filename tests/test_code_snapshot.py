@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from azure.ai.ml._utils._asset_utils import get_content_hash, get_ignore_file, get_upload_files_from_folder
 
-from scripts.azure_ml.code_snapshot import code_snapshot, uploaded_files
+from scripts.azure_ml.code_snapshot import LEFT_OUT, code_snapshot, uploaded_files
 from scripts.submit import submit
 from tests.conftest import REPO
 from tests.fake_azure import FakeAzureML, fake_client
@@ -79,6 +79,53 @@ def test_a_link_to_an_environment_elsewhere_is_left_out_by_its_name(tmp_path):
     (elsewhere / "bin/python").write_text("elf")
     os.symlink(elsewhere, project / ".venv-serve")
     assert ".venv-serve/bin/python" not in uploaded_files(project)
+
+
+SECRETS_AND_CHECKPOINTS = {
+    ".env": "AZURE_CLIENT_SECRET=s3cret\n",
+    "configs/.env.local": "DATABRICKS_TOKEN=dapi-token\n",
+    "certs/client.pem": "-----BEGIN PRIVATE KEY-----\n",
+    ".ssh/id_rsa": "-----BEGIN OPENSSH PRIVATE KEY-----\n",
+    "best.ckpt": "weights",
+    "scripts/old/last.ckpt": "weights",
+}
+
+
+@pytest.mark.parametrize("ignore_file", [".amlignore", ".gitignore"])
+def test_secrets_and_checkpoints_are_never_uploaded_and_the_sdk_leaves_them_out_too(tmp_path, ignore_file):
+    """A .env (an Azure secret in it), keys and stray checkpoints stay out, whichever ignore file the project has and
+    whatever it says; with the repository's .amlignore the SDK's own walk (`az ml job create -f`) leaves them out
+    too."""
+    ignored = (REPO / ignore_file).read_text()
+    project = a_project(tmp_path / "project", ignore_file, ignored)
+    for name, text in SECRETS_AND_CHECKPOINTS.items():
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text(text)
+    uploaded = uploaded_files(project)
+    assert not set(SECRETS_AND_CHECKPOINTS) & set(uploaded)
+    assert "scripts/train.py" in uploaded and "configs/task.yaml" in uploaded
+    with code_snapshot(project) as snapshot:
+        assert "s3cret" not in "".join(p.read_text() for p in snapshot.rglob("*") if p.is_file())
+    if ignore_file == ".amlignore":
+        assert uploaded == sdk_files(project)
+
+
+def test_what_gitignore_leaves_out_stays_out_beside_an_amlignore(tmp_path):
+    """The SDK reads only .amlignore when there is one: a big file the user keeps out of git would be uploaded."""
+    project = a_project(tmp_path / "project", ".amlignore", (REPO / ".amlignore").read_text())
+    (project / ".gitignore").write_text((REPO / ".gitignore").read_text() + "/penguins-10GB.csv\n")
+    (project / "penguins-10GB.csv").write_text("species\n")
+    assert "penguins-10GB.csv" in sdk_files(project)
+    assert "penguins-10GB.csv" not in uploaded_files(project)
+    assert "README.md" in uploaded_files(project)
+
+
+def test_the_repositorys_amlignore_holds_gitignore_and_the_secrets():
+    """So that `az ml job create -f` of a --dry_run YAML, which uploads through the SDK's walk, leaves out the same."""
+    lines = {line.strip() for line in (REPO / ".amlignore").read_text().splitlines()}
+    gitignore = [line for line in (REPO / ".gitignore").read_text().splitlines() if line and line[0] != "#"]
+    # `.venv` (no slash) covers git's `.venv/` and a link named .venv as well
+    assert not {pattern for pattern in [*gitignore, *LEFT_OUT] if not {pattern, pattern.rstrip("/")} & lines}
 
 
 @pytest.mark.slow

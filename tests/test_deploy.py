@@ -284,6 +284,14 @@ def test_batch_creates_the_endpoint_then_the_deployment_then_makes_it_the_defaul
             ],
             "--environment is for --inputs images",
         ),
+        (
+            ["online", "m:1", "--endpoint", "pen", "--instance_type", "Standard_NC4as_T4_v3"],
+            "--instance_type Standard_NC4as_T4_v3: a GPU size, but the model scores on CPUs",
+        ),
+        (
+            ["online", "m:1", "--endpoint", "pen", "--instance_type", "Standard_ND96asr_v4", "--dry_run", "true"],
+            "--instance_type Standard_ND96asr_v4: a GPU size",
+        ),
     ],
 )
 def test_a_mistake_is_one_line_before_the_azure_sdk_is_imported(args, line):
@@ -304,3 +312,13 @@ def test_a_registered_serving_environment_is_named_not_built(tmp_path, capsys):
     text = batch("birds-classifier:1", "birds-batch", "images", "cpu", environment="lightning-serving:2", dry_run=True)
     _, deployment = dry_run_entities(tmp_path, text, "batch")
     assert yaml.safe_load(text.split("---\n")[1])["environment"] == "azureml:lightning-serving:2"
+
+
+def test_a_gpu_instance_type_is_taken_with_a_registered_environment(capsys):
+    """A registered serving environment may be built for GPUs: only the model's own (CPU) requirements are known."""
+    from scripts.deploy import online
+
+    text = online("penguins-classifier:1", "penguins", instance_type="Standard_NC4as_T4_v3", scoring="script",
+                  environment="azureml:lightning-serving-gpu:1", dry_run=True)  # fmt: skip
+    deployment = yaml.safe_load(text.split("---\n")[1])
+    assert deployment["instance_type"] == "Standard_NC4as_T4_v3"

@@ -342,7 +342,11 @@ def test_batch_scoring_of_a_folder_answers_as_the_server(birds, tmp_path):
     ("args", "line"),
     [
         (["nothing.ckpt"], "error: nothing.ckpt: no such model; give models:/NAME/VERSION (fit --register_model NAME)"),
-        (["x", "--port", "0"], "error: --port 0 --workers 1: give a port 1-65535 and 1 or more workers"),
+        (["x", "--port", "0"], "error: --port 0: give a port 1-65535"),
+        (["x", "--port", "65536"], "error: --port 65536: give a port 1-65535"),
+        (["x", "--workers", "0"], "error: --workers 0: give 1 or more"),
+        (["x", "--threads", "-1"], "error: --threads -1: give 0 (one per core) or more"),
+        (["x", "--host", "192.0.2.1"], "error: --host 192.0.2.1 --port 5001: cannot listen there (Cannot assign"),
         (["x", "--backend", "torch"], "error: unrecognized arguments: --backend torch"),
         (["configs"], "error: configs: no MLmodel in this folder; give a registered model's folder, .ckpt or models:/"),
         (["models:/penguins-classifier/1"], "error: sqlite:///{tmp}/none.db: no such MLflow store; check"),
@@ -355,12 +359,29 @@ def test_a_serve_mistake_is_one_line_and_exit_1(args, line, tmp_path, monkeypatc
     message = str(exit.value.code)
     assert message.startswith(line.format(tmp=tmp_path)) and "\n" not in message, message
     assert not (tmp_path / "none.db").exists()  # MLflow would have made an empty store
+    assert not (tmp_path / "serving").exists()  # no empty model folder left behind
 
 
 def test_a_version_not_in_the_registry_is_one_line(penguins, tmp_path, monkeypatch):
     folder, _, _ = penguins
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder / 'outputs' / 'mlflow.db'}")
     with pytest.raises(SystemExit) as exit:
-        serve_main(["models:/penguins-classifier/3", "--serving_dir", str(tmp_path)])
+        serve_main(["models:/penguins-classifier/3", "--serving_dir", str(tmp_path / "serving")])
     assert str(exit.value.code).startswith("error: models:/penguins-classifier/3: not in the registry at sqlite:///")
     assert "\n" not in str(exit.value.code)
+    assert not (tmp_path / "serving").exists()  # no empty outputs/serving/penguins-classifier/3 left behind
+
+
+def test_a_second_server_on_a_taken_port_fails_before_it_says_serving(penguins):
+    """The port of a server already serving: one line before the model is prepared, and no "serving" line."""
+    folder, _, server = penguins
+    taken = server.port
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'outputs' / 'mlflow.db'}"}
+    result = run_module("scripts.serve", "models:/penguins-classifier/1", "--port", str(taken),
+                        "--serving_dir", str(folder / "second"), env=env)  # fmt: skip
+    assert result.returncode == 1 and "serving" not in result.stdout, result.stdout + result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        f"error: --port {taken}: 127.0.0.1:{taken} is in use (another server?); give another --port, or stop that one"
+    ]
+    assert not (folder / "second").exists()
+    assert server.get("/score")[0] == 200  # the first one goes on serving

@@ -14,7 +14,9 @@ import os
 import pickle
 import re
 import shutil
+import signal
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import lightning as L
@@ -40,6 +42,14 @@ class FailOnRank(L.Callback):
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.global_rank == self.rank and trainer.current_epoch == self.epoch:
             raise RuntimeError(f"rank {self.rank} lost its data in epoch {self.epoch}")
+
+
+class KillOnRank(FailOnRank):
+    """SIGKILLs one process of a fit at the start of an epoch, as the kernel's OOM killer does: no line of its own."""
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.global_rank == self.rank and trainer.current_epoch == self.epoch:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +94,7 @@ def test_two_spark_tasks_train_the_weights_one_process_does_into_one_run_with_on
     assert run.data.params["trainer.strategy"] == "ddp"
     (checkpoints,) = outputs.glob("*/*/checkpoints")
     assert sorted(path.name for path in checkpoints.iterdir()) == ["best.ckpt", "last.ckpt"]
+    assert not (outputs / "spark-logs").exists()  # a fit that finished keeps no log of its tasks' output
 
 
 @pytest.mark.slow
@@ -98,22 +109,52 @@ def test_a_data_error_in_the_tasks_is_one_line_naming_the_file(tmp_path, spark):
     # Every task meets it; whichever reports first is the one line.
     assert re.fullmatch(
         rf"error: rank [01] of the Spark fit: {re.escape(str(missing))}: no such file; give data.init_args.csv_path "
-        "an existing CSV",
+        rf"an existing CSV \(the tasks' whole output: {re.escape(str(tmp_path))}/spark-logs/fit-[\d-]+\.log\)",
         stop.value.code,
-    )
+    ), stop.value.code
     assert not list(tmp_path.glob("*/*/checkpoints"))
 
 
 @pytest.mark.slow
 @needs_java
+def test_a_killed_process_is_reported_as_killed_not_as_the_survivors_lost_peer(tmp_path, spark, capsys):
+    """The kernel's OOM killer leaves no line of its own: torchrun reports the signal, and the surviving rank fails
+    for its lost peer a moment later; the report names the rank that was killed."""
+    from scripts.spark import main
+
+    killing = '{"class_path": "tests.test_spark.KillOnRank", "init_args": {"rank": 1, "epoch": 1}}'
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--num_processes", "2", *penguin_fit(tmp_path, "--trainer.callbacks+", killing)[1:]])
+    found = re.fullmatch(
+        r"error: rank 1 of the Spark fit was killed by signal 9 \(SIGKILL: out of memory, or stopped from outside\); "
+        r"the other ranks stopped for its loss \(the tasks' whole output: (\S+)\)",
+        stop.value.code,
+    )
+    assert found, stop.value.code
+    assert "Traceback" not in capsys.readouterr().err
+    assert "exitcode  : -9" in Path(found[1]).read_text()
+
+
+@pytest.mark.slow
+@needs_java
 def test_a_task_that_fails_fails_the_command_with_its_error_in_one_line(tmp_path):
+    """The tasks' tracebacks (torch's, torchrun's, Spark's Java ones: 89-115 lines) go to a log file the line names;
+    the console keeps the fit's progress and that line."""
     failing = '{"class_path": "tests.test_spark.FailOnRank", "init_args": {"rank": 1, "epoch": 1}}'
     args = penguin_fit(tmp_path / "outputs", "--trainer.callbacks+", failing)
     result = run_module("scripts.spark", "fit", "--num_processes", "2", "--master", MASTER, *args[1:])
     assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1] == (
-        "error: rank 1 of the Spark fit: RuntimeError: rank 1 lost its data in epoch 1"
+    found = re.fullmatch(
+        r"error: rank 1 of the Spark fit: RuntimeError: rank 1 lost its data in epoch 1 \(the tasks' whole output: "
+        r"(\S+)\)",
+        result.stderr.strip().splitlines()[-1],
     )
+    assert found, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "\tat " not in result.stderr, result.stderr[-3000:]
+    assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in result.stderr  # the progress before it
+    log = Path(found[1])
+    assert log.parent == tmp_path / "outputs" / "spark-logs"
+    assert 'raise RuntimeError(f"rank {self.rank} lost its data' in log.read_text()  # the whole traceback is there
     assert "test_acc" not in result.stdout
 
 
@@ -133,6 +174,9 @@ def test_a_bad_option_is_one_line_before_spark_starts(tmp_path):
         (["test", "--num_processes", "2"], "scripts.spark runs fit or score (given: test); validate, test and"),
         (["fit", "--num_processes=2", "--trainer.devices", "2"], "--trainer.devices: the Spark launcher sets devices"),
         (["fit", "--num_processes", "2", "--trainer.num_nodes=2"], "--trainer.num_nodes: the Spark launcher sets"),
+        (["fit", "--num_processes", "2", "--master", "local[two]"], "--master local[two]: not a Spark master URL"),
+        (["fit", "--num_processes", "2", "--master=127.0.0.1:7077"], "--master 127.0.0.1:7077: not a Spark master"),
+        (["fit", "--num_processes", "2", "--master", "local-cluster[2,1]"], "--master local-cluster[2,1]: not a"),
     ],
 )
 def test_launcher_options_given_wrong_are_one_line(argv, line):
@@ -141,6 +185,16 @@ def test_launcher_options_given_wrong_are_one_line(argv, line):
     with pytest.raises(SparkFitError) as error:
         split_options(argv)
     assert str(error.value).startswith(line)
+
+
+@pytest.mark.parametrize(
+    "master", ["local", "local[4]", "local[*]", "local[2,3]", "local-cluster[2, 1, 1024]", "spark://h1:7077,h2:7077",
+               "yarn", "k8s://https://10.0.0.1:6443", "sc://localhost:15002"],
+)  # fmt: skip
+def test_spark_s_master_urls_are_taken(master):
+    from scripts.spark import split_options
+
+    assert split_options(["fit", "--num_processes", "1", "--master", master])[1] == master
 
 
 def trainer(accelerator="auto", strategy="auto", plugins=None) -> SimpleNamespace:
@@ -245,9 +299,45 @@ def test_a_spark_failure_without_a_task_line_is_spark_s_reason_in_one_line():
         "stage failure: Could not recover from a failed barrier ResultStage. Most recent failure reason: "
         "ExecutorLostFailure (executor 1 exited)\n\tat org.apache.spark.scheduler.DAGScheduler.abortStage(...)\n" * 3
     )
-    assert failure_line(RuntimeError(java), []) == (
+    assert failure_line(RuntimeError(java.replace("ExecutorLostFailure", "TaskKilled")), []) == (
         "the Spark fit failed: Could not recover from a failed barrier ResultStage. Most recent failure reason: "
-        "ExecutorLostFailure (executor 1 exited) (the tasks' output is above, and in the executors' logs)"
+        "TaskKilled (executor 1 exited) (see the executors' logs)"
+    )
+    # An executor lost (its JVM killed): that, not the surviving rank's lost connection.
+    survivor = [(1700000000.9, 0, "RuntimeError: Connection closed by peer")]
+    assert failure_line(RuntimeError(java), survivor) == (
+        "the Spark fit lost an executor (executor 1 exited): out of memory, or stopped from outside"
+    )
+
+
+def test_after_a_failure_the_tasks_tracebacks_go_to_the_log_alone_and_a_kill_is_named():
+    """What torchrun prints for a rank killed by SIGKILL, then the survivor's failure and traceback (as in a real run):
+    the console keeps what came before the first failure; the log keeps everything."""
+    import io
+
+    from scripts.spark import TaskErrors, failure_line
+
+    console, log = io.StringIO(), io.StringIO()
+    errors = TaskErrors(console, log)
+    output = (
+        "Experiment with name penguins not found. Creating it.\n"
+        "E1125 12:44:20.394000 21147 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) "
+        "local_rank: 0 (pid: 21345) of binary: python\n"
+        'Traceback (most recent call last):\n  File "torchrun", line 8, in <module>\n'
+        "Root Cause (first observed failure):\n[0]:\n  time      : 2026-11-25_12:44:20\n  host      : localhost\n"
+        "  rank      : 1 (local_rank: 0)\n  exitcode  : -9 (pid: 21345)  (SIGKILL)\n"
+        "spark task failed on rank 0 at 1.0: RuntimeError: Connection reset by peer\n"
+        "[rank0]: Traceback (most recent call last):\n[rank0]: RuntimeError: Connection reset by peer\n"
+    )
+    for part in (output[:100], output[100:]):
+        errors.write(part)
+    assert console.getvalue() == "Experiment with name penguins not found. Creating it.\n"
+    assert log.getvalue() == output
+    assert errors.failures == [(1.0, 0, "RuntimeError: Connection reset by peer")]
+    assert [(rank, number) for _, rank, number in errors.killed] == [(1, 9)]
+    assert failure_line(RuntimeError("Job aborted"), errors.failures, errors.killed) == (
+        "rank 1 of the Spark fit was killed by signal 9 (SIGKILL: out of memory, or stopped from outside); the other "
+        "ranks stopped for its loss"
     )
 
 

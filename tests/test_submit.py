@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,15 +88,15 @@ def test_horovod_runs_under_mpi_on_the_image_its_dockerfile_builds_from_only_the
 def test_horovod_dry_run_yaml_reads_back_with_its_build_context(horovod_context, tmp_path, capsys):
     from azure.ai.ml import load_job
 
-    text = submit("configs/penguins.yaml", "cpu", ["configs/trainer/horovod.yaml"], 1, 4, "mpi", dry_run=True)
-    (tmp_path / "job.yml").write_text(text)
+    text = submit("configs/penguins.yaml", "cpu", ["configs/trainer/horovod.yaml"], 1, 4, "mpi", dry_run=True,
+                  yaml_file=str(tmp_path / "job.yml"))  # fmt: skip
     loaded = load_job(tmp_path / "job.yml")
-    assert (Path(loaded.environment.build.path), loaded.environment.build.dockerfile_path) == (
-        horovod_context, "Dockerfile"
-    )  # fmt: skip
+    build = loaded.environment.build  # its path relative to the YAML's folder
+    assert ((tmp_path / build.path).resolve(), build.dockerfile_path) == (horovod_context, "Dockerfile")
     assert (loaded.distribution.type, loaded.distribution.process_count_per_instance) == ("mpi", 4)
     assert loaded.environment_variables == {"OMPI_MCA_odls_base_sigkill_timeout": "10"}  # mpirun's SIGTERM grace
-    again = submit("configs/penguins.yaml", "cpu", ["configs/trainer/horovod.yaml"], 1, 4, "mpi", dry_run=True)
+    again = submit("configs/penguins.yaml", "cpu", ["configs/trainer/horovod.yaml"], 1, 4, "mpi", dry_run=True,
+                   yaml_file=str(tmp_path / "again.yml"))  # fmt: skip
     assert yaml.safe_load(again)["environment"] == yaml.safe_load(text)["environment"]  # same version: one image
 
 
@@ -132,7 +133,7 @@ def test_dry_run_prints_yaml_that_load_job_reads_back(tmp_path, capsys):
     job = build_job(["configs/mnist.yaml"], "gpu", nodes=2, inputs=[f"data.init_args.data_dir={data}"])
     assert loaded.command == job.command
     assert (loaded.compute, loaded.resources.instance_count, loaded.distribution.type) == ("gpu", 2, "pytorch")
-    assert loaded.inputs["data_dir"].path == str(data)  # a local folder, uploaded with the job
+    assert (REPO / loaded.inputs["data_dir"].path).resolve() == data  # uploaded with the job; relative to job.yml
     assert loaded.environment.image == job.environment.image
 
 
@@ -395,3 +396,80 @@ def test_a_timeout_that_is_neither_is_refused(given):
 
     with pytest.raises(SubmitError, match="--timeout"):
         parse_duration(given)
+
+
+def test_gpu_and_horovod_presets_in_either_order_give_one_gpu_job(horovod_context, tmp_path, capsys):
+    """The Horovod preset sets its CPU build's accelerator; with the GPU preset the job is a GPU Horovod job whatever
+    the order (the last config that sets a value wins, so the order alone decided, without a word)."""
+    texts = [
+        submit("configs/mnist.yaml", "gpu", presets, 2, 4, "mpi", dry_run=True)
+        for presets in (["configs/trainer/gpu.yaml", HOROVOD], [HOROVOD, "configs/trainer/gpu.yaml"])
+    ]
+    assert texts[0] == texts[1]
+    job = yaml.safe_load(texts[0])
+    assert Path(job["environment"]["build"]["path"]).name == "horovod-image-gpu"
+    assert f"--config {HOROVOD} --config configs/trainer/gpu.yaml" in job["command"]  # gpu.yaml's accelerator wins
+
+
+def local_paths(value, key: str = "") -> list[str]:
+    """Every code, path and conda_file value of a job's YAML that names a local file or folder."""
+    if isinstance(value, dict):
+        return [path for name, item in value.items() for path in local_paths(item, name)]
+    if isinstance(value, list):
+        return [path for item in value for path in local_paths(item)]
+    found = key in ("code", "path", "conda_file") and isinstance(value, str)
+    return [value] if found and "://" not in value and not value.startswith("azureml:") else []
+
+
+def test_every_path_in_a_written_yaml_is_relative_to_it_and_the_folder_is_made(horovod_context, tmp_path, capsys):
+    """A Horovod job with a local input, written into a folder that does not exist yet: code, build context and input
+    are relative to the YAML file, so it runs with `az ml job create -f` from any folder, on any machine with the
+    checkout (absolute paths held this machine's)."""
+    from azure.ai.ml import load_job
+
+    data = tmp_path / "penguins.csv"
+    data.write_text("x\n")
+    target = tmp_path / "new" / "jobs" / "horovod.yml"
+    submit("configs/penguins.yaml", "cpu", [HOROVOD], 2, 2, "mpi", inputs=[f"data.init_args.csv_path={data}"],
+           dry_run=True, yaml_file=str(target))  # fmt: skip
+    written = yaml.safe_load(target.read_text())
+    paths = local_paths(written)
+    assert len(paths) == 3 and not [path for path in paths if os.path.isabs(path)], paths
+    assert (target.parent / written["inputs"]["csv_path"]["path"]).resolve() == data
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.chdir(elsewhere)  # the autouse fixture's monkeypatch.chdir restores the folder
+    loaded = load_job(target)
+    assert (target.parent / loaded.environment.build.path).resolve() == horovod_context
+    assert (target.parent / loaded.code).resolve() == REPO
+
+
+def test_the_readme_multi_gpu_example_gets_the_gpu_image_and_one_without_the_preset_says_why_not(tmp_path, capsys):
+    (line,) = [line for line in (REPO / "README.md").read_text().splitlines() if "--processes_per_node 4`" in line]
+    assert "python -m scripts.submit configs/mnist.yaml --presets+ configs/trainer/gpu.yaml" in line
+    text = submit("configs/mnist.yaml", "gpu-cluster", ["configs/trainer/gpu.yaml"], 2, 4, dry_run=True)
+    assert yaml.safe_load(text)["environment"]["image"] == GPU_IMAGE
+    assert capsys.readouterr().err == ""
+    text = submit("configs/mnist.yaml", "gpu-cluster", nodes=2, processes_per_node=4, dry_run=True)
+    assert yaml.safe_load(text)["environment"]["image"] == BASE_IMAGE
+    assert capsys.readouterr().err.splitlines() == [
+        "note: configs/mnist.yaml leaves trainer.accelerator to Lightning: the job gets the CPU image and 4 "
+        "process(es) per node on CPUs; for GPUs add --presets+ configs/trainer/gpu.yaml"
+    ]
+    submit("configs/penguins.yaml", "cpu-cluster", dry_run=True)  # one process on a CPU cluster: nothing to say
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.slow
+def test_a_named_workspace_without_a_login_is_the_one_line_alone(tmp_path):
+    """No Azure login anywhere (no az, no environment credentials, an empty home): azure-identity's 14 lines on the
+    credentials it tried stay out; the project's line is all there is."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("AZURE_", "MSI_", "IDENTITY_"))}
+    env |= {"HOME": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    ids = ["--subscription_id", "00000000-0000-0000-0000-000000000000", "--resource_group", "rg", "--workspace", "ws"]
+    result = run_module("scripts.submit", "configs/penguins.yaml", "--compute", "cpu-cluster", *ids, env=env)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "error: not signed in to Azure: run `az login` (or set AZURE_CLIENT_ID, AZURE_TENANT_ID and "
+        "AZURE_CLIENT_SECRET for a service principal), then submit again"
+    ]

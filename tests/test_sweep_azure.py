@@ -94,7 +94,7 @@ def test_distributed_trials_run_ddp_with_the_jobs_processes_and_inputs(tmp_path)
     assert raw["trial"]["resources"]["instance_count"] == 2
     assert "--config configs/trainer/ddp.yaml --trainer.devices 4 --trainer.num_nodes 2" in job.trial.command
     assert "--data.init_args.data_dir ${{inputs.data_dir}}" in job.trial.command
-    assert job.inputs["data_dir"].path == str(data)  # a local folder, uploaded with the job
+    assert (REPO / job.inputs["data_dir"].path).resolve() == data  # a local folder, relative to job.yml at the root
     policy = job.early_termination
     assert (policy.type, policy.slack_amount, policy.delay_evaluation) == ("bandit", 0.01, 2)
     dropout = job.search_space["model_network_init_args_dropout"]

@@ -9,6 +9,12 @@ azure-ai-ml lists a code folder by walking every file in it, links followed, and
 This walk skips an ignored folder whole, so it reads only the files that are uploaded. The copy holds the same files
 under the same paths with the same bytes, so its content hash, by which Azure ML finds a snapshot it already has,
 is the folder's own (tests/test_code_snapshot.py compares the two with the SDK's hash).
+
+What is left out is more than the SDK leaves out: what .amlignore leaves out, and also what .gitignore does (the SDK
+reads only .amlignore when there is one, so a file a user keeps out of git would reach the workspace), and always
+secrets and checkpoints by their names (LEFT_OUT: a .env, keys, a stray best.ckpt), whatever the ignore files say.
+The repository's .amlignore lists all of them too, for `az ml job create -f` of a --dry_run YAML, which uploads
+through the SDK's own walk.
 """
 
 from __future__ import annotations
@@ -22,6 +28,13 @@ from pathlib import Path
 
 import pathspec
 
+# Never uploaded, whatever the ignore files say: secrets (environment files, keys, credentials) and checkpoints (a
+# job writes its own to its checkpoints output; one left in the code folder is hundreds of MB uploaded every time).
+LEFT_OUT = (
+    ".env", ".env.*", "*.pem", "*.key", "*.pfx", "*.p12", "id_rsa*", "id_ed25519*", ".netrc", ".git-credentials",
+    ".databrickscfg", ".azure/", ".aws/", ".ssh/", "*.ckpt",
+)  # fmt: skip
+
 
 def ignore_spec(folder: Path) -> pathspec.PathSpec:
     """The patterns of the folder's .amlignore, else its .gitignore, else none: the file Azure ML reads."""
@@ -31,17 +44,25 @@ def ignore_spec(folder: Path) -> pathspec.PathSpec:
     return pathspec.PathSpec([])
 
 
+def ignore_specs(folder: Path) -> list[pathspec.PathSpec]:
+    """What leaves a file out (any one of them does): the file Azure ML reads, .gitignore, LEFT_OUT."""
+    specs = [ignore_spec(folder), pathspec.PathSpec.from_lines("gitwildmatch", LEFT_OUT)]
+    if (folder / ".amlignore").is_file() and (folder / ".gitignore").is_file():
+        specs.append(pathspec.PathSpec.from_lines("gitwildmatch", (folder / ".gitignore").read_text().splitlines()))
+    return specs
+
+
 def uploaded_files(folder: Path) -> list[str]:
-    """The paths, relative to `folder`, of the files Azure ML uploads with it, sorted."""
-    spec = ignore_spec(folder)
-    # A folder can be skipped whole only when no later `!pattern` takes a file inside it back.
-    prune = all(pattern.include is not False for pattern in spec.patterns)
+    """The paths, relative to `folder`, of the files uploaded with it, sorted."""
+    specs = ignore_specs(folder)
+    # A folder can be skipped whole by a file of patterns where no later `!pattern` takes a file inside it back.
+    pruning = [spec for spec in specs if all(pattern.include is not False for pattern in spec.patterns)]
     files = []
     for root, dirs, names in os.walk(folder, followlinks=True):
         relative = Path(root).relative_to(folder)
-        if prune:
-            dirs[:] = [name for name in dirs if not spec.match_file(f"{(relative / name).as_posix()}/")]
-        files += [(relative / name).as_posix() for name in names if not spec.match_file((relative / name).as_posix())]
+        dirs[:] = [name for name in dirs if not any(s.match_file(f"{(relative / name).as_posix()}/") for s in pruning)]
+        files += [path for path in ((relative / name).as_posix() for name in names)
+                  if not any(spec.match_file(path) for spec in specs)]  # fmt: skip
     return sorted(files)
 
 

@@ -95,6 +95,27 @@ def horovod_build_context(gpu: bool = False) -> Path:
     return folder
 
 
+def launch_first(configs: list[str]) -> list[str]:
+    """The task's config, then the presets that choose how processes are spread (Horovod's), then the others: the
+    Horovod preset sets the CPU build's accelerator, and a GPU preset given with it must win in either order (the last
+    config that sets a value wins), or the order would decide between a CPU and a GPU job without a word."""
+    launch = [path for path in configs[1:] if "horovod" in str(trainer_setting([path], "strategy")).lower()]
+    return [configs[0], *launch, *(path for path in configs[1:] if path not in launch)]
+
+
+def cpu_image_note(configs: list[str], train_args: str, compute: str, processes_per_node: int) -> str | None:
+    """A line for a job that gets the CPU image because its configs leave the accelerator to Lightning, where GPUs
+    look meant (several processes per node, a compute named for GPUs); None otherwise."""
+    accelerator = str(trainer_setting(configs, "accelerator"))
+    accelerator = dict(re.findall(r"--trainer\.(accelerator)[= ](\S+)", train_args)).get("accelerator", accelerator)
+    if accelerator not in ("None", "auto") or (processes_per_node < 2 and "gpu" not in compute.lower()):
+        return None
+    return (
+        f"note: {configs[0]} leaves trainer.accelerator to Lightning: the job gets the CPU image and "
+        f"{processes_per_node} process(es) per node on CPUs; for GPUs add --presets+ configs/trainer/gpu.yaml"
+    )
+
+
 def parse_duration(text: str) -> int:
     """--timeout's seconds: `3600`, or days, hours, minutes, seconds in that order: `90m`, `4h`, `1h30m`, `2d`."""
     plain = str(text).strip().lower()
@@ -222,6 +243,7 @@ def plan_job(
             raise SubmitError(
                 f"--presets {path}: submit adds it itself; give --nodes, --processes_per_node and --distribution"
             )
+    configs = launch_first(configs)
     for option in shlex.split(train_args):
         key = option.removeprefix("--trainer.").split("=", 1)[0]
         if option.startswith("--trainer.") and key in LAUNCH_OPTIONS:
@@ -294,6 +316,7 @@ def build_job(
     from azure.ai.ml import Input, Output, command
 
     job_inputs = {i.name: Input(type=i.type, path=i.path, mode=i.mode) for i in plan.inputs}
+    configs = plan.configs  # in the order the job's command gives them
     tasks = ", ".join(Path(path).stem for path in configs)
     return command(
         code=".",
@@ -345,17 +368,35 @@ def is_local(path: str) -> bool:
     return "://" not in path and not path.startswith("azureml:")
 
 
+def relative_to(folder: Path, data: dict) -> dict:
+    """`data` (a job's YAML as a dict) with every local path in it, the code, a build context, a local input,
+    relative to `folder`, where the YAML file is: `az ml job create -f` reads them relative to the file, so the YAML
+    works from any folder and on any machine with this checkout, not only at this machine's absolute paths."""
+    base = folder.resolve()
+
+    def walk(value, key: str = ""):
+        if isinstance(value, dict):
+            return {name: walk(item, name) for name, item in value.items()}
+        if isinstance(value, list):
+            return [walk(item) for item in value]
+        if key in ("code", "path", "conda_file") and isinstance(value, str) and is_local(value):
+            return os.path.relpath(Path(value).resolve(), base)  # resolve(): a relative path is the cwd's
+        return value
+
+    return walk(data)
+
+
 def job_yaml(job, folder: Path = Path(".")) -> str:
-    """The job as `az ml job create -f` takes it from a file in `folder`: its code path relative to that folder (the
-    SDK writes this machine's absolute path), local inputs as the paths they are."""
+    """The job as `az ml job create -f` takes it from a file in `folder`: every local path in it (code, the Horovod
+    build context, local inputs) relative to that folder (the SDK writes this machine's absolute paths)."""
     text = io.StringIO()
     job._to_job().dump(text)  # the job itself, not the node wrapping it in a component
     data = yaml.safe_load(text.getvalue())
-    data["code"] = os.path.relpath(Path.cwd(), folder.resolve())
+    data["code"] = str(Path.cwd())
     for name, given in (job.inputs or {}).items():
         if is_local(given.path):  # the SDK's dump writes a local path as an asset name: "azureml:/home/..."
             data["inputs"][name]["path"] = given.path
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml.safe_dump(relative_to(folder, data), sort_keys=False)
 
 
 def check_workspace_ids(subscription_id: str | None, resource_group: str | None, workspace: str | None) -> None:
@@ -365,9 +406,15 @@ def check_workspace_ids(subscription_id: str | None, resource_group: str | None,
 
 def workspace_client(subscription_id: str | None, resource_group: str | None, workspace: str | None):
     check_workspace_ids(subscription_id, resource_group, workspace)
+    import logging
+
     from azure.ai.ml import MLClient
     from azure.identity import DefaultAzureCredential
 
+    # Without a login DefaultAzureCredential logs each credential it tried (14 lines) before it raises; the caller's
+    # ClientAuthenticationError is one line saying to sign in, and the managed identity's try of the cloud metadata
+    # address (the way an Azure VM signs in) says nothing to anyone not on one.
+    logging.getLogger("azure.identity").setLevel(logging.CRITICAL)
     credential = DefaultAzureCredential()
     if subscription_id and resource_group and workspace:
         return MLClient(credential, subscription_id, resource_group, workspace)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import re
 from pathlib import Path
 
@@ -172,19 +171,19 @@ def options_of_trial(job_tags: dict[str, str], hyperparameters: dict[str, object
 
 
 def sweep_yaml(job, folder: Path = Path(".")) -> str:
-    """The sweep job as `az ml job create -f` takes it from a file in `folder`: the trial's code path relative to that
-    folder, local inputs as the paths they are."""
-    from scripts.azure_ml.jobs import is_local
+    """The sweep job as `az ml job create -f` takes it from a file in `folder`: every local path in it (the trial's
+    code, local inputs) relative to that folder."""
+    from scripts.azure_ml.jobs import is_local, relative_to
 
     text = io.StringIO()
     job.dump(text)
     data = yaml.safe_load(text.getvalue())
-    data["trial"]["code"] = os.path.relpath(Path.cwd(), folder.resolve())
+    data["trial"]["code"] = str(Path.cwd())
     for name, given in (job.inputs or {}).items():
         path = getattr(given, "path", None)
         if path and is_local(path):
             data["inputs"][name]["path"] = path
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml.safe_dump(relative_to(folder, data), sort_keys=False)
 
 
 def load_for_azure(path: str, configs: list[str]) -> Sweep:
