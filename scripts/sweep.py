@@ -35,6 +35,7 @@ from pathlib import Path
 
 import yaml
 
+from scripts.sweeps.launcher import Launcher, LauncherError, available, config_modules
 from scripts.sweeps.records import child_run, experiment_id, log_values, mark, parent_run, tag_best, tracking_store
 from scripts.sweeps.space import (
     Param,
@@ -118,8 +119,9 @@ class Runner:
     tracking_uri: str
     experiment_id: str
     parent_run_id: str
+    launcher: Launcher | None = None  # forks the trials' fits (None: each a fresh interpreter)
     interrupted: threading.Event = field(default_factory=threading.Event)
-    children: dict = field(default_factory=dict)  # trial number -> its fit's Popen
+    children: dict = field(default_factory=dict)  # trial number -> its fit's process (a launcher's Child, a Popen)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -170,21 +172,24 @@ class Runner:
         env = {**os.environ, "MLFLOW_TRACKING_URI": self.tracking_uri, "MLFLOW_RUN_ID": run_id}
         env[TRIAL_ID] = str(self.trial_id(trial))
         started = time.monotonic()
-        with open(folder / "trial.log", "a") as log:
-            log.write(f"$ {' '.join(command)}\n")
-            log.flush()
-            child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        log = folder / "trial.log"
+        with open(log, "a") as file:
+            file.write(f"$ {' '.join(command)}\n")
+        try:
+            child = self.start(trial.number, command, env, log)
+        except LauncherError as error:
+            self.fail(trial, run_id, str(error))
+        with self.lock:
+            self.children[trial.number] = child
+        try:
+            returncode = child.wait(timeout=self.sweep.trial_time_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            stop(child)
+            returncode, timed_out = child.returncode, True
+        finally:
             with self.lock:
-                self.children[trial.number] = child
-            try:
-                returncode = child.wait(timeout=self.sweep.trial_time_s)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                stop(child)
-                returncode, timed_out = child.returncode, True
-            finally:
-                with self.lock:
-                    self.children.pop(trial.number, None)
+                self.children.pop(trial.number, None)
         seconds = time.monotonic() - started
         trial.set_user_attr("seconds", round(seconds, 1))
         if self.interrupted.is_set() and returncode != 0:
@@ -193,8 +198,13 @@ class Runner:
         if timed_out:
             limit = self.sweep.trial_time_s
             self.fail(trial, run_id, f"ran past budget.trial_time ({limit} s); see {folder}/trial.log")
+        if returncode is None:
+            self.fail(trial, run_id, f"the trial launcher died during the fit; see {log}")
+        if returncode < 0:
+            name = signal.Signals(-returncode).name
+            self.fail(trial, run_id, f"the fit died of {name} (exit {returncode}); see {log}")
         if returncode != 0:
-            self.fail(trial, run_id, f"{last_line(folder / 'trial.log')} (exit {returncode}; {folder}/trial.log)")
+            self.fail(trial, run_id, f"{last_line(log)} (exit {returncode}; {log})")
         history = self.client.get_metric_history(run_id, self.sweep.metric)
         values_logged = [metric.value for metric in history]
         if not values_logged:
@@ -207,6 +217,14 @@ class Runner:
             raise optuna.TrialPruned(f"at epoch {pruned_at}")
         mark(self.client, run_id, "COMPLETE")
         return best
+
+    def start(self, number: int, command: list[str], env: dict[str, str], log: Path):
+        """The trial's fit, forked from the warm launcher where there is one, else a fresh interpreter; appends its
+        output to `log`."""
+        if self.launcher is not None:
+            return self.launcher.start(number, "scripts.train", command[3:], env, log)
+        with open(log, "a") as file:
+            return subprocess.Popen(command, stdout=file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def trial_id(self, trial) -> int:
         """The trial's id in the storage (what a trial's fit reports to)."""
@@ -395,6 +413,19 @@ def sweep(
     spec = load_sweep(sweep_file)
     if n_jobs < 1:
         raise SweepError(f"--n_jobs {n_jobs}: give 1 or more trials at once")
+    # Started first: its imports run while this process checks the file. The trial's own variables are not its own.
+    env = {key: value for key, value in os.environ.items() if key not in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID")}
+    launcher = Launcher(env, config_modules(list(spec.configs))) if available() else None
+    try:
+        return run_study(spec, sweep_file, study_name, storage, n_jobs, outputs, launcher)
+    finally:
+        if launcher is not None:
+            launcher.close()
+
+
+def run_study(
+    spec: Sweep, sweep_file: str, study_name: str | None, storage: str | None, n_jobs: int, outputs: str, launcher
+) -> int:
     rdb = connect(storage) if storage else None  # a server's: checked before the slower checks below
     check_options(spec)
     outputs_path = Path(outputs)
@@ -415,7 +446,7 @@ def sweep(
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # our one line per trial says it
     rdb = rdb or connect(storage_url)
     study = open_study(spec, name, rdb, folder)
-    runner = Runner(spec, study, rdb, storage_url, folder, outputs_path, tracking_uri, experiment, "")
+    runner = Runner(spec, study, rdb, storage_url, folder, outputs_path, tracking_uri, experiment, "", launcher)
     runner.parent_run_id = parent_run(runner.client, experiment, name, spec, study.user_attrs.get(PARENT_RUN_ID))
     study.set_user_attr(PARENT_RUN_ID, runner.parent_run_id)
     runner.end_killed_trials()

@@ -137,7 +137,7 @@ class SweepTrial(L.Callback):
     def __init__(self, storage: str, study_name: str, sweep_file: str, metric: str) -> None:
         self.storage_url, self.study_name, self.sweep_file, self.metric = storage, study_name, sweep_file, metric
         self.trial_id = int(os.environ[TRIAL_ID])
-        self.sweep_pid = os.getppid()  # the sweep that started this process
+        self.sweep_pid = os.getppid()  # the sweep's launcher (scripts.sweeps.launcher), or the sweep, that started it
         self._trial: optuna.trial.Trial | None = None
 
     @property
