@@ -508,13 +508,12 @@ def main(args: list[str] | None = None) -> None:
     from jsonargparse import ArgumentError, auto_cli
 
     from scripts.training.cli_errors import argument_error_line
-    from scripts.training.tracking import TrackingError
 
     try:
         status = auto_cli(sweep, args=args, as_positional=True, exit_on_error=False)
     except ArgumentError as error:
         sys.exit(f"error: {argument_error_line(str(error))} (python -m scripts.sweep --help lists the options)")
-    except (SweepError, TrackingError) as error:
+    except SweepError as error:
         sys.exit(f"error: {error}")
     sys.exit(status)
 

@@ -40,7 +40,7 @@ def test_a_trial_that_dies_of_a_signal_and_one_that_hangs_fail_alone_and_the_stu
     # Trial n trains with seed 7 + n: trial 0 aborts (SIGABRT), trial 1 hangs deaf to SIGTERM until the sweep kills it
     # after budget.trial_time, trial 2 trains. The objective check's short fit (seed 42) meets neither.
     faults = tmp_path / "faults.yaml"
-    fault = {"class_path": "tests.sweep_faults.Fault", "init_args": {"abort_seed": 7, "hang_seed": 8}}
+    fault = {"class_path": "tests.sweep_callbacks.Fault", "init_args": {"abort_seed": 7, "hang_seed": 8}}
     faults.write_text(yaml.safe_dump({"trainer": {"callbacks": [fault]}}))
     path = tmp_path / "faults-test.yaml"
     path.write_text(

@@ -1,7 +1,7 @@
 """A trial that crashes or hangs, for tests/test_sweep_isolation.py: a callback a test's config adds to every trial,
 which acts only in the trial trained with the seed it names (a sweep's trial n trains with its seed plus n).
 
-    trainer: {callbacks: [{class_path: tests.sweep_faults.Fault, init_args: {abort_seed: 8, hang_seed: 9}}]}
+    trainer: {callbacks: [{class_path: tests.sweep_callbacks.Fault, init_args: {abort_seed: 8, hang_seed: 9}}]}
 """
 
 from __future__ import annotations
