@@ -21,6 +21,7 @@ objective, a metric the module does not log) is one line and exit 1 before any t
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -53,6 +54,7 @@ HOST, PID = "sweep.host", "sweep.pid"  # trial user attributes: the process that
 RUN_ID = "mlflow_run_id"  # trial user attribute: its MLflow child run (kept by a trial run again)
 INTERRUPTED = "interrupted"  # trial user attribute: stopped by a signal to the sweep, to be run again
 FAILED = "fail_reason"  # trial user attribute: why it failed
+OBJECTIVE = "objective"  # trial user attribute: a pruned trial's objective, its best epoch's value
 PARENT_RUN_ID, FINGERPRINT, STARTS = "mlflow_parent_run_id", "sweep_file", "starts"  # study user attributes
 
 
@@ -124,7 +126,7 @@ class Runner:
     children: dict = field(default_factory=dict)  # trial number -> its fit's process (a launcher's Child, a Popen)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    @property
+    @functools.cached_property
     def client(self):
         from mlflow import MlflowClient
 
@@ -213,6 +215,8 @@ class Runner:
         pruned_at = self.storage.get_trial(self.trial_id(trial)).user_attrs.get(PRUNED_AT)
         self.client.set_tag(run_id, "sweep.objective", str(best))
         if pruned_at is not None:
+            # Optuna records a pruned trial's last reported value; its line shows the objective MLflow has, the best.
+            trial.set_user_attr(OBJECTIVE, best)
             mark(self.client, run_id, "PRUNED")
             raise optuna.TrialPruned(f"at epoch {pruned_at}")
         mark(self.client, run_id, "COMPLETE")
@@ -321,7 +325,8 @@ def last_line(log: Path) -> str:
 def trial_line(trial, sweep: Sweep, names: dict[str, str]) -> str:
     values = " ".join(f"{names[o]}={format_value(v)}" for o, v in trial.params.items() if o in names)
     state = trial.state.name
-    objective = f"{sweep.metric} {trial.value:.4f}" if trial.value is not None else f"{sweep.metric} -"
+    value = trial.user_attrs.get(OBJECTIVE, trial.value) if state == "PRUNED" else trial.value
+    objective = f"{sweep.metric} {value:.4f}" if value is not None else f"{sweep.metric} -"
     seconds = trial.user_attrs.get("seconds")
     line = f"trial {trial.number:>3}  {values}  {objective}  {state}"
     if state == "PRUNED":
@@ -337,8 +342,9 @@ def format_value(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else cli_value(value)
 
 
-def write_best(runner: Runner, best) -> Path:
-    """best.yaml: the best trial's values, the fixed options and its seed, as a config to add after the task's."""
+def write_best(runner: Runner, best, finished: int, running: list) -> Path:
+    """best.yaml: the best finished trial's values, the fixed options and its seed, as a config to add after the
+    task's; its header says which trials of the study were still running (in other processes) when it was written."""
     sweep = runner.sweep
     original = best.system_attrs.get("failed_trial", best.number)
     values = {"seed_everything": sweep.seed + original, **sweep.fixed, **best.params}
@@ -346,11 +352,19 @@ def write_best(runner: Runner, best) -> Path:
     path = runner.folder / "best.yaml"
     header = (
         f"# Best trial {best.number} of sweep {runner.study.study_name} ({sweep.path}): {sweep.metric} "
-        f"{best.value:.4f} ({sweep.goal}).\n"
-        f"#   python -m scripts.train fit {configs} --config {path}\n"
+        f"{best.value:.4f} ({sweep.goal}), the best of {finished} finished trial{'s' * (finished != 1)}.\n"
     )
+    if running:
+        header += f"# Still running when this was written: {still_running(running)}; the last sweep process to end "
+        header += "writes this file again.\n"
+    header += f"#   python -m scripts.train fit {configs} --config {path}\n"
     path.write_text(header + yaml.safe_dump(nested(values), sort_keys=False))
     return path
+
+
+def still_running(running: list) -> str:
+    """'trial 3 (process 123 on host-a)' for each trial still running in another process, by commas."""
+    return ", ".join(f"trial {t.number} (process {t.user_attrs.get(PID)} on {t.user_attrs.get(HOST)})" for t in running)
 
 
 def connect(storage_url: str):
@@ -479,25 +493,36 @@ def run_study(
 
 
 def finish(runner: Runner) -> int:
+    """The study's summary and best.yaml, from its finished trials. Under the study's lock: of two processes ending
+    together, the one that ends last sees the other's trials finished and writes best.yaml last."""
     import optuna
+    from filelock import FileLock
 
     study, spec = runner.study, runner.sweep
-    trials = study.get_trials(deepcopy=False)
-    states = {state: sum(1 for t in trials if t.state == state) for state in optuna.trial.TrialState}
-    summary = ", ".join(f"{count} {state.name.lower()}" for state, count in states.items() if count)
-    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
-    if not states[optuna.trial.TrialState.RUNNING]:  # else another process goes on with the study: it ends it
-        runner.client.set_terminated(runner.parent_run_id, "FINISHED")
-    if not complete:
-        raise SweepError(f"study {study.study_name}: no trial completed ({summary}); see {runner.folder}/trial-*/")
-    best = study.best_trial
-    path = write_best(runner, best)
-    runs = [trial.user_attrs[RUN_ID] for trial in trials if trial.user_attrs.get(RUN_ID)]
-    tag_best(runner.client, runner.parent_run_id, spec.metric, best.user_attrs[RUN_ID], best.number, best.value, runs)
+    with FileLock(str(runner.folder / "study.lock")):
+        trials = study.get_trials(deepcopy=False)
+        states = {state: sum(1 for t in trials if t.state == state) for state in optuna.trial.TrialState}
+        summary = ", ".join(f"{count} {state.name.lower()}" for state, count in states.items() if count)
+        complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+        running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+        if not running:  # else another process goes on with the study: it ends it
+            runner.client.set_terminated(runner.parent_run_id, "FINISHED")
+        if not complete:
+            raise SweepError(f"study {study.study_name}: no trial completed ({summary}); see {runner.folder}/trial-*/")
+        pick = max if spec.goal == "maximize" else min
+        best = pick(complete, key=lambda t: t.value)
+        path = write_best(runner, best, len(complete), running)
+        runs = [trial.user_attrs[RUN_ID] for trial in trials if trial.user_attrs.get(RUN_ID)]
+        tag_best(
+            runner.client, runner.parent_run_id, spec.metric, best.user_attrs[RUN_ID], best.number, best.value, runs
+        )
     names = short_names(spec.params)
     values = ", ".join(f"{names[o]}={format_value(v)}" for o, v in best.params.items())
     print(f"{len(trials)} trials: {summary}")
     print(f"best trial {best.number}: {spec.metric} {best.value:.4f} with {values}")
+    if running:
+        print(f"  of the finished trials; still running: {still_running(running)}; the last sweep process to end "
+              "writes best.yaml again")  # fmt: skip
     print(f"best config: {path}")
     print(f"  python -m scripts.train fit {' '.join(f'--config {c}' for c in spec.configs)} --config {path}")
     return 0
