@@ -90,6 +90,7 @@ class Child:
         self.pid: int | None = None
         self.returncode: int | None = None
         self.lost = False  # the launcher died before reporting how the child ended
+        self.launcher: subprocess.Popen | None = None  # the launcher process that forked it
         self._started = threading.Event()
         self._ended = threading.Event()
         self._lock = threading.Lock()
@@ -171,9 +172,11 @@ class Launcher:
                     self.children.pop(message["id"], None)
                 child.ended(message["status"])
         process.wait()
-        with self.lock:
-            lost, self.children = list(self.children.values()), {}
-        for child in lost:
+        with self.lock:  # this launcher's children only: a new launcher may have started others meanwhile
+            lost = {key: child for key, child in self.children.items() if child.launcher is process}
+            for key in lost:
+                del self.children[key]
+        for child in lost.values():
             child.ended(None)
 
     def start(self, number: int, module: str, args: list[str], env: dict[str, str], log: Path) -> Child:
@@ -184,6 +187,7 @@ class Launcher:
                 self.start_process()
             self.next_id += 1
             self.children[self.next_id] = child
+            child.launcher = self.process
             request = {"id": self.next_id, "module": module, "args": args, "cwd": os.getcwd(), "env": env}
             request["log"] = str(log)
             try:
