@@ -273,7 +273,7 @@ def test_a_process_that_ends_while_another_runs_a_trial_writes_best_yaml_from_th
     assert first.returncode == 0, out
     best = outputs / "sweeps" / "penguins-test" / "best.yaml"
     pid = load(outputs, "penguins-test").trials[1].user_attrs["sweep.pid"]
-    assert "2 trials: 1 complete, 1 running" in out
+    assert "2 trials: 1 running, 1 complete" in out
     assert "best trial 0: val_loss " in out
     assert f"of the finished trials; still running: trial 1 (process {pid} on " in out
     header = best.read_text().splitlines()[:2]
