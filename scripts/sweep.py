@@ -21,6 +21,7 @@ objective, a metric the module does not log) is one line and exit 1 before any t
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -35,6 +36,7 @@ from pathlib import Path
 
 import yaml
 
+from scripts.sweeps.launcher import Launcher, LauncherError, available, config_modules
 from scripts.sweeps.records import child_run, experiment_id, log_values, mark, parent_run, tag_best, tracking_store
 from scripts.sweeps.space import (
     Param,
@@ -52,6 +54,7 @@ HOST, PID = "sweep.host", "sweep.pid"  # trial user attributes: the process that
 RUN_ID = "mlflow_run_id"  # trial user attribute: its MLflow child run (kept by a trial run again)
 INTERRUPTED = "interrupted"  # trial user attribute: stopped by a signal to the sweep, to be run again
 FAILED = "fail_reason"  # trial user attribute: why it failed
+OBJECTIVE = "objective"  # trial user attribute: a pruned trial's objective, its best epoch's value
 PARENT_RUN_ID, FINGERPRINT, STARTS = "mlflow_parent_run_id", "sweep_file", "starts"  # study user attributes
 
 
@@ -118,11 +121,12 @@ class Runner:
     tracking_uri: str
     experiment_id: str
     parent_run_id: str
+    launcher: Launcher | None = None  # forks the trials' fits (None: each a fresh interpreter)
     interrupted: threading.Event = field(default_factory=threading.Event)
-    children: dict = field(default_factory=dict)  # trial number -> its fit's Popen
+    children: dict = field(default_factory=dict)  # trial number -> its fit's process (a launcher's Child, a Popen)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    @property
+    @functools.cached_property
     def client(self):
         from mlflow import MlflowClient
 
@@ -170,21 +174,24 @@ class Runner:
         env = {**os.environ, "MLFLOW_TRACKING_URI": self.tracking_uri, "MLFLOW_RUN_ID": run_id}
         env[TRIAL_ID] = str(self.trial_id(trial))
         started = time.monotonic()
-        with open(folder / "trial.log", "a") as log:
-            log.write(f"$ {' '.join(command)}\n")
-            log.flush()
-            child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        log = folder / "trial.log"
+        with open(log, "a") as file:
+            file.write(f"$ {' '.join(command)}\n")
+        try:
+            child = self.start(trial.number, command, env, log)
+        except LauncherError as error:
+            self.fail(trial, run_id, str(error))
+        with self.lock:
+            self.children[trial.number] = child
+        try:
+            returncode = child.wait(timeout=self.sweep.trial_time_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            stop(child)
+            returncode, timed_out = child.returncode, True
+        finally:
             with self.lock:
-                self.children[trial.number] = child
-            try:
-                returncode = child.wait(timeout=self.sweep.trial_time_s)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                stop(child)
-                returncode, timed_out = child.returncode, True
-            finally:
-                with self.lock:
-                    self.children.pop(trial.number, None)
+                self.children.pop(trial.number, None)
         seconds = time.monotonic() - started
         trial.set_user_attr("seconds", round(seconds, 1))
         if self.interrupted.is_set() and returncode != 0:
@@ -193,8 +200,13 @@ class Runner:
         if timed_out:
             limit = self.sweep.trial_time_s
             self.fail(trial, run_id, f"ran past budget.trial_time ({limit} s); see {folder}/trial.log")
+        if returncode is None:
+            self.fail(trial, run_id, f"the trial launcher died during the fit; see {log}")
+        if returncode < 0:
+            name = signal.Signals(-returncode).name
+            self.fail(trial, run_id, f"the fit died of {name} (exit {returncode}); see {log}")
         if returncode != 0:
-            self.fail(trial, run_id, f"{last_line(folder / 'trial.log')} (exit {returncode}; {folder}/trial.log)")
+            self.fail(trial, run_id, f"{last_line(log)} (exit {returncode}; {log})")
         history = self.client.get_metric_history(run_id, self.sweep.metric)
         values_logged = [metric.value for metric in history]
         if not values_logged:
@@ -203,10 +215,20 @@ class Runner:
         pruned_at = self.storage.get_trial(self.trial_id(trial)).user_attrs.get(PRUNED_AT)
         self.client.set_tag(run_id, "sweep.objective", str(best))
         if pruned_at is not None:
+            # Optuna records a pruned trial's last reported value; its line shows the objective MLflow has, the best.
+            trial.set_user_attr(OBJECTIVE, best)
             mark(self.client, run_id, "PRUNED")
             raise optuna.TrialPruned(f"at epoch {pruned_at}")
         mark(self.client, run_id, "COMPLETE")
         return best
+
+    def start(self, number: int, command: list[str], env: dict[str, str], log: Path):
+        """The trial's fit, forked from the warm launcher where there is one, else a fresh interpreter; appends its
+        output to `log`."""
+        if self.launcher is not None:
+            return self.launcher.start(number, "scripts.train", command[3:], env, log)
+        with open(log, "a") as file:
+            return subprocess.Popen(command, stdout=file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def trial_id(self, trial) -> int:
         """The trial's id in the storage (what a trial's fit reports to)."""
@@ -303,7 +325,8 @@ def last_line(log: Path) -> str:
 def trial_line(trial, sweep: Sweep, names: dict[str, str]) -> str:
     values = " ".join(f"{names[o]}={format_value(v)}" for o, v in trial.params.items() if o in names)
     state = trial.state.name
-    objective = f"{sweep.metric} {trial.value:.4f}" if trial.value is not None else f"{sweep.metric} -"
+    value = trial.user_attrs.get(OBJECTIVE, trial.value) if state == "PRUNED" else trial.value
+    objective = f"{sweep.metric} {value:.4f}" if value is not None else f"{sweep.metric} -"
     seconds = trial.user_attrs.get("seconds")
     line = f"trial {trial.number:>3}  {values}  {objective}  {state}"
     if state == "PRUNED":
@@ -319,8 +342,9 @@ def format_value(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else cli_value(value)
 
 
-def write_best(runner: Runner, best) -> Path:
-    """best.yaml: the best trial's values, the fixed options and its seed, as a config to add after the task's."""
+def write_best(runner: Runner, best, finished: int, running: list) -> Path:
+    """best.yaml: the best finished trial's values, the fixed options and its seed, as a config to add after the
+    task's; its header says which trials of the study were still running (in other processes) when it was written."""
     sweep = runner.sweep
     original = best.system_attrs.get("failed_trial", best.number)
     values = {"seed_everything": sweep.seed + original, **sweep.fixed, **best.params}
@@ -328,11 +352,19 @@ def write_best(runner: Runner, best) -> Path:
     path = runner.folder / "best.yaml"
     header = (
         f"# Best trial {best.number} of sweep {runner.study.study_name} ({sweep.path}): {sweep.metric} "
-        f"{best.value:.4f} ({sweep.goal}).\n"
-        f"#   python -m scripts.train fit {configs} --config {path}\n"
+        f"{best.value:.4f} ({sweep.goal}), the best of {finished} finished trial{'s' * (finished != 1)}.\n"
     )
+    if running:
+        header += f"# Still running when this was written: {still_running(running)}; the last sweep process to end "
+        header += "writes this file again.\n"
+    header += f"#   python -m scripts.train fit {configs} --config {path}\n"
     path.write_text(header + yaml.safe_dump(nested(values), sort_keys=False))
     return path
+
+
+def still_running(running: list) -> str:
+    """'trial 3 (process 123 on host-a)' for each trial still running in another process, by commas."""
+    return ", ".join(f"trial {t.number} (process {t.user_attrs.get(PID)} on {t.user_attrs.get(HOST)})" for t in running)
 
 
 def connect(storage_url: str):
@@ -395,6 +427,19 @@ def sweep(
     spec = load_sweep(sweep_file)
     if n_jobs < 1:
         raise SweepError(f"--n_jobs {n_jobs}: give 1 or more trials at once")
+    # Started first: its imports run while this process checks the file. The trial's own variables are not its own.
+    env = {key: value for key, value in os.environ.items() if key not in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID")}
+    launcher = Launcher(env, config_modules(list(spec.configs))) if available() else None
+    try:
+        return run_study(spec, sweep_file, study_name, storage, n_jobs, outputs, launcher)
+    finally:
+        if launcher is not None:
+            launcher.close()
+
+
+def run_study(
+    spec: Sweep, sweep_file: str, study_name: str | None, storage: str | None, n_jobs: int, outputs: str, launcher
+) -> int:
     rdb = connect(storage) if storage else None  # a server's: checked before the slower checks below
     check_options(spec)
     outputs_path = Path(outputs)
@@ -415,7 +460,7 @@ def sweep(
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # our one line per trial says it
     rdb = rdb or connect(storage_url)
     study = open_study(spec, name, rdb, folder)
-    runner = Runner(spec, study, rdb, storage_url, folder, outputs_path, tracking_uri, experiment, "")
+    runner = Runner(spec, study, rdb, storage_url, folder, outputs_path, tracking_uri, experiment, "", launcher)
     runner.parent_run_id = parent_run(runner.client, experiment, name, spec, study.user_attrs.get(PARENT_RUN_ID))
     study.set_user_attr(PARENT_RUN_ID, runner.parent_run_id)
     runner.end_killed_trials()
@@ -448,25 +493,36 @@ def sweep(
 
 
 def finish(runner: Runner) -> int:
+    """The study's summary and best.yaml, from its finished trials. Under the study's lock: of two processes ending
+    together, the one that ends last sees the other's trials finished and writes best.yaml last."""
     import optuna
+    from filelock import FileLock
 
     study, spec = runner.study, runner.sweep
-    trials = study.get_trials(deepcopy=False)
-    states = {state: sum(1 for t in trials if t.state == state) for state in optuna.trial.TrialState}
-    summary = ", ".join(f"{count} {state.name.lower()}" for state, count in states.items() if count)
-    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
-    if not states[optuna.trial.TrialState.RUNNING]:  # else another process goes on with the study: it ends it
-        runner.client.set_terminated(runner.parent_run_id, "FINISHED")
-    if not complete:
-        raise SweepError(f"study {study.study_name}: no trial completed ({summary}); see {runner.folder}/trial-*/")
-    best = study.best_trial
-    path = write_best(runner, best)
-    runs = [trial.user_attrs[RUN_ID] for trial in trials if trial.user_attrs.get(RUN_ID)]
-    tag_best(runner.client, runner.parent_run_id, spec.metric, best.user_attrs[RUN_ID], best.number, best.value, runs)
+    with FileLock(str(runner.folder / "study.lock")):
+        trials = study.get_trials(deepcopy=False)
+        states = {state: sum(1 for t in trials if t.state == state) for state in optuna.trial.TrialState}
+        summary = ", ".join(f"{count} {state.name.lower()}" for state, count in states.items() if count)
+        complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+        running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+        if not running:  # else another process goes on with the study: it ends it
+            runner.client.set_terminated(runner.parent_run_id, "FINISHED")
+        if not complete:
+            raise SweepError(f"study {study.study_name}: no trial completed ({summary}); see {runner.folder}/trial-*/")
+        pick = max if spec.goal == "maximize" else min
+        best = pick(complete, key=lambda t: t.value)
+        path = write_best(runner, best, len(complete), running)
+        runs = [trial.user_attrs[RUN_ID] for trial in trials if trial.user_attrs.get(RUN_ID)]
+        tag_best(
+            runner.client, runner.parent_run_id, spec.metric, best.user_attrs[RUN_ID], best.number, best.value, runs
+        )
     names = short_names(spec.params)
     values = ", ".join(f"{names[o]}={format_value(v)}" for o, v in best.params.items())
     print(f"{len(trials)} trials: {summary}")
     print(f"best trial {best.number}: {spec.metric} {best.value:.4f} with {values}")
+    if running:
+        print(f"  of the finished trials; still running: {still_running(running)}; the last sweep process to end "
+              "writes best.yaml again")  # fmt: skip
     print(f"best config: {path}")
     print(f"  python -m scripts.train fit {' '.join(f'--config {c}' for c in spec.configs)} --config {path}")
     return 0
@@ -477,13 +533,12 @@ def main(args: list[str] | None = None) -> None:
     from jsonargparse import ArgumentError, auto_cli
 
     from scripts.training.cli_errors import argument_error_line
-    from scripts.training.tracking import TrackingError
 
     try:
         status = auto_cli(sweep, args=args, as_positional=True, exit_on_error=False)
     except ArgumentError as error:
         sys.exit(f"error: {argument_error_line(str(error))} (python -m scripts.sweep --help lists the options)")
-    except (SweepError, TrackingError) as error:
+    except SweepError as error:
         sys.exit(f"error: {error}")
     sys.exit(status)
 

@@ -118,8 +118,9 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 # The files that take longest, first (`make test` passes --no-loadscope-reorder): an xdist worker takes the next file
 # when it is nearly done with its own, so a long file started last would leave the other core idle at the end.
 LONGEST_FIRST = (
-    "test_spark.py", "test_bad_input.py", "test_sweep.py", "test_azure_world.py", "test_distributed.py",
-    "test_mnist.py", "test_serve.py", "test_pyfunc.py", "test_pipeline.py", "test_checkpoint.py",
+    "test_spark.py", "test_pipeline.py", "test_pyfunc.py", "test_bad_input.py", "test_sweep.py", "test_azure_world.py",
+    "test_serve.py", "test_sweep_isolation.py", "test_mnist.py", "test_distributed.py", "test_batch_score.py",
+    "test_own_datamodule.py", "test_checkpoint.py",
 )  # fmt: skip
 
 

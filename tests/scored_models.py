@@ -8,7 +8,10 @@ two modules is two fixtures to pytest: the models are kept here).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import fcntl
+import json
+import os
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tests.conftest import bird_folders
@@ -26,8 +29,20 @@ SCORED: dict[str, Scored] = {}
 
 
 def scored_models(tmp_path_factory) -> dict[str, Scored]:
+    """The models, fitted by the first process of the test run that asks (`make test`'s xdist workers run the two
+    modules apart) and read by the others from a record in the folder they all see (tests/conftest.py)."""
     if not SCORED:
-        SCORED.update(fit_and_predict(tmp_path_factory))
+        shared = Path(os.environ["TESTS_SHARED_DIR"])
+        with open(shared / "scored-models.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            record = shared / "scored-models.json"
+            if not record.is_file():
+                fitted = fit_and_predict(tmp_path_factory)
+                record.write_text(json.dumps({task: asdict(scored) for task, scored in fitted.items()}, default=str))
+            found = json.loads(record.read_text())
+        for task, scored in found.items():
+            expected = {name: tuple(answer) for name, answer in scored["expected"].items()}
+            SCORED[task] = Scored(Path(scored["model"]), Path(scored["inputs"]), expected)
     return SCORED
 
 

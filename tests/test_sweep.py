@@ -211,3 +211,83 @@ def test_a_trial_past_its_time_fails_and_a_sweep_without_a_finished_trial_says_s
     (trial,) = load(outputs, "penguins-test").trials
     run = MlflowClient(f"sqlite:///{outputs}/mlflow.db").get_run(trial.user_attrs["mlflow_run_id"])
     assert (run.info.status, run.data.tags["sweep.state"]) == ("FAILED", "FAIL")
+
+
+def scripted(folder: Path, **init_args) -> str:
+    """A config that adds tests.sweep_callbacks.Scripted (val_score by seed, trials held until a file exists)."""
+    path = folder / "scripted.yaml"
+    callback = {"class_path": "tests.sweep_callbacks.Scripted", "init_args": init_args}
+    path.write_text(yaml.safe_dump({"trainer": {"callbacks": [callback]}}))
+    return str(path)
+
+
+def test_a_pruned_trials_line_shows_the_objective_mlflow_has_its_best_epochs_value(tmp_path):
+    # Trial 0 (seed 7) finishes; trial 1 (seed 8) scores 0.3 then 0.9: at epoch 1 its best, 0.3, is worse than trial
+    # 0's 0.1 there, so it is pruned with 0.9 as its last value and 0.3 as its objective.
+    scores = {"7": [0.5, 0.1, 0.05, 0.01], "8": [0.3, 0.9, 0.9, 0.9]}
+    path = sweep_file(
+        tmp_path,
+        config=[PENGUINS, scripted(tmp_path, scores=scores)],
+        objective={"metric": "val_score", "goal": "minimize"},
+        budget={"trials": 2},
+        early_termination={"policy": "median", "delay_evaluation": 0, "evaluation_interval": 1, "startup_trials": 1},
+    )
+    outputs = tmp_path / "outputs"
+    result = run_sweep(path, outputs)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    pruned_line = [line for line in result.stdout.splitlines() if line.startswith("trial   1")][0]
+    assert "val_score 0.3000  PRUNED at epoch 1" in pruned_line, pruned_line
+    trial = load(outputs, "penguins-test").trials[1]
+    run = MlflowClient(f"sqlite:///{outputs}/mlflow.db").get_run(trial.user_attrs["mlflow_run_id"])
+    assert float(run.data.tags["sweep.objective"]) == pytest.approx(0.3)
+    assert run.data.tags["sweep.state"] == "PRUNED"
+
+
+def test_a_process_that_ends_while_another_runs_a_trial_writes_best_yaml_from_the_finished_ones_and_says_so(tmp_path):
+    # Each trial holds at its first epoch until the test lets it go: the first process starts trial 0, the second
+    # trial 1; trial 0 goes on and ends, so the first process ends (budget spent) while trial 1 still runs.
+    holds = {"7": str(tmp_path / "go-0"), "8": str(tmp_path / "go-1")}
+    path = sweep_file(
+        tmp_path, config=[PENGUINS, scripted(tmp_path, wait_for=holds)], budget={"trials": 2},
+        fixed={"trainer.max_epochs": 2},
+    )  # fmt: skip
+    outputs = tmp_path / "outputs"
+    command = [sys.executable, "-m", "scripts.sweep", str(path), "--outputs", str(outputs)]
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(command, cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, text=True)
+
+    def running(number: int) -> bool:
+        try:
+            trials = load(outputs, "penguins-test").trials
+        except Exception:  # no study yet
+            return False
+        return len(trials) > number and trials[number].state.name == "RUNNING"
+
+    first = start()
+    wait_for(lambda: running(0))
+    second = start()
+    wait_for(lambda: running(1))
+    Path(holds["7"]).touch()
+    out, _ = first.communicate(timeout=300)
+    assert first.returncode == 0, out
+    best = outputs / "sweeps" / "penguins-test" / "best.yaml"
+    pid = load(outputs, "penguins-test").trials[1].user_attrs["sweep.pid"]
+    assert "2 trials: 1 running, 1 complete" in out
+    assert "best trial 0: val_loss " in out
+    assert f"of the finished trials; still running: trial 1 (process {pid} on " in out
+    header = best.read_text().splitlines()[:2]
+    assert "the best of 1 finished trial." in header[0], header
+    assert header[1].startswith(f"# Still running when this was written: trial 1 (process {pid} on "), header
+
+    Path(holds["8"]).touch()
+    out, _ = second.communicate(timeout=300)
+    assert second.returncode == 0, out
+    assert "2 trials: 2 complete" in out and "still running" not in out
+    text = best.read_text()
+    assert "the best of 2 finished trials." in text and "Still running" not in text
+    study = load(outputs, "penguins-test")
+    assert f"# Best trial {study.best_trial.number} of sweep penguins-test" in text
+    client = MlflowClient(f"sqlite:///{outputs}/mlflow.db")
+    parent = client.get_run(study.user_attrs["mlflow_parent_run_id"])
+    assert parent.info.status == "FINISHED" and parent.data.tags["sweep.best_trial"] == str(study.best_trial.number)

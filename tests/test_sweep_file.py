@@ -180,3 +180,36 @@ def test_a_study_started_from_another_search_space_is_refused_not_mixed(tmp_path
         "objective or search space; give --study_name NEW for a new study (or delete that study to start over)"
     )
     assert len(study.trials) == 0  # no trial ran
+
+
+HEAVY = ("torch", "lightning", "mlflow", "optuna", "sqlalchemy")
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "said"),
+    [
+        (["--help"], 0, "sweep_file"),
+        (["BAD"], 1, "bad.yaml, line 2, column 1: not valid YAML"),
+        (["BAD", "--n_jobs", "0"], 1, "bad.yaml, line 2, column 1: not valid YAML"),
+        (["configs/sweeps/nope.yaml"], 1, "configs/sweeps/nope.yaml: no such sweep file"),
+    ],
+)
+def test_help_and_a_mistake_in_the_file_answer_before_torch_lightning_mlflow_or_optuna_is_imported(
+    tmp_path, args, status, said
+):
+    # A fresh interpreter (not the tests' warm launcher, which has them imported): -X importtime lists its imports.
+    bad = write(tmp_path, "objective: [unclosed\n")
+    command = [
+        sys.executable,
+        "-X",
+        "importtime",
+        "-m",
+        "scripts.sweep",
+        *[str(bad) if a == "BAD" else a for a in args],
+    ]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == status, result.stderr[-2000:]
+    messages = [text for text in result.stderr.splitlines() if not text.startswith("import time:")]
+    assert said in result.stdout + "\n".join(messages)
+    imported = [text.rsplit("|", 1)[-1].strip() for text in result.stderr.splitlines() if text.startswith("import")]
+    assert not [name for name in imported if name.split(".")[0] in HEAVY]

@@ -72,3 +72,28 @@ def test_each_policy_builds_its_pruner():
     bandit = make_pruner(Termination("bandit", slack_factor=0.2, delay_evaluation=1))
     assert (bandit.slack_factor, bandit.slack_amount, bandit.delay_evaluation) == (0.2, None, 1)
     assert isinstance(make_pruner(Termination("none")), optuna.pruners.NopPruner)
+
+
+@pytest.mark.parametrize(
+    "termination",
+    [
+        Termination("median", delay_evaluation=3, evaluation_interval=2, startup_trials=1),
+        Termination("median", delay_evaluation=0, evaluation_interval=5, startup_trials=1),
+        Termination("bandit", slack_amount=0.01, delay_evaluation=2, evaluation_interval=3),
+        Termination("none"),
+    ],
+)
+@pytest.mark.parametrize("steps", [list(range(12)), [0, 1, 2, 9, 10, 11]])  # every epoch; a gap (a resumed trial)
+def test_a_trial_asks_its_pruner_only_where_the_pruner_can_stop_it(termination, steps):
+    # A trial far worse than the finished one at every step: its pruner says stop wherever its warm-up and interval
+    # let it; may_prune (no query of the study) must say yes at exactly those steps.
+    from scripts.sweeps.trial import may_prune
+
+    study = study_with("minimize", [[0.1] * 12], make_pruner(termination))
+    trial, reported, asked = study.ask(), set(), []
+    for step in steps:
+        trial.report(5.0, step)
+        asked.append((step, may_prune(termination, step, reported), trial.should_prune()))
+        reported.add(step)
+    assert [allowed for _, allowed, _ in asked] == [stop for _, _, stop in asked], asked
+    assert any(stop for _, _, stop in asked) == (termination.policy != "none")

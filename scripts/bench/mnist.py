@@ -9,12 +9,14 @@
 - template: a Lightning Trainer fitting MNISTDataModule + ClassificationModule + MNISTNet (no
             logger, checkpoints, progress bar or validation), timed by its own EpochThroughput.
 `--batches N` trains on the first N batches of the epoch only, for a quicker answer. The three
-take turns `--repeats` times and each keeps its best rate: a busy machine only ever slows a run down.
+take turns `--repeats` times; each prints its median rate with the spread over the rounds (min..max), and the
+ratios are of the medians, so that one lucky round cannot decide them.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 import warnings
 from functools import partial
@@ -111,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="MNIST training samples/s: plain loop, classic pipeline, template")
     parser.add_argument("--data-dir", default="data/mnist", help="folder of the four MNIST idx files")
     parser.add_argument("--batches", type=int, default=0, help="train on this many batches (0: the whole epoch)")
-    parser.add_argument("--repeats", type=int, default=1, help="rounds of all three; the best rate of each counts")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of all three; each prints its median and spread")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     data = MNISTDataModule(data_dir=args.data_dir, batch_size=BATCH)
@@ -125,17 +127,20 @@ def main(argv: list[str] | None = None) -> None:
         "classic per-sample pipeline": lambda: classic(images, labels, limit),
         "template (Lightning)": lambda: template(args.data_dir, limit),
     }
-    results = dict.fromkeys(runs, 0.0)
+    results: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(args.repeats):
         for name, run in runs.items():
-            results[name] = max(results[name], run())
+            results[name].append(run())
     count = len(images) if limit < 0 else min(limit * BATCH, len(images))
-    print(f"mnist: {count} training samples, batch {BATCH}, {torch.get_num_threads()} threads")
-    for name, rate in results.items():
-        print(f"  {name:28s} {rate:8.0f} samples/s")
-    rate = results["template (Lightning)"]
-    print(f"  template / plain   {rate / results['plain tensor loop']:.2f}x")
-    print(f"  template / classic {rate / results['classic per-sample pipeline']:.2f}x")
+    rounds = f"{args.repeats} round{'s' * (args.repeats != 1)}"
+    print(f"mnist: {count} training samples, batch {BATCH}, {torch.get_num_threads()} threads, {rounds}")
+    print(f"  {'':28s} {'median':>8s}  (min..max samples/s)")
+    for name, rates in results.items():
+        print(f"  {name:28s} {statistics.median(rates):8.0f}  ({min(rates):.0f}..{max(rates):.0f})")
+    medians = {name: statistics.median(rates) for name, rates in results.items()}
+    rate = medians["template (Lightning)"]
+    print(f"  template / plain   {rate / medians['plain tensor loop']:.2f}x (medians)")
+    print(f"  template / classic {rate / medians['classic per-sample pipeline']:.2f}x (medians)")
 
 
 if __name__ == "__main__":

@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  sweep (python -m scripts.sweep)   {sweep_s:7.1f} s  {sweep_s / default_s:5.2f}x the default fit")
     counts = ", ".join(f"{states.count(state)} {state.lower()}" for state in ("COMPLETE", "PRUNED", "FAIL"))
     print(f"  trials: {counts}; {epochs} epochs trained in all")
+    pruned = [str(number) for number, state in enumerate(states) if state == "PRUNED"]
+    print(f"  pruned: trials {', '.join(pruned) or 'none'}")
     print("  validation at the best epoch (lowest val_loss)    val_acc   val_loss")
     print(f"    default config                                  {default[0]:.4f}    {default[1]:.4f}")
     number = study.best_trial.number

@@ -15,24 +15,26 @@ import contextlib
 import os
 from pathlib import Path
 
-from scripts.sweeps.space import Sweep, cli_value
+from scripts.sweeps.space import Sweep, SweepError, cli_value
 
 
 def tracking_store(outputs: Path) -> tuple[str, str | None]:
     """The tracking URI trials log to (MLFLOW_TRACKING_URI, checked, or outputs/mlflow.db) and the artifact location of
-    an experiment created in the local store (where scripts.train puts it)."""
-    from scripts.training.tracking import check_tracking_uri, credentials_out_of_uri
+    an experiment created in the local store (where scripts.train puts it); a store that cannot work raises
+    SweepError with the reason."""
+    from scripts.training.tracking import TrackingError, check_tracking_uri, credentials_out_of_uri, open_sqlite_store
 
-    uri = os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        uri = credentials_out_of_uri(uri)
-        os.environ["MLFLOW_TRACKING_URI"] = uri
-        check_tracking_uri(uri, "MLFLOW_TRACKING_URI")
-        return uri, None
-    from scripts.training.tracking import open_sqlite_store
-
-    uri = f"sqlite:///{outputs / 'mlflow.db'}"
-    open_sqlite_store(uri)
+    try:
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if uri:
+            uri = credentials_out_of_uri(uri)
+            os.environ["MLFLOW_TRACKING_URI"] = uri
+            check_tracking_uri(uri, "MLFLOW_TRACKING_URI")
+            return uri, None
+        uri = f"sqlite:///{outputs / 'mlflow.db'}"
+        open_sqlite_store(uri)
+    except TrackingError as error:
+        raise SweepError(str(error)) from None
     return uri, (outputs / "mlartifacts").resolve().as_uri()
 
 

@@ -93,6 +93,19 @@ def make_pruner(termination) -> optuna.pruners.BasePruner:
     return optuna.pruners.NopPruner()
 
 
+def may_prune(termination, step: int, reported: set[int]) -> bool:
+    """Whether the pruner of `termination` can stop a trial at `step`, `reported` its steps reported so far: the
+    pruners' own first checks (warm-up, interval), without their query of the study. Optuna's median pruner reads
+    every finished trial from the storage at each call, which costs more than a penguin epoch late in a sweep."""
+    if termination.policy == "none" or step < termination.delay_evaluation:
+        return False
+    delay, interval = termination.delay_evaluation, termination.evaluation_interval
+    if termination.policy == "bandit":
+        return (step - delay) % interval == 0
+    nearest = (step - delay) // interval * interval + delay  # optuna.pruners._percentile._is_first_in_interval_step
+    return max((other for other in reported if other != step), default=-1) < nearest
+
+
 HEARTBEAT_S, GRACE_S = 30, 120  # a trial whose sweep process has not been heard of for GRACE_S is stale
 
 
@@ -137,20 +150,26 @@ class SweepTrial(L.Callback):
     def __init__(self, storage: str, study_name: str, sweep_file: str, metric: str) -> None:
         self.storage_url, self.study_name, self.sweep_file, self.metric = storage, study_name, sweep_file, metric
         self.trial_id = int(os.environ[TRIAL_ID])
-        self.sweep_pid = os.getppid()  # the sweep that started this process
+        self.sweep_pid = os.getppid()  # the sweep's launcher (scripts.sweeps.launcher), or the sweep, that started it
         self._trial: optuna.trial.Trial | None = None
+        self.termination = None  # the sweep file's early_termination
+        self.reported: set[int] = set()  # the trial's epochs reported so far (a trial run again inherits its first's)
 
     @property
     def trial(self) -> optuna.trial.Trial:
         if self._trial is None:
             from scripts.sweeps.space import load_sweep
 
-            pruner = make_pruner(load_sweep(self.sweep_file).termination)
+            self.termination = load_sweep(self.sweep_file).termination
             storage = open_storage(self.storage_url)
             study = optuna.load_study(
-                study_name=self.study_name, storage=storage, pruner=pruner, sampler=optuna.samplers.RandomSampler()
+                study_name=self.study_name,
+                storage=storage,
+                pruner=make_pruner(self.termination),
+                sampler=optuna.samplers.RandomSampler(),
             )
             self._trial = optuna.trial.Trial(study, self.trial_id)
+            self.reported = set(storage.get_trial(self.trial_id).intermediate_values)
         return self._trial
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
@@ -173,7 +192,8 @@ class SweepTrial(L.Callback):
             with warnings.catch_warnings():  # an epoch a resumed trial trains again was reported: Optuna keeps that
                 warnings.simplefilter("ignore", UserWarning)
                 self.trial.report(float(trainer.callback_metrics[self.metric]), step=epoch)
-            prune = self.trial.should_prune()
+            prune = may_prune(self.termination, epoch, self.reported) and self.trial.should_prune()
+            self.reported.add(epoch)
             if prune:
                 self.trial.set_user_attr(PRUNED_AT, epoch)
         if trainer.strategy.broadcast(prune, src=0):

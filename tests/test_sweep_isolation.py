@@ -1,0 +1,153 @@
+"""A local sweep's trials are forked from a warm launcher (scripts/sweeps/launcher.py) and stay processes of their own:
+a trial that dies of a signal or hangs fails alone, the study goes on; the launcher itself, driven directly, gives
+each child its own exit status, output, environment and working directory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from scripts.sweeps.launcher import Launcher
+from tests.conftest import REPO, run_module
+
+pytestmark = pytest.mark.slow  # sweeps train; the launcher imports torch, Lightning and MLflow
+LR = "model.optimizer.init_args.lr"
+
+
+def processes_with(marker: str) -> list[int]:
+    """Pids of the live processes whose environment holds `marker` (this test's sweep, its launcher, its trials)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def test_a_trial_that_dies_of_a_signal_and_one_that_hangs_fail_alone_and_the_study_goes_on(tmp_path):
+    # Trial n trains with seed 7 + n: trial 0 aborts (SIGABRT), trial 1 hangs deaf to SIGTERM until the sweep kills it
+    # after budget.trial_time, trial 2 trains. The objective check's short fit (seed 42) meets neither.
+    faults = tmp_path / "faults.yaml"
+    fault = {"class_path": "tests.sweep_callbacks.Fault", "init_args": {"abort_seed": 7, "hang_seed": 8}}
+    faults.write_text(yaml.safe_dump({"trainer": {"callbacks": [fault]}}))
+    path = tmp_path / "faults-test.yaml"
+    path.write_text(
+        yaml.safe_dump({
+            "config": ["configs/penguins.yaml", str(faults)],
+            "objective": {"metric": "val_loss", "goal": "minimize"},
+            "sampling": {"algorithm": "random", "seed": 7},
+            "budget": {"trials": 3, "trial_time": 30},
+            "fixed": {"trainer.max_epochs": 2, "model.optimizer.class_path": "torch.optim.SGD"},
+            "search_space": {LR: {"loguniform": [0.05, 0.5]}},
+        })
+    )  # fmt: skip
+    outputs = tmp_path / "outputs"
+    marker = f"SWEEP_ISOLATION_TEST={tmp_path}"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")}
+    env["SWEEP_ISOLATION_TEST"] = str(tmp_path)
+    result = run_module("scripts.sweep", str(path), "--outputs", str(outputs), env=env)
+
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]  # the study has a best trial
+    lines = [line for line in result.stdout.splitlines() if line.startswith("trial ")]
+    assert len(lines) == 3, result.stdout
+    assert " FAIL " in lines[0] and "the fit died of SIGABRT (exit -6)" in lines[0], lines[0]
+    assert " FAIL " in lines[1] and "ran past budget.trial_time (30 s)" in lines[1], lines[1]
+    assert " COMPLETE " in lines[2], lines[2]
+    assert "3 trials: 1 complete, 2 fail" in result.stdout
+    assert "best trial 2:" in result.stdout and (outputs / "sweeps" / "faults-test" / "best.yaml").is_file()
+    assert processes_with(marker) == []  # the hung trial was killed, the launcher ended with the sweep
+
+    study = optuna.load_study(study_name="faults-test", storage=f"sqlite:///{outputs}/sweeps/optuna.db")
+    assert [trial.state.name for trial in study.trials] == ["FAIL", "FAIL", "COMPLETE"]
+    client = MlflowClient(f"sqlite:///{outputs}/mlflow.db")
+    runs = [client.get_run(trial.user_attrs["mlflow_run_id"]) for trial in study.trials]
+    assert [(run.info.status, run.data.tags["sweep.state"]) for run in runs] == [
+        ("FAILED", "FAIL"), ("FAILED", "FAIL"), ("FINISHED", "COMPLETE"),
+    ]  # fmt: skip
+    parent = {run.data.tags["mlflow.parentRunId"] for run in runs}
+    assert len(parent) == 1 and client.get_run(parent.pop()).info.status == "FINISHED"
+
+
+def test_the_launcher_runs_each_child_as_python_m_would_in_a_process_of_its_own(tmp_path):
+    launcher = Launcher(dict(os.environ))
+    try:
+        log = tmp_path / "child.log"
+        env = {**os.environ, "LAUNCHED_SAYS": "hello"}
+        script = tmp_path / "program.py"
+        script.write_text(
+            "import os, sys, time\n"
+            "print(os.environ['LAUNCHED_SAYS'], os.getcwd(), sys.argv[1:], flush=True)\n"
+            "action = sys.argv[1]\n"
+            "if action == 'exit': sys.exit(3)\n"
+            "if action == 'raise': raise RuntimeError('raised in the child')\n"
+            "if action == 'abort': os.abort()\n"
+            "if action == 'sleep':\n"
+            "    while True: time.sleep(1)\n"
+        )
+        os.chdir(tmp_path)  # the child takes the working directory of the one who asks
+        try:
+            children = {
+                action: launcher.start(0, "program", [action], env, log) for action in ("exit", "raise", "sleep")
+            }
+        finally:
+            os.chdir(REPO)
+        assert children["exit"].wait(timeout=120) == 3
+        assert children["raise"].wait(timeout=120) == 1
+        sleeping = children["sleep"]
+        with pytest.raises(subprocess.TimeoutExpired):
+            sleeping.wait(timeout=1)
+        assert os.getsid(sleeping.pid) == sleeping.pid  # a session of its own: a Ctrl-C in the terminal misses it
+        sleeping.kill()
+        assert sleeping.wait(timeout=60) == -signal.SIGKILL
+        text = log.read_text()
+        for action in ("exit", "raise", "sleep"):
+            assert f"hello {tmp_path} ['{action}']" in text  # its environment, directory and arguments
+        assert "RuntimeError: raised in the child" in text  # the traceback, as python -m prints it
+        assert launcher.process.poll() is None  # the launcher goes on after its children's ends
+    finally:
+        launcher.close()
+
+
+def test_a_child_sees_its_launcher_gone_when_the_sweep_is(tmp_path):
+    # The sweep killed outright (SIGKILL) closes the launcher's pipe: the launcher ends and its running children are
+    # orphans, which scripts.sweeps.trial.SweepTrial notices (os.getppid() changes) and stops.
+    script = tmp_path / "orphan.py"
+    out = tmp_path / "parents.txt"
+    script.write_text(
+        "import os, time\n"
+        "first = os.getppid()\n"
+        "while os.getppid() == first: time.sleep(0.2)\n"
+        f"open({str(out)!r}, 'w').write(f'{{first}} {{os.getppid()}}')\n"
+    )
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "from scripts.sweeps.launcher import Launcher\n"
+        f"launcher = Launcher({{**os.environ, 'PYTHONPATH': {str(tmp_path)!r}}})\n"
+        f"child = launcher.start(0, 'orphan', [], dict(os.environ), Path({str(tmp_path / 'o.log')!r}))\n"
+        "print(launcher.process.pid, child.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    process = subprocess.Popen([sys.executable, str(driver)], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    launcher_pid, child_pid = map(int, process.stdout.readline().split())
+    process.kill()
+    process.wait()
+    deadline = time.monotonic() + 60
+    while not out.is_file() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    first, now = map(int, out.read_text().split())
+    assert first == launcher_pid and now != launcher_pid
