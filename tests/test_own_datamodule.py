@@ -116,7 +116,12 @@ def score(model_dir: Path, body: bytes, content_type: str):
 
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("fruit")
+    return fit_fruit(tmp_path_factory.mktemp("fruit"))
+
+
+def fit_fruit(folder: Path) -> tuple[Path, Path, Path, list[list[str]]]:
+    """The fruit task fitted and registered in `folder`: (folder, best checkpoint, rows CSV, predict's answer lines)."""
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / "fruit.yaml").write_text(CONFIG.format(outputs=folder / "outputs"))
     rows = folder / "rows.csv"
     rows.write_text("weight_g,width_mm\n" + "".join(f"{row['weight_g']},{row['width_mm']}\n" for row in ROWS))
@@ -201,3 +206,15 @@ def test_serving_preprocessing_that_imports_torch_is_refused_naming_its_module(t
         save_model(FruitNet(2), torch.randn(4, 2), ["apple", "pear"], tmp_path / "model", serving_inputs(data))
     assert str(error.value).startswith(f"{Path(__file__)}: imports torch, which the registered model's environment")
     assert not (tmp_path / "model").exists()
+
+
+def test_a_batch_deployment_scores_an_own_datamodules_rows_as_predict_answers(fitted, tmp_path):
+    """Azure ML's batch driver calls init() then run(mini_batch) of scripts/serving/batch_score.py: the same model."""
+    from scripts.serve import from_checkpoint
+    from scripts.serving import batch_score
+
+    _, checkpoint, rows, answers = fitted
+    batch_score.init(str(from_checkpoint(checkpoint, tmp_path / "model")))
+    scored = batch_score.run([str(rows)])
+    assert list(scored["file"]) == [rows.name] * len(answers) and list(scored["row"]) == list(range(len(answers)))
+    check_answers(scored.to_dict("records"), answers)

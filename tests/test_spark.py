@@ -26,6 +26,7 @@ from mlflow import MlflowClient
 
 from tests.conftest import DDP_EPOCHS, assert_same_training, last_checkpoint, penguin_fit, run_module
 from tests.scored_models import scored_models
+from tests.test_own_datamodule import check_answers, fit_fruit
 
 needs_java = pytest.mark.skipif(
     shutil.which("java") is None, reason="needs Java 17 for Spark (apt-get install openjdk-17-jre-headless; CI has it)"
@@ -462,3 +463,15 @@ def test_score_mistakes_are_one_line_before_spark_starts(argv, line, monkeypatch
     with pytest.raises(SystemExit) as stop:
         main(argv)
     assert stop.value.code.startswith(f"error: {line}"), stop.value.code
+
+
+@pytest.mark.slow
+@needs_java
+def test_spark_udf_scores_an_own_datamodules_rows_as_predict(tmp_path, spark):
+    """A datamodule written as "Add your own dataset" says (tests/test_own_datamodule.py): its model on Spark too."""
+    from scripts.serve import from_checkpoint
+    from scripts.spark import main
+
+    _, checkpoint, rows, answers = fit_fruit(tmp_path / "fruit")
+    main(["score", str(from_checkpoint(checkpoint, tmp_path / "model")), str(rows), "--output", str(tmp_path / "out")])
+    check_answers(written(tmp_path / "out").to_dict("records"), answers)
