@@ -24,14 +24,17 @@ SHELL_ENDS = {"|", ">", ">>", "2>", "2>&1", "&&", ";", "&"}
 
 
 def documented_commands() -> list[tuple[str, str, list[str]]]:
-    """(where, module, args) of every command shown: whole lines of fenced blocks, `inline code` elsewhere."""
+    """(where, module, args) of every command shown: whole lines of fenced blocks (not of ```text blocks, which show
+    what a command printed), `inline code` elsewhere."""
     found = []
     for page in PAGES:
-        fenced = False
+        fenced = output = False
         lines = page.read_text().replace("\\\n", " ").splitlines()
         for number, line in enumerate(lines, 1):
             if line.lstrip().startswith("```"):
-                fenced = not fenced
+                fenced, output = not fenced, line.strip() == "```text"  # ```text: what a command printed
+                continue
+            if output:
                 continue
             texts = [line] if fenced else re.findall(r"`([^`]*-m scripts\.[^`]*)`", line)
             for text in texts:
