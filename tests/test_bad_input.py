@@ -272,7 +272,7 @@ CASES = [
     Case("csv-missing-columns", ["fit", "--data.init_args.csv_path", "{user}/missing_columns.csv"],
          "error: {user}/missing_columns.csv: missing columns; a penguin CSV needs island, bill_length_mm, "
          "bill_depth_mm, flipper_length_mm, body_mass_g, species or Island, CulmenLength, CulmenDepth, FlipperLength, "
-         "BodyMass, Species"),
+         "BodyMass, Species (no CulmenDepth, FlipperLength, BodyMass)"),
     Case("csv-non-numeric", ["fit", "--data.init_args.csv_path", "{user}/non_numeric.csv"],
          "error: {user}/non_numeric.csv: column CulmenLength has a non-numeric value 'abc' on line 3; fix or remove "
          "that row"),

@@ -67,7 +67,10 @@ def penguin_table(frame, where: str, need_species: bool = True, row_name=lambda 
     schema = next((s for s in SCHEMAS.values() if all(s[name] in frame.columns for name in wanted)), None)
     if schema is None:
         options = " or ".join(", ".join(s[n] for n in wanted) for s in SCHEMAS.values())
-        raise DataError(f"{where}: missing columns; a penguin CSV needs {options}")
+        # The schema it comes closest to, and what it lacks of it: "no body_mass_g" tells what to add.
+        closest = max(SCHEMAS.values(), key=lambda s: sum(s[name] in frame.columns for name in wanted))
+        lacking = ", ".join(closest[name] for name in wanted if closest[name] not in frame.columns)
+        raise DataError(f"{where}: missing columns; a penguin CSV needs {options} (no {lacking})")
     table = frame[[schema[name] for name in wanted]].set_axis(wanted, axis=1)
     table.attrs["columns"] = schema  # the file's own column names, for messages
 
@@ -166,6 +169,17 @@ def serving_batch(state: dict, inputs, names: list[str]) -> np.ndarray:
     than dropped (predict skips it), so that every answer has its row."""
     frame = inputs.reset_index(drop=True)
     known = [column for column in frame.columns if column in FEATURE_COLUMNS]
+    # A list or a dict in a cell (JSON's wrong type) would otherwise fail deep in pandas.
+    for column in [column for column in known if frame[column].dtype == object]:
+        odd = frame[column].map(lambda value: isinstance(value, bool) or not isinstance(value, str | int | float))
+        odd &= frame[column].notna()
+        if odd.any():
+            row = int(odd.to_numpy().argmax())
+            value = frame[column][row]
+            raise DataError(
+                f"request: {names[row]}, column {column}: a {type(value).__name__} ({str(value)[:40]}); give one "
+                "string or number per cell (island: a name, the measurements: numbers)"
+            )
     gaps = frame[known].isna()
     if gaps.to_numpy().any():
         row = int(gaps.any(axis=1).to_numpy().argmax())
