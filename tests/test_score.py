@@ -276,3 +276,15 @@ def test_batch_scoring_mistakes_are_one_line_and_hidden_files_are_skipped(digits
         err.strip() == f"skipped {photos / 'huge.gif'}: 4000x4000 pixels x 40 frames; send images of at most 40 "
         "megapixels, all frames together (SCORE_MAX_IMAGE_PIXELS=40000000 sets the limit)"
     )
+
+
+def test_the_pyfunc_used_directly_refuses_a_cell_of_the_wrong_type(penguins):
+    """mlflow models serve and spark_udf call the pyfunc without scripts/score.py: its preprocessing holds the line."""
+    import mlflow
+
+    model = mlflow.pyfunc.load_model(str(penguins)).unwrap_python_model()
+    for column, value, kind in (("island", ["Biscoe"], "list"), ("body_mass_g", {"g": 5000}, "dict")):
+        with pytest.raises(InputError) as error:
+            model.answer(pd.DataFrame([{**PENGUIN, column: value}]))
+        assert str(error.value).startswith(f"request: row 1, column {column}: a {kind} (")
+    assert len(model.answer(pd.DataFrame([PENGUIN]))) == 1
