@@ -220,7 +220,7 @@ def read_request(model: Model, request) -> tuple[object, list[str]]:
             raise RequestError(f"Content-Type {mimetype}: send rows as application/json (or text/csv)", 415)
         return row_inputs(model, json_rows(body_of(request, limit, too_large)), lambda i: f"row {i + 1}")
     if mimetype == "multipart/form-data":
-        files = [(file.filename or field, file.read()) for field, file in request.files.items(multi=True)]
+        files = form_files(request, limit, too_large)
         if not files:
             raise RequestError("multipart request without files: send each image as a file (curl -F image=@a.jpg)")
     elif mimetype == "application/json":
@@ -230,6 +230,17 @@ def read_request(model: Model, request) -> tuple[object, list[str]]:
     else:
         raise RequestError(f"Content-Type {mimetype}: send images as multipart files, image/* or JSON base64", 415)
     return image_inputs(model, files)
+
+
+def form_files(request, limit: int, too_large: str) -> list[tuple[str, bytes]]:
+    """A multipart form's files; a form sent chunked (no Content-Length) is read up to `limit` bytes only."""
+    from werkzeug.exceptions import RequestEntityTooLarge
+
+    request.max_content_length = limit  # werkzeug's and Flask's requests stop reading the stream there
+    try:
+        return [(file.filename or field, file.read()) for field, file in request.files.items(multi=True)]
+    except RequestEntityTooLarge:
+        raise RequestError(f"request body of more than {limit} bytes is too large; {too_large}", 413) from None
 
 
 def body_of(request, limit: int = MAX_BODY_BYTES, too_large: str = "send less") -> bytes:

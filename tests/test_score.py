@@ -211,6 +211,35 @@ def test_a_rows_body_hundreds_of_mb_long_is_refused_unread(penguins, monkeypatch
     assert chunked.read_bytes <= score.MAX_ROWS_BODY_BYTES + 2**20
 
 
+class EndlessForm(io.RawIOBase):
+    """A multipart form whose one file never ends."""
+
+    def __init__(self) -> None:
+        self.head, self.read_bytes = b'--b\r\nContent-Disposition: form-data; name="image"; filename="a.png"\r\n\r\n', 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = (self.head if self.read_bytes == 0 else b"") + bytes(len(buffer))
+        data = data[: len(buffer)]
+        buffer[: len(data)] = data
+        self.read_bytes += len(data)
+        return len(data)
+
+
+def test_an_endless_multipart_form_is_refused_at_the_limit(digits, monkeypatch):
+    import scripts.score as score
+
+    monkeypatch.setattr(score, "MAX_BODY_BYTES", 4 * 2**20)  # not 430 MB of a test's disk: the same code path
+    form = EndlessForm()
+    status, answer = post(digits, None, "multipart/form-data; boundary=b", monkeypatch, form)
+    assert status == 413 and answer["message"].startswith(
+        f"request body of more than {score.MAX_BODY_BYTES} bytes is too large; send at most 32 images"
+    )
+    assert form.read_bytes <= score.MAX_BODY_BYTES + 2**20
+
+
 def gif(size: tuple[int, int], frames: int) -> bytes:
     pictures = [Image.new("L", size, 5 * i) for i in range(frames)]
     buffer = io.BytesIO()
