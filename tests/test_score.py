@@ -138,6 +138,7 @@ def post(folder, body, content_type: str, monkeypatch, stream=None, length: int 
 PENGUIN = {"island": "Biscoe", "bill_length_mm": 50.4, "bill_depth_mm": 15.3, "flipper_length_mm": 200,
            "body_mass_g": 5000}  # fmt: skip
 HEADER = ",".join(PENGUIN) + "\n"
+NO_MASS = {key: value for key, value in PENGUIN.items() if key != "body_mass_g"}
 BAD_ROWS = [  # (body, content type, status, the message's start)
     ("[" * 100_000 + "]" * 100_000, "application/json", 400, "request body is JSON nested deeper than 32 levels"),
     ('{"island": ' + "[" * 40 + "]" * 40 + "}", "application/json", 400, "request body is JSON nested deeper"),
@@ -146,7 +147,7 @@ BAD_ROWS = [  # (body, content type, status, the message's start)
     ({**PENGUIN, "bill_depth_mm": {"mm": 15}}, "application/json", 400, "row 1, field 'bill_depth_mm': an object"),
     ({**PENGUIN, "body_mass_g": True}, "application/json", 400, "row 1, field 'body_mass_g': true/false"),
     (b'{"island": ', "application/json", 400, "request body is not valid JSON"),
-    ({k: v for k, v in PENGUIN.items() if k != "body_mass_g"}, "application/json", 400, "request: missing columns;"),
+    (NO_MASS, "application/json", 400, "request: missing columns; each row (a JSON object's fields, or a CSV's"),
     (HEADER + "Biscoe,50.4,15.3,200,5000,7\n", "text/csv", 400, "request body: line 2 has 6 values, the header"),
     (HEADER + "Dream,40,18,190,3800\nBiscoe,50.4,15.3,200,5000,x,y\n", "text/csv", 400, "request body: line 3 has 7"),
     ("\n\n", "text/csv", 400, "request body is empty: send a CSV whose first line names the columns"),
