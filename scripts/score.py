@@ -22,9 +22,12 @@ Requests (POST /score):
   `{"image": BASE64}`).
 The answer: `{"predictions": [{"input", "class", "probability", "probabilities": {class: p}}, ...]}` in input order.
 A request the model cannot answer gets a 4xx and `{"message": "..."}` naming the culprit (400: malformed, 413: too
-large, 415: an unsupported content type), as the server's own errors do. GET /score describes the model.
-SCORE_THREADS: the threads of one request (default: one per core). The network runs with ONNX Runtime only: the
-serving environment has no torch (SCORE_BACKEND=torch is refused; the pt2 program is in the model for torch users).
+large, 415: an unsupported content type), as the server's own errors do; never a 500 (docs/serving.md lists them).
+Limits (each 413 names its variable): SCORE_MAX_ROWS, SCORE_MAX_ROW_BYTES, SCORE_MAX_IMAGES, SCORE_MAX_IMAGE_BYTES,
+SCORE_MAX_IMAGE_PIXELS (all frames of an image together); a body is read only up to what they allow.
+GET /score describes the model. SCORE_THREADS: the threads of one request (default: one per core). The network runs
+with ONNX Runtime only: the serving environment has no torch (SCORE_BACKEND=torch is refused; the pt2 program is in
+the model for torch users).
 """
 
 from __future__ import annotations
