@@ -22,9 +22,12 @@ Requests (POST /score):
   `{"image": BASE64}`).
 The answer: `{"predictions": [{"input", "class", "probability", "probabilities": {class: p}}, ...]}` in input order.
 A request the model cannot answer gets a 4xx and `{"message": "..."}` naming the culprit (400: malformed, 413: too
-large, 415: an unsupported content type), as the server's own errors do. GET /score describes the model.
-SCORE_THREADS: the threads of one request (default: one per core). The network runs with ONNX Runtime only: the
-serving environment has no torch (SCORE_BACKEND=torch is refused; the pt2 program is in the model for torch users).
+large, 415: an unsupported content type), as the server's own errors do; never a 500 (docs/serving.md lists them).
+Limits (each 413 names its variable): SCORE_MAX_ROWS, SCORE_MAX_ROW_BYTES, SCORE_MAX_IMAGES, SCORE_MAX_IMAGE_BYTES,
+SCORE_MAX_IMAGE_PIXELS (all frames of an image together); a body is read only up to what they allow.
+GET /score describes the model. SCORE_THREADS: the threads of one request (default: one per core). The network runs
+with ONNX Runtime only: the serving environment has no torch (SCORE_BACKEND=torch is refused; the pt2 program is in
+the model for torch users).
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 try:  # the inference server's own request and response types: present where it runs (.venv-serve, Azure ML)
+    if __name__ == "__main__":  # batch scoring: no server, and Flask's import is seconds of `--help` on busy cores
+        raise ImportError
     from azureml_inference_server_http.api.aml_request import rawhttp
     from azureml_inference_server_http.api.aml_response import AMLResponse
 except ImportError:  # used as a library: batch scoring, tests
@@ -59,6 +64,11 @@ MAX_ROWS = int(os.environ.get("SCORE_MAX_ROWS", "1000"))  # table rows in one re
 MAX_IMAGES = int(os.environ.get("SCORE_MAX_IMAGES", "32"))  # images in one request
 MAX_IMAGE_BYTES = int(os.environ.get("SCORE_MAX_IMAGE_BYTES", str(10 * 2**20)))  # one encoded image (the model's too)
 MAX_BODY_BYTES = MAX_IMAGES * MAX_IMAGE_BYTES * 4 // 3 + 2**20  # the largest request that could be valid (base64)
+# The largest rows request read: MAX_ROWS rows of generous width (a penguin row is ~100 bytes of JSON), so that a body
+# of hundreds of MB gets the row limit's 413 without being read whole.
+MAX_ROW_BYTES = int(os.environ.get("SCORE_MAX_ROW_BYTES", "2048"))
+MAX_ROWS_BODY_BYTES = MAX_ROWS * MAX_ROW_BYTES + 2**16
+MAX_JSON_DEPTH = 32  # rows are objects in a list, images a list in an object: anything deeper is not an input
 IMAGE_TYPES = ("image/", "application/octet-stream")
 FORM = "application/x-www-form-urlencoded"  # what `curl -d` and `--data-binary` send unless told: taken as the body
 
@@ -193,31 +203,61 @@ def respond(body: dict, status: int):
 
 def read_request(model: Model, request) -> tuple[object, list[str]]:
     """The model's raw inputs (a DataFrame of rows, or encoded images) and a name for each."""
-    length = request.content_length
-    if length is not None and length > MAX_BODY_BYTES:
-        raise RequestError(f"request body of {length} bytes is too large; send at most {MAX_BODY_BYTES}", 413)
     mimetype = (request.mimetype or "").lower()
     if model.kind == "rows":
+        limit = MAX_ROWS_BODY_BYTES
+        too_large = (
+            f"send at most {MAX_ROWS} rows (SCORE_MAX_ROWS) of at most {MAX_ROW_BYTES} bytes each (SCORE_MAX_ROW_BYTES)"
+        )
+    else:
+        limit = MAX_BODY_BYTES
+        too_large = f"send at most {MAX_IMAGES} images (SCORE_MAX_IMAGES) of at most {MAX_IMAGE_BYTES} bytes each"
+        too_large += " (SCORE_MAX_IMAGE_BYTES)"
+    length = request.content_length
+    if length is not None and length > limit:
+        raise RequestError(f"request body of {length} bytes is too large; {too_large}", 413)
+    if model.kind == "rows":
         if mimetype in ("text/csv", "application/csv"):
-            return row_inputs(model, csv_rows(body_of(request)), lambda i: f"line {i + 2}")
+            return row_inputs(model, csv_rows(body_of(request, limit, too_large)), lambda i: f"line {i + 2}")
         if mimetype not in ("application/json", "", FORM):
             raise RequestError(f"Content-Type {mimetype}: send rows as application/json (or text/csv)", 415)
-        return row_inputs(model, json_rows(body_of(request)), lambda i: f"row {i + 1}")
+        return row_inputs(model, json_rows(body_of(request, limit, too_large)), lambda i: f"row {i + 1}")
     if mimetype == "multipart/form-data":
-        files = [(file.filename or field, file.read()) for field, file in request.files.items(multi=True)]
+        files = form_files(request, limit, too_large)
         if not files:
             raise RequestError("multipart request without files: send each image as a file (curl -F image=@a.jpg)")
     elif mimetype == "application/json":
-        files = json_images(body_of(request))
+        files = json_images(body_of(request, limit, too_large))
     elif mimetype.startswith(IMAGE_TYPES) or mimetype in ("", FORM):
-        files = [("image 1", body_of(request))]
+        files = [("image 1", body_of(request, limit, too_large))]
     else:
         raise RequestError(f"Content-Type {mimetype}: send images as multipart files, image/* or JSON base64", 415)
     return image_inputs(model, files)
 
 
-def body_of(request) -> bytes:
-    body = request.get_data(cache=False)
+def form_files(request, limit: int, too_large: str) -> list[tuple[str, bytes]]:
+    """A multipart form's files; a form sent chunked (no Content-Length) is read up to `limit` bytes only."""
+    from werkzeug.exceptions import RequestEntityTooLarge
+
+    request.max_content_length = limit  # werkzeug's and Flask's requests stop reading the stream there
+    try:
+        return [(file.filename or field, file.read()) for field, file in request.files.items(multi=True)]
+    except RequestEntityTooLarge:
+        raise RequestError(f"request body of more than {limit} bytes is too large; {too_large}", 413) from None
+
+
+def body_of(request, limit: int = MAX_BODY_BYTES, too_large: str = "send less") -> bytes:
+    """The body, read up to `limit` bytes: a longer one (chunked, with no Content-Length) is refused unread."""
+    stream, parts, size = request.stream, [], 0
+    while size <= limit:
+        part = stream.read(min(2**20, limit + 1 - size))
+        if not part:
+            break
+        parts.append(part)
+        size += len(part)
+    if size > limit:
+        raise RequestError(f"request body of more than {limit} bytes is too large; {too_large}", 413)
+    body = b"".join(parts)
     if not body:
         raise RequestError("empty request body: send the input (rows as JSON or CSV, or images)")
     return body
@@ -225,9 +265,34 @@ def body_of(request) -> bytes:
 
 def json_body(body: bytes):
     try:
-        return json.loads(body)
+        given = json.loads(body)
+    except RecursionError:
+        given = TOO_DEEP  # nested past Python's recursion limit: refused below as any too-deep JSON
     except (UnicodeDecodeError, ValueError) as error:
-        raise RequestError(f"request body is not valid JSON ({error})") from None
+        raise RequestError(
+            f"request body is not valid JSON ({error}); send JSON rows (Content-Type: application/json)"
+        ) from None
+    if given is TOO_DEEP or depth(given) > MAX_JSON_DEPTH:
+        raise RequestError(
+            f"request body is JSON nested deeper than {MAX_JSON_DEPTH} levels; send JSON rows as objects of strings "
+            'and numbers, or images as {"images": [base64, ...]}'
+        )
+    return given
+
+
+TOO_DEEP = object()
+
+
+def depth(value, limit: int = MAX_JSON_DEPTH) -> int:
+    """How deep lists and objects nest in `value` (a number or string: 0), counted to just past `limit`."""
+    level, layer = 0, [value]
+    while level <= limit:
+        containers = [item for item in layer if isinstance(item, list | dict)]
+        if not containers:
+            break
+        level += 1
+        layer = [v for item in containers for v in (item.values() if isinstance(item, dict) else item)]
+    return level
 
 
 def input_data(given):
@@ -259,16 +324,57 @@ def json_rows(body: bytes):
     rows = [rows] if isinstance(rows, dict) else rows
     if not isinstance(rows, list) or not rows or not all(isinstance(row, dict) for row in rows):
         raise RequestError("send one row as a JSON object, or several as a non-empty list of objects")
+    if len(rows) > MAX_ROWS:
+        raise RequestError(f"{len(rows)} rows in one request; send at most {MAX_ROWS} (SCORE_MAX_ROWS)", 413)
+    for i, row in enumerate(rows):
+        for field, value in row.items():
+            if isinstance(value, bool) or not isinstance(value, str | int | float | type(None)):
+                kind = {list: "a list", dict: "an object", bool: "true/false"}[type(value)]
+                raise RequestError(
+                    f"row {i + 1}, field {field!r}: {kind} ({json.dumps(value)[:40]}); send each field as one JSON "
+                    "string or number (island: a name, the measurements: numbers)"
+                )
     return rows
 
 
-def csv_rows(body: bytes):
+def csv_rows(body: bytes, where: str = "request body", max_rows: int | None = MAX_ROWS):
+    """A CSV's rows as a DataFrame of text cells, read as spreadsheets write them: empty fields past the header's
+    (a trailing comma on each row) are dropped; a row with more values than the header has names is refused rather
+    than shifted (pandas would take its first field as the row's index). At most `max_rows` rows (None: no limit)."""
+    import warnings
+
     import pandas as pd
 
     try:
-        return pd.read_csv(io.BytesIO(body))
-    except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as error:
-        raise RequestError(f"request body is not a readable CSV ({error})") from None
+        text = body.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise RequestError(f"{where} is not a readable CSV (not UTF-8 text); send a CSV of penguin rows") from None
+    try:
+        records = list(csv.reader(io.StringIO(text, newline="")))
+    except csv.Error as error:
+        raise RequestError(f"{where} is not a readable CSV ({error}); send a CSV of penguin rows") from None
+    records = [record for record in records if any(cell.strip() for cell in record)]
+    if not records:
+        raise RequestError(f"{where} is empty: send a CSV whose first line names the columns, one penguin a line")
+    header, rows = records[0], records[1:]
+    if max_rows is not None and len(rows) > max_rows:
+        raise RequestError(f"{len(rows)} rows in one request; send at most {max_rows} (SCORE_MAX_ROWS)", 413)
+    while header and not header[-1].strip():  # a trailing comma on the header too
+        header = header[:-1]
+    for line, record in enumerate(rows, 2):
+        extra = [cell for cell in record[len(header) :] if cell.strip()]
+        if extra:
+            raise RequestError(
+                f"{where}: line {line} has {len(header) + len(extra)} values, the header names {len(header)} "
+                f"columns ({', '.join(header)}); remove the extra values or name their columns"
+            )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Length of header ... does not match": the empty trailing fields, checked
+        try:
+            return pd.read_csv(io.StringIO(text), index_col=False, usecols=range(len(header)), header=0,
+                               names=header, skip_blank_lines=True)  # fmt: skip
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as error:
+            raise RequestError(f"{where} is not a readable CSV ({error}); send a CSV of penguin rows") from None
 
 
 def row_inputs(model: Model, rows, row_name, max_rows: int = MAX_ROWS) -> tuple[object, list[str]]:
@@ -313,24 +419,60 @@ def image_inputs(
     return [data for _, data in files], [name for name, _ in files]
 
 
-def score_files(model: Model, source: Path, chunk: int) -> list[dict]:
-    """Batch scoring of a CSV of rows or a folder (or file) of images, `chunk` inputs at a time."""
-    if model.kind == "rows":
-        import pandas as pd
+def image_files(source: Path) -> list[Path]:
+    """The files of a folder at any depth, sorted, as predict reads a folder (datamodules/image_folder.py): hidden
+    ones (.DS_Store, ._x, __MACOSX) left out, linked folders followed."""
+    if source.is_file():
+        return [source]
+    found = []
+    for top, folders, names in os.walk(source, followlinks=True):
+        folders[:] = sorted(name for name in folders if not name.startswith(".") and name != "__MACOSX")
+        found += [Path(top) / name for name in names if not name.startswith(".") and (Path(top) / name).is_file()]
+    return sorted(found)
 
-        frame = pd.read_csv(source)
+
+def score_files(model: Model, source: Path, chunk: int, skipped: list[str] | None = None) -> list[dict]:
+    """Batch scoring of a CSV of rows or a folder (or file) of images, `chunk` inputs at a time. An image the model
+    refuses is left out, its line added to `skipped`, and the rest scored."""
+    if model.kind == "rows":
+        if not source.is_file():
+            raise RequestError(f"{source}: a folder; this model scores rows: give a CSV file of them")
+        frame = csv_rows(source.read_bytes(), str(source), max_rows=None)
         answers = []
         for start in range(0, len(frame), chunk):
             part = frame.iloc[start : start + chunk]
             inputs, names = row_inputs(model, part, lambda i: f"line {i + 2}", chunk)
             answers += model.predict(inputs, names)
         return answers
-    files = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
+    files = image_files(source)
+    if not files:
+        raise RequestError(f"{source}: no files in it; give a folder of images")
     answers = []
     for start in range(0, len(files), chunk):
         part = [(str(path), path.read_bytes()) for path in files[start : start + chunk]]
-        answers += model.predict(*image_inputs(model, part, chunk))
+        while part:
+            try:
+                answers += model.predict(*image_inputs(model, part, chunk))
+                break
+            except RequestError as error:  # names its image first: leave that one out, score the others
+                bad = next((i for i, (name, _) in enumerate(part) if str(error).startswith(f"{name}:")), None)
+                if bad is None or skipped is None:
+                    raise
+                skipped.append(f"skipped {error}")
+                del part[bad]
+    if not answers:
+        raise RequestError(f"{source}: no image could be scored ({skipped[-1][len('skipped ') :]})")
     return answers
+
+
+def writable(target: Path) -> Path:
+    """The CSV file `--output` names (a folder: predictions.csv in it), checked before scoring starts."""
+    if target.is_dir() or not target.suffix:
+        target = target / "predictions.csv"
+    folder = next((p for p in [target.parent, *target.parent.parents] if p.exists()), Path("."))
+    if target.is_dir() or not folder.is_dir() or not os.access(folder if not target.exists() else target, os.W_OK):
+        raise ModelError(f"--output {target}: cannot be written here; give a path in a folder you can write to")
+    return target
 
 
 def main(args: list[str] | None = None) -> None:
@@ -345,24 +487,30 @@ def main(args: list[str] | None = None) -> None:
     parser.add_argument("--chunk", type=int, default=None, help="inputs per batch (default: the request limits)")
     options = parser.parse_args(args)
     source = Path(options.input)
+    skipped: list[str] = []
     try:
         if not source.exists():
             raise ModelError(f"{source}: no such file or folder; give a CSV of penguins or a folder of images")
+        target = writable(Path(options.output)) if options.output else None
         loaded = load_model(options.model_dir)
         chunk = options.chunk or (MAX_ROWS if loaded.kind == "rows" else MAX_IMAGES)
-        answers = score_files(loaded, source, max(1, chunk))
-    except (ModelError, RequestError, OSError) as error:
+        answers = score_files(loaded, source, max(1, chunk), skipped)
+    except (ModelError, RequestError) as error:
         sys.exit(f"error: {error}")
+    except OSError as error:
+        sys.exit(f"error: {error.filename or source}: {error.strerror or error}")
+    for line in skipped:
+        print(line, file=sys.stderr)
     text = io.StringIO()
     out = csv.writer(text, lineterminator="\n")  # quotes a name holding a comma, as predict does
     out.writerow(["input", "class", "probability"])
     out.writerows([a["input"], a["class"], f"{a['probability']:.4f}"] for a in answers)
-    if options.output:
-        target = Path(options.output)
-        if target.is_dir() or not target.suffix:
-            target = target / "predictions.csv"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text.getvalue())
+    if target is not None:
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text.getvalue())
+        except OSError as error:
+            sys.exit(f"error: --output {target}: cannot be written ({error.strerror or error}); give another path")
         print(f"wrote {len(answers)} predictions to {target}")
     else:
         print(text.getvalue(), end="")

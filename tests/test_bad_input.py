@@ -52,6 +52,8 @@ USER_FILES = {  # what the user owns: must be byte-identical afterwards
     "nan_spelled.csv": PENGUIN_CSV + ROWS.replace(",3200,", ",nan,"),  # line 4
     "absurd_mass.csv": PENGUIN_CSV + ROWS.replace(",3600,", ",3600000000,"),  # line 8: grams typed a million-fold
     "predict_infinite.csv": "Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass\nBiscoe,50.4,15.3,200,-inf\n",
+    # A spreadsheet's row with a value past the header's: pandas would take the first as the index, shifting the rest.
+    "extra_values.csv": "Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass\nBiscoe,50.4,15.3,200,5000,7\n",
 }
 
 
@@ -272,7 +274,7 @@ CASES = [
     Case("csv-missing-columns", ["fit", "--data.init_args.csv_path", "{user}/missing_columns.csv"],
          "error: {user}/missing_columns.csv: missing columns; a penguin CSV needs island, bill_length_mm, "
          "bill_depth_mm, flipper_length_mm, body_mass_g, species or Island, CulmenLength, CulmenDepth, FlipperLength, "
-         "BodyMass, Species"),
+         "BodyMass, Species (no CulmenDepth, FlipperLength, BodyMass)"),
     Case("csv-non-numeric", ["fit", "--data.init_args.csv_path", "{user}/non_numeric.csv"],
          "error: {user}/non_numeric.csv: column CulmenLength has a non-numeric value 'abc' on line 3; fix or remove "
          "that row"),
@@ -503,6 +505,24 @@ CASES = [
          "error: Spark did not start on local[1] ([JAVA_GATEWAY_EXITED] Java gateway process exited before sending its "
          "port number); check --master, and Java 17 (`java -version`, JAVA_HOME)",
          module="scripts.spark", env={"JAVA_HOME": "{user}/no-java"}),
+    # ---- batch scoring (python -m scripts.score) with a penguin model made from a checkpoint by scripts.serve ----
+    Case("score-empty-csv", ["{penguins_model}", "{user}/empty.csv"],
+         "error: {user}/empty.csv is empty: send a CSV whose first line names the columns, one penguin a line",
+         module="scripts.score"),
+    Case("score-binary-csv", ["{penguins_model}", "{user}/garbage.csv"],
+         "error: {user}/garbage.csv is not a readable CSV (not UTF-8 text); send a CSV of penguin rows",
+         module="scripts.score"),
+    Case("score-extra-values", ["{penguins_model}", "{user}/extra_values.csv"],
+         "error: {user}/extra_values.csv: line 2 has 6 values, the header names 5 columns (Island, CulmenLength, "
+         "CulmenDepth, FlipperLength, BodyMass); remove the extra values or name their columns",
+         module="scripts.score"),
+    Case("score-a-folder-for-rows", ["{penguins_model}", "{user}/digits-broken"],
+         "error: {user}/digits-broken: a folder; this model scores rows: give a CSV file of them",
+         module="scripts.score"),
+    Case("score-output-not-writable", ["{penguins_model}", "{user}/five_rows.csv", "--output",
+                                       "{user}/notes.txt/predictions.csv"],
+         "error: --output {user}/notes.txt/predictions.csv: cannot be written here; give a path in a folder you can "
+         "write to", module="scripts.score"),
 ]  # fmt: skip
 
 
@@ -580,9 +600,15 @@ def outcomes(request, tmp_path_factory) -> dict[str, Outcome]:
     cases = [case for case in CASES if case.name in selected]
     template = tmp_path_factory.mktemp("template") / "user"
     make_user_folder(template)
-    needs = {key for case in cases for arg in case.args for key in ("penguins_ckpt", "birds_ckpt", "mnist_ckpt")
-             if f"{{{key}" in arg}  # fmt: skip
-    checkpoints = request.getfixturevalue("trained") if needs else {}
+    keys = ("penguins_ckpt", "birds_ckpt", "mnist_ckpt", "penguins_model")
+    needs = {key for case in cases for arg in case.args for key in keys if f"{{{key}" in arg}
+    checkpoints = dict(request.getfixturevalue("trained")) if needs else {}
+    if "penguins_model" in needs:  # the model folder `python -m scripts.score` takes, as scripts.serve makes it
+        serving = tmp_path_factory.mktemp("serving")
+        made = warm_launcher.run("scripts.serve", [str(checkpoints["penguins_ckpt"]), "--prepare_only", "true",
+                                                   "--serving_dir", str(serving)], REPO, timeout=600)  # fmt: skip
+        assert made.returncode == 0, made.stderr[-3000:]
+        checkpoints["penguins_model"] = made.stdout.strip().splitlines()[-1]
     root = tmp_path_factory.mktemp("cases")
     with ThreadPoolExecutor(max_workers=2) as pool:
         done = pool.map(lambda case: run_case(case, root / case.name, template, checkpoints), cases)

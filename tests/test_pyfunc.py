@@ -153,7 +153,8 @@ def test_penguin_rows_in_either_schema_answer_as_predict_without_torch(penguins)
     print(f"penguins: {len(expected)} rows, largest |pyfunc - predict| probability {difference:.1e}")
     assert results[0]["columns"] == ["class", "probability", "probability_Adelie", "probability_Gentoo",
                                      "probability_Chinstrap"]  # fmt: skip
-    assert_refused(results[2], "request: missing columns; a penguin CSV needs island, bill_length_mm")
+    assert_refused(results[2], "request: missing columns; each row (a JSON object's fields, or a CSV's columns) "
+                   "needs island, bill_length_mm")  # fmt: skip
     # Its requirements pin what predict imports (the serving environment's pins but the server), with a signature
     # (either schema's columns) and an input example (the course's penguin).
     from mlflow.models import Model
@@ -185,7 +186,7 @@ def test_mlflow_models_serve_answers_penguins_as_the_pyfunc_and_refuses_bad_rows
              "request: column bill_length_mm has a non-numeric value 'deep' on row 1; fix or remove that row"),
             ({"dataframe_records": [{"island": "Atlantis", **dict(zip(PENGUIN_COLUMNS[1:], [50.4, 15.3, 200, 5000]))}]},
              "request: unknown island 'Atlantis' in column island on row 1; the model knows"),
-            ({"dataframe_records": [{"island": "Biscoe"}]}, "request: missing columns; a penguin CSV needs"),
+            ({"dataframe_records": [{"island": "Biscoe"}]}, "request: missing columns; each row"),
         ]  # fmt: skip
         for body, message in bad:
             status, answer = server.post(json.dumps(body).encode())

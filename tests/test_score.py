@@ -97,3 +97,224 @@ def test_a_network_onnx_cannot_express_is_refused_in_one_line_leaving_nothing(tm
         "Runtime"
     )
     assert not (tmp_path / "model").exists()
+
+
+@pytest.fixture(scope="module")
+def penguins(tmp_path_factory):
+    from datamodules.penguins import PenguinDataModule
+
+    folder = tmp_path_factory.mktemp("penguins") / "model"
+    data = PenguinDataModule()
+    data.prepare_data()
+    data.setup("fit")
+    torch.manual_seed(0)
+    save_model(torch.nn.Linear(5, 3), torch.randn(4, 5), PenguinDataModule.class_names, folder, serving_inputs(data))
+    return folder
+
+
+def post(folder, body, content_type: str, monkeypatch, stream=None, length: int | None = None):
+    """What scripts/score.py's run() answers one POST, as the inference server calls it; `stream` (with a stated
+    `length`, or none: chunked) replaces the body."""
+    import json
+
+    from werkzeug.test import EnvironBuilder
+    from werkzeug.wrappers import Request
+
+    import scripts.score as score
+
+    monkeypatch.setattr(score, "model", load_model(folder))
+    environ = EnvironBuilder(method="POST", data=body, content_type=content_type).get_environ()
+    if stream is not None:
+        environ["wsgi.input"] = stream
+        environ.pop("CONTENT_LENGTH", None)
+        if length is None:
+            environ["wsgi.input_terminated"] = True
+        else:
+            environ["CONTENT_LENGTH"] = str(length)
+    response = score.run(Request(environ))
+    return response.status_code, json.loads(response.get_data())
+
+
+PENGUIN = {"island": "Biscoe", "bill_length_mm": 50.4, "bill_depth_mm": 15.3, "flipper_length_mm": 200,
+           "body_mass_g": 5000}  # fmt: skip
+HEADER = ",".join(PENGUIN) + "\n"
+NO_MASS = {key: value for key, value in PENGUIN.items() if key != "body_mass_g"}
+BAD_ROWS = [  # (body, content type, status, the message's start)
+    ("[" * 100_000 + "]" * 100_000, "application/json", 400, "request body is JSON nested deeper than 32 levels"),
+    ('{"island": ' + "[" * 40 + "]" * 40 + "}", "application/json", 400, "request body is JSON nested deeper"),
+    ({**PENGUIN, "island": ["Biscoe"]}, "application/json", 400, "row 1, field 'island': a list ([\"Biscoe\"]); send"),
+    ([PENGUIN, {**PENGUIN, "body_mass_g": [5000]}], "application/json", 400, "row 2, field 'body_mass_g': a list"),
+    ({**PENGUIN, "bill_depth_mm": {"mm": 15}}, "application/json", 400, "row 1, field 'bill_depth_mm': an object"),
+    ({**PENGUIN, "body_mass_g": True}, "application/json", 400, "row 1, field 'body_mass_g': true/false"),
+    (b'{"island": ', "application/json", 400, "request body is not valid JSON"),
+    (NO_MASS, "application/json", 400, "request: missing columns; each row (a JSON object's fields, or a CSV's"),
+    (HEADER + "Biscoe,50.4,15.3,200,5000,7\n", "text/csv", 400, "request body: line 2 has 6 values, the header"),
+    (HEADER + "Dream,40,18,190,3800\nBiscoe,50.4,15.3,200,5000,x,y\n", "text/csv", 400, "request body: line 3 has 7"),
+    ("\n\n", "text/csv", 400, "request body is empty: send a CSV whose first line names the columns"),
+    (b"\xff\xfe\x00garbage", "text/csv", 400, "request body is not a readable CSV (not UTF-8 text)"),
+    (HEADER + "Biscoe,50.4,15.3,200,5000\n" * 1001, "text/csv", 413, "1001 rows in one request; send at most 1000 ("),
+    ([PENGUIN] * 1001, "application/json", 413, "1001 rows in one request; send at most 1000 (SCORE_MAX_ROWS)"),
+]
+
+
+@pytest.mark.parametrize("body, content_type, status, message", BAD_ROWS)
+def test_a_bad_rows_request_is_a_4xx_naming_the_field_row_or_limit(penguins, monkeypatch, body, content_type,
+                                                                    status, message):  # fmt: skip
+    import json
+
+    data = body if isinstance(body, str | bytes) else json.dumps(body)
+    answered_status, answer = post(penguins, data, content_type, monkeypatch)
+    assert answered_status == status and answer["message"].startswith(message), answer
+    assert "\n" not in answer["message"]
+    if "missing columns" in message:
+        assert answer["message"].endswith("(no body_mass_g)")
+
+
+def test_a_spreadsheets_csv_is_answered_as_its_rows(penguins, monkeypatch):
+    """A trailing comma on each row (and on the header) is no extra column, and shifts nothing."""
+    plain = post(penguins, HEADER + "Biscoe,50.4,15.3,200,5000\nDream,40,18,190,3800\n", "text/csv", monkeypatch)
+    for body in (HEADER + "Biscoe,50.4,15.3,200,5000,\nDream,40,18,190,3800,\n",
+                 HEADER.replace("\n", ",\n") + "Biscoe,50.4,15.3,200,5000,\r\nDream,40,18,190,3800,\r\n"):  # fmt: skip
+        assert post(penguins, body, "text/csv", monkeypatch) == plain
+    assert plain[0] == 200 and [a["input"] for a in plain[1]["predictions"]] == ["line 2", "line 3"]
+
+
+class Endless(io.RawIOBase):
+    """A body of rows that never ends, counting what is read of it."""
+
+    def __init__(self) -> None:
+        self.read_bytes = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        row = b"Biscoe,50.4,15.3,200,5000\n"
+        data = (row * (len(buffer) // len(row) + 1))[: len(buffer)]
+        buffer[: len(data)] = data
+        self.read_bytes += len(data)
+        return len(data)
+
+
+def test_a_rows_body_hundreds_of_mb_long_is_refused_unread(penguins, monkeypatch):
+    import scripts.score as score
+
+    stated = Endless()
+    status, answer = post(penguins, None, "text/csv", monkeypatch, stated, 500 * 2**20)
+    assert status == 413 and answer["message"].startswith(f"request body of {500 * 2**20} bytes is too large; send")
+    assert "SCORE_MAX_ROWS" in answer["message"] and stated.read_bytes == 0
+    chunked = Endless()  # no Content-Length: read up to the limit only
+    status, answer = post(penguins, None, "text/csv", monkeypatch, chunked)
+    assert status == 413 and answer["message"].startswith(
+        f"request body of more than {score.MAX_ROWS_BODY_BYTES} bytes is too large; send at most 1000 rows "
+        "(SCORE_MAX_ROWS)"
+    )
+    assert chunked.read_bytes <= score.MAX_ROWS_BODY_BYTES + 2**20
+
+
+class EndlessForm(io.RawIOBase):
+    """A multipart form whose one file never ends."""
+
+    def __init__(self) -> None:
+        self.head, self.read_bytes = b'--b\r\nContent-Disposition: form-data; name="image"; filename="a.png"\r\n\r\n', 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = (self.head if self.read_bytes == 0 else b"") + bytes(len(buffer))
+        data = data[: len(buffer)]
+        buffer[: len(data)] = data
+        self.read_bytes += len(data)
+        return len(data)
+
+
+def test_an_endless_multipart_form_is_refused_at_the_limit(digits, monkeypatch):
+    import scripts.score as score
+
+    monkeypatch.setattr(score, "MAX_BODY_BYTES", 4 * 2**20)  # not 430 MB of a test's disk: the same code path
+    form = EndlessForm()
+    status, answer = post(digits, None, "multipart/form-data; boundary=b", monkeypatch, form)
+    assert status == 413 and answer["message"].startswith(
+        f"request body of more than {score.MAX_BODY_BYTES} bytes is too large; send at most 32 images"
+    )
+    assert form.read_bytes <= score.MAX_BODY_BYTES + 2**20
+
+
+def gif(size: tuple[int, int], frames: int) -> bytes:
+    pictures = [Image.new("L", size, 5 * i) for i in range(frames)]
+    buffer = io.BytesIO()
+    pictures[0].save(buffer, format="GIF", save_all=True, append_images=pictures[1:])
+    return buffer.getvalue()
+
+
+def test_a_multi_frame_image_counts_every_frame_before_any_is_decoded(digits, monkeypatch):
+    import resource
+
+    import mlflow
+
+    animated = gif((4000, 4000), 40)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    status, answer = post(digits, animated, "image/gif", monkeypatch)
+    assert status == 413
+    assert answer["message"] == (
+        "image 1: 4000x4000 pixels x 40 frames; send images of at most 40 megapixels, all frames together "
+        "(SCORE_MAX_IMAGE_PIXELS=40000000 sets the limit)"
+    )
+    # The decoded frames would be 40 x 16 MB; the check reads headers only.
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 * 1024
+    with pytest.raises(InputError, match="image 1: 4000x4000 pixels x 40 frames"):
+        mlflow.pyfunc.load_model(str(digits)).predict(pd.DataFrame({"image": [animated]}))
+    assert post(digits, gif((28, 28), 3), "image/gif", monkeypatch)[0] == 200  # a small animation: its first frame
+
+
+def test_batch_scoring_mistakes_are_one_line_and_hidden_files_are_skipped(digits, penguins, tmp_path, capsys):
+    from scripts.score import main
+
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "spread.csv").write_text(HEADER + "Biscoe,50.4,15.3,200,5000,7\n")
+    (tmp_path / "photo.png").write_bytes(png((28, 28)))
+    cases = [
+        ([str(penguins), str(tmp_path / "empty.csv")], f"error: {tmp_path / 'empty.csv'} is empty: send a CSV whose"),
+        ([str(penguins), str(tmp_path / "spread.csv")], f"error: {tmp_path / 'spread.csv'}: line 2 has 6 values"),
+        ([str(penguins), str(tmp_path / "photo.png")], f"error: {tmp_path / 'photo.png'} is not a readable CSV (not"),
+        ([str(penguins), str(tmp_path)], f"error: {tmp_path}: a folder; this model scores rows: give a CSV file"),
+        (
+            [str(penguins), "configs/examples/penguins.csv", "--output", str(tmp_path / "photo.png" / "out.csv")],
+            f"error: --output {tmp_path / 'photo.png' / 'out.csv'}: cannot be written here",
+        ),  # a file is no folder
+    ]
+    for args, line in cases:
+        with pytest.raises(SystemExit) as exit:
+            main(args)
+        assert str(exit.value.code).startswith(line) and "\n" not in str(exit.value.code), exit.value.code
+
+    photos = tmp_path / "photos"
+    (photos / "inner").mkdir(parents=True)
+    (photos / "a.png").write_bytes(png((28, 28), 30))
+    (photos / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    (photos / "._a.png").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
+    (photos / "huge.gif").write_bytes(gif((4000, 4000), 40))
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "b.png").write_bytes(png((28, 28), 220))
+    (photos / "linked").symlink_to(tmp_path / "elsewhere")
+    main([str(digits), str(photos)])
+    out, err = capsys.readouterr()
+    assert [line.split(",")[0] for line in out.splitlines()] == ["input", str(photos / "a.png"),
+                                                                  str(photos / "linked" / "b.png")]  # fmt: skip
+    assert (
+        err.strip() == f"skipped {photos / 'huge.gif'}: 4000x4000 pixels x 40 frames; send images of at most 40 "
+        "megapixels, all frames together (SCORE_MAX_IMAGE_PIXELS=40000000 sets the limit)"
+    )
+
+
+def test_the_pyfunc_used_directly_refuses_a_cell_of_the_wrong_type(penguins):
+    """mlflow models serve and spark_udf call the pyfunc without scripts/score.py: its preprocessing holds the line."""
+    import mlflow
+
+    model = mlflow.pyfunc.load_model(str(penguins)).unwrap_python_model()
+    for column, value, kind in (("island", ["Biscoe"], "list"), ("body_mass_g", {"g": 5000}, "dict")):
+        with pytest.raises(InputError) as error:
+            model.answer(pd.DataFrame([{**PENGUIN, column: value}]))
+        assert str(error.value).startswith(f"request: row 1, column {column}: a {kind} (")
+    assert len(model.answer(pd.DataFrame([PENGUIN]))) == 1

@@ -60,25 +60,40 @@ def read(source: bytes | str | Path, name: str, grey: bool = False, fix: str = "
 
 
 def check_size(name: str, data: bytes) -> None:
-    """Refuses an empty image, or one over MAX_IMAGE_BYTES or MAX_IMAGE_PIXELS (read from its header), before it is
-    decoded."""
+    """Refuses an empty image, or one over MAX_IMAGE_BYTES or MAX_IMAGE_PIXELS (read from its header; every frame of
+    an animated GIF or multi-page TIFF counts), before any frame is decoded."""
+    import re
+
     from PIL import Image, UnidentifiedImageError
 
     if not data:
         raise DataError(f"{name}: empty file; send the image's bytes")
     if len(data) > MAX_IMAGE_BYTES:
-        raise OversizeImage(f"{name}: {len(data)} bytes; send images of at most {MAX_IMAGE_BYTES} bytes")
+        raise OversizeImage(
+            f"{name}: {len(data)} bytes; send images of at most {MAX_IMAGE_BYTES} bytes (SCORE_MAX_IMAGE_BYTES sets "
+            "the limit)"
+        )
     try:
         with Image.open(io.BytesIO(data)) as header:  # reads the header only
             width, height = header.size
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
-        return  # not an image Pillow knows: decoding says why
-    except Image.DecompressionBombError:
-        width, height = MAX_IMAGE_PIXELS, 2
-    if width * height > MAX_IMAGE_PIXELS:
-        raise OversizeImage(
-            f"{name}: {width}x{height} pixels; send images of at most {MAX_IMAGE_PIXELS // 1_000_000} megapixels"
-        )
+            # Pillow counts frames by walking their headers: none is decoded (a 15 KB GIF can hold 40 of 4000x4000).
+            frames = getattr(header, "n_frames", 1)
+    except Image.DecompressionBombError as error:  # Pillow's own guard, past twice its limit: its message has the size
+        found = re.search(r"\((\d+) pixels\)", str(error))
+        size = f"{found.group(1)} pixels" if found else "over 178 megapixels"
+        raise OversizeImage(f"{name}: {size}; {pixel_limit()}") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError):
+        return  # not an image Pillow knows, or a damaged one: decoding says why
+    if width * height * frames > MAX_IMAGE_PIXELS:
+        many = f" x {frames} frames" if frames > 1 else ""
+        raise OversizeImage(f"{name}: {width}x{height} pixels{many}; {pixel_limit()}")
+
+
+def pixel_limit() -> str:
+    return (
+        f"send images of at most {MAX_IMAGE_PIXELS // 1_000_000} megapixels, all frames together "
+        f"(SCORE_MAX_IMAGE_PIXELS={MAX_IMAGE_PIXELS} sets the limit)"
+    )
 
 
 def pixels(image) -> np.ndarray:

@@ -57,17 +57,27 @@ EXAMPLE = {"island": ["Biscoe"], "bill_length_mm": [50.4], "bill_depth_mm": [15.
            "body_mass_g": [5000.0]}  # fmt: skip
 
 
-def penguin_table(frame, where: str, need_species: bool = True, row_name=lambda index: f"line {index + 2}"):
+def penguin_table(
+    frame,
+    where: str,
+    need_species: bool = True,
+    row_name=lambda index: f"line {index + 2}",
+    needs: str = "a penguin CSV needs",
+):
     """`frame` (a pandas DataFrame in either schema) in our column names, complete rows only, island as an index;
     what `read_penguins` makes of a file and the scoring script (scripts/score.py) of a request's rows. `where` names
-    the source in messages, `row_name(index)` a row of it (a CSV's line: +1 for the header, +1 for counting from 1)."""
+    the source in messages, `row_name(index)` a row of it (a CSV's line: +1 for the header, +1 for counting from 1),
+    `needs` what the message says a row needs."""
     import pandas as pd
 
     wanted = [name for name in SCHEMAS["course"] if need_species or name != "species"]
     schema = next((s for s in SCHEMAS.values() if all(s[name] in frame.columns for name in wanted)), None)
     if schema is None:
         options = " or ".join(", ".join(s[n] for n in wanted) for s in SCHEMAS.values())
-        raise DataError(f"{where}: missing columns; a penguin CSV needs {options}")
+        # The schema it comes closest to, and what it lacks of it: "no body_mass_g" tells what to add.
+        closest = max(SCHEMAS.values(), key=lambda s: sum(s[name] in frame.columns for name in wanted))
+        lacking = ", ".join(closest[name] for name in wanted if closest[name] not in frame.columns)
+        raise DataError(f"{where}: missing columns; {needs} {options} (no {lacking})")
     table = frame[[schema[name] for name in wanted]].set_axis(wanted, axis=1)
     table.attrs["columns"] = schema  # the file's own column names, for messages
 
@@ -166,12 +176,29 @@ def serving_batch(state: dict, inputs, names: list[str]) -> np.ndarray:
     than dropped (predict skips it), so that every answer has its row."""
     frame = inputs.reset_index(drop=True)
     known = [column for column in frame.columns if column in FEATURE_COLUMNS]
+    # A list or a dict in a cell (JSON's wrong type) would otherwise fail deep in pandas.
+    for column in [column for column in known if frame[column].dtype == object]:
+        odd = frame[column].map(lambda value: isinstance(value, bool) or not isinstance(value, str | int | float))
+        odd &= frame[column].notna()
+        if odd.any():
+            row = int(odd.to_numpy().argmax())
+            value = frame[column][row]
+            raise DataError(
+                f"request: {names[row]}, column {column}: a {type(value).__name__} ({str(value)[:40]}); give one "
+                "string or number per cell (island: a name, the measurements: numbers)"
+            )
     gaps = frame[known].isna()
     if gaps.to_numpy().any():
         row = int(gaps.any(axis=1).to_numpy().argmax())
         missing = ", ".join(column for column in known if gaps.loc[row, column])
         raise DataError(f"request: {names[row]} has no value for {missing}; give every column")
-    table = penguin_table(frame, "request", need_species=False, row_name=lambda index: names[index])
+    table = penguin_table(
+        frame,
+        "request",
+        need_species=False,
+        row_name=lambda index: names[index],
+        needs="each row (a JSON object's fields, or a CSV's columns) needs",
+    )
     raw = table[list(FEATURES)].to_numpy(dtype="float32")
     seen = {key: np.asarray(value, dtype=np.float32) for key, value in state["seen"].items()}
     check_ranges(raw, seen, "request", names, table.attrs["columns"])
