@@ -488,9 +488,9 @@ CASES = [
     # ---- Azure ML deployment, Spark: each before the Azure SDK is imported, or before a JVM starts ----
     Case("deploy-gpu-size-for-the-cpu-environment", ["online", "penguins-classifier:1", "--endpoint", "penguins",
                                                       "--instance_type", "Standard_NC4as_T4_v3", "--dry_run", "true"],
-         "error: --instance_type Standard_NC4as_T4_v3: a GPU size, but the serving environment "
-         "(scripts/serving/environment.yml on Azure ML's CPU image) scores on CPUs; give a CPU size such as "
-         "Standard_DS3_v2, or --environment a registered serving environment built for GPUs", module="scripts.deploy"),
+         "error: --instance_type Standard_NC4as_T4_v3: a GPU size, but the model scores on CPUs (ONNX Runtime's CPU "
+         "build, in its requirements and scripts/serving/environment.yml); give a CPU size such as Standard_DS3_v2, or "
+         "--scoring script --environment a registered serving environment built for GPUs", module="scripts.deploy"),
     Case("spark-master-not-a-url", ["fit", "--config", "configs/penguins.yaml", "--num_processes", "2", "--master",
                                     "local[two]"],
          "error: --master local[two]: not a Spark master URL; give local[N], local-cluster[W,C,M] (W workers of C "
@@ -710,6 +710,7 @@ def test_make_predict_takes_paths_holding_spaces(trained, tmp_path):
     make = ["make", "--no-print-directory", f"--old-file={venv}/installed", "predict", f"VENV={venv}",
             f"INPUT={folder / 'new birds.csv'}",
             f"CKPT={checkpoint}"]  # fmt: skip
-    result = subprocess.run(make, cwd=REPO, capture_output=True, text=True, timeout=600)
+    environment = {key: value for key, value in os.environ.items() if key != "ARGS"}  # a user's exported ARGS stays out
+    result = subprocess.run(make, cwd=REPO, capture_output=True, text=True, timeout=600, env=environment)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines()[-4] == "input,class,probability"
