@@ -25,7 +25,14 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from scripts.azure_ml.jobs import SubmitError, check_workspace_ids, follow, workspace_client
+from scripts.azure_ml.jobs import (
+    SubmitError,
+    check_workspace_ids,
+    check_yaml_file,
+    follow,
+    workspace_client,
+    write_yaml_file,
+)
 from scripts.training.cli_errors import argument_error_line
 
 
@@ -105,6 +112,8 @@ def pipeline(
         raise SubmitError("--stream follows a submitted pipeline: leave out --dry_run")
     if yaml_file and not dry_run:
         raise SubmitError("--yaml_file writes the YAML instead of submitting: add --dry_run true")
+    if yaml_file and not components:
+        check_yaml_file(yaml_file)
     if components:
         from scripts.azure_ml.assets import check_version
 
@@ -131,8 +140,7 @@ def pipeline(
     if dry_run:
         if yaml_file:
             text = pipeline_yaml(job, Path(yaml_file).parent)
-            Path(yaml_file).write_text(text)
-            print(f"wrote {yaml_file}: az ml job create -f {yaml_file}")
+            write_yaml_file(yaml_file, text)
             return text
         text = pipeline_yaml(job)
         print(text, end="")

@@ -28,7 +28,6 @@ Needs azure-ai-ml (pyproject's `azure` extra, which `make install` installs).
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Literal
@@ -37,10 +36,12 @@ from scripts.azure_ml.jobs import (
     SubmitError,
     build_job,
     check_workspace_ids,
+    check_yaml_file,
     cpu_image_note,
     follow,
     job_yaml,
     workspace_client,
+    write_yaml_file,
 )
 from scripts.training.cli_errors import argument_error_line
 
@@ -137,13 +138,7 @@ def submit(
     if dry_run:
         if yaml_file:
             text = as_yaml(job, Path(yaml_file).parent)
-            try:
-                Path(yaml_file).parent.mkdir(parents=True, exist_ok=True)
-                Path(yaml_file).write_text(text)
-            except OSError as error:
-                message = f"--yaml_file {yaml_file}: cannot write it ({error.strerror}); give another path"
-                raise SubmitError(message) from None
-            print(f"wrote {yaml_file}: az ml job create -f {yaml_file}")
+            write_yaml_file(yaml_file, text)
             return text
         text = as_yaml(job)
         print(text, end="")
@@ -166,17 +161,6 @@ def submit(
             "for a service principal), then submit again"
         ) from None
     return submitted.name
-
-
-def check_yaml_file(given: str) -> None:
-    """A --yaml_file that can be written: not a folder, no file where a folder of its path must be (the folders that
-    do not exist yet are made)."""
-    path = Path(given)
-    if path.is_dir() or given.endswith(os.sep):
-        raise SubmitError(f"--yaml_file {path}: a folder; give a file name in it, e.g. {path / 'job.yml'}")
-    for parent in path.parents:
-        if parent.exists() and not parent.is_dir():
-            raise SubmitError(f"--yaml_file {path}: {parent} is a file, not a folder; give another path")
 
 
 def main(args: list[str] | None = None) -> None:

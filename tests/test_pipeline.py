@@ -88,8 +88,7 @@ def test_the_train_command_with_its_defaults_is_one_the_cli_accepts(tmp_path):
 def test_the_pipeline_yaml_reads_back_with_load_job_its_steps_wired_and_set(tmp_path, capsys, birds_folder):
     from azure.ai.ml import load_job
 
-    target = tmp_path / "jobs" / "birds.yml"
-    target.parent.mkdir()
+    target = tmp_path / "jobs" / "birds.yml"  # in a folder not there yet: it is made
     pipeline("configs/birds.yaml", "gpu", nodes=2, processes_per_node=4, distribution="mpi", data=str(birds_folder),
              tier="spot", timeout="2h", dry_run=True, yaml_file=str(target))  # fmt: skip
     job = load_job(target)
@@ -201,6 +200,10 @@ def test_the_components_are_registered_in_the_workspace(monkeypatch, capsys):
         (["configs/birds.yaml", "--compute", "c", "--data", "azureml:birds"], "--data 'azureml:birds': give a"),
         (["configs/penguins.yaml", "--compute", "c", "--sweep", "configs/sweeps/penguins.yaml", "--timeout", "1h"],
          "--timeout with --sweep"),
+        (["configs/penguins.yaml", "--compute", "c", "--dry_run", "true", "--yaml_file", "configs"],
+         "--yaml_file configs: a folder; give a file name in it, e.g. configs/job.yml"),
+        (["configs/penguins.yaml", "--compute", "c", "--dry_run", "true", "--yaml_file", "README.md/job.yml"],
+         "--yaml_file README.md/job.yml: README.md is a file, not a folder"),
     ],
 )  # fmt: skip
 def test_a_mistake_is_one_line_before_the_azure_sdk_is_imported(args, line):

@@ -438,3 +438,25 @@ def follow(client, name: str) -> None:
     if status != "Completed":
         raise SubmitError(f"job {name} ended {status}; its logs are above and in the studio")
     print(f"job {name} completed")
+
+
+def check_yaml_file(given: str) -> None:
+    """A --yaml_file that can be written: not a folder, no file where a folder of its path must be (the folders that
+    do not exist yet are made)."""
+    path = Path(given)
+    if path.is_dir() or given.endswith(os.sep):
+        raise SubmitError(f"--yaml_file {path}: a folder; give a file name in it, e.g. {path / 'job.yml'}")
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise SubmitError(f"--yaml_file {path}: {parent} is a file, not a folder; give another path")
+
+
+def write_yaml_file(given: str, text: str) -> None:
+    """Writes a job's YAML to --yaml_file (checked by check_yaml_file), making its folders; says what to run."""
+    path = Path(given)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as error:
+        raise SubmitError(f"--yaml_file {given}: cannot write it ({error.strerror}); give another path") from None
+    print(f"wrote {given}: az ml job create -f {given}")
