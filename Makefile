@@ -157,7 +157,7 @@ test: $(VENV)/installed ## lint, then every test (the slow ones too)
 
 test-fast: $(VENV)/installed ## lint, then the tests not marked slow: the edit loop
 	$(MAKE) lint
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 clean: ## remove outputs/ (runs, checkpoints, the MLflow store)
 	rm -rf outputs mlruns
