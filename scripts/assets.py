@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from scripts.azure_ml.assets import Asset, AssetError, asset_yaml, build, plan_data, plan_environment
-from scripts.azure_ml.jobs import SubmitError, check_workspace_ids, workspace_client
+from scripts.azure_ml.jobs import SubmitError, check_workspace_ids, not_signed_in, workspace_client
 
 
 def create(
@@ -61,10 +61,7 @@ def create(
             created = operations.create_or_update(entity)
             print(f"created {asset.kind} azureml:{created.name}:{created.version}")
     except ClientAuthenticationError:
-        raise AssetError(
-            "not signed in to Azure: run `az login` (or set AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET "
-            "for a service principal), then register again"
-        ) from None
+        raise AssetError(not_signed_in("register")) from None
     except HttpResponseError as error:  # e.g. the version exists with other content: versions are immutable
         message = str(error.message or error).strip().splitlines()[0]
         raise AssetError(f"Azure ML refused {asset.reference}: {message}; give the next --version") from None

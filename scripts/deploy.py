@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Literal
 
 from scripts.azure_ml.endpoints import SERVE_ENVIRONMENT, Names
-from scripts.azure_ml.jobs import SubmitError, check_workspace_ids, parse_reference, workspace_client
+from scripts.azure_ml.jobs import SubmitError, check_workspace_ids, not_signed_in, parse_reference, workspace_client
 
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{1,30}[A-Za-z0-9]")  # Azure ML's rule for endpoint and deployment names
 GPU_SIZE = re.compile(r"Standard_N", re.IGNORECASE)  # Azure's N-series (NC, ND, NG, NV): the VM sizes with GPUs
@@ -119,10 +119,7 @@ def create(client, operations: str, endpoint, deployment, finish) -> str:
                 deployments.begin_create_or_update(deployment).result()
         return finish(endpoints)
     except ClientAuthenticationError:
-        raise DeployError(
-            "not signed in to Azure: run `az login` (or set AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET "
-            "for a service principal), then deploy again"
-        ) from None
+        raise DeployError(not_signed_in("deploy")) from None
     except HttpResponseError as error:
         message = str(error.message or error).strip().splitlines()[0]
         raise DeployError(f"Azure ML refused endpoint {endpoint.name}: {message}") from None

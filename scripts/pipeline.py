@@ -29,7 +29,8 @@ from scripts.azure_ml.jobs import (
     SubmitError,
     check_workspace_ids,
     check_yaml_file,
-    follow,
+    not_signed_in,
+    submit_job,
     workspace_client,
     write_yaml_file,
 )
@@ -146,24 +147,13 @@ def pipeline(
         print(text, end="")
         return text
     from azure.ai.ml.exceptions import MlException
-    from azure.core.exceptions import ClientAuthenticationError
-
-    from scripts.azure_ml.code_snapshot import code_snapshot
 
     client = workspace_client(subscription_id, resource_group, workspace)
+    steps = [step.trial if step.type == "sweep" else step.component for step in job.jobs.values()]
     try:
-        with code_snapshot(Path.cwd()) as code:  # the SDK's own walk of the folder reads .venv's every file
-            for step in job.jobs.values():
-                (step.trial if step.type == "sweep" else step.component).code = str(code)
-            submitted = client.jobs.create_or_update(job)
-        print(f"submitted {submitted.name}: {submitted.studio_url}")
-        if stream:
-            follow(client, submitted.name)
-    except ClientAuthenticationError:
-        raise not_signed_in() from None
+        return submit_job(client, job, steps, stream)
     except MlException as error:  # the SDK's checks against the workspace, e.g. a compute it does not have
         raise SubmitError(f"Azure ML refused the pipeline: {refusal(str(error))}") from None
-    return submitted.name
 
 
 def refusal(text: str) -> str:
@@ -212,20 +202,13 @@ def create_components(plan, version: str, dry_run: bool, yaml_file: str | None, 
                 created.append(f"azureml:{done.name}:{done.version}")
                 print(f"created component azureml:{done.name}:{done.version}")
     except ClientAuthenticationError:
-        raise not_signed_in() from None
+        raise SubmitError(not_signed_in("submit")) from None
     except HttpResponseError as error:  # e.g. the version exists with other content: versions are immutable
         message = str(error.message or error).strip().splitlines()[0]
         raise SubmitError(
             f"Azure ML refused component {component.name}:{version}: {message}; give the next --version"
         ) from None
     return " ".join(created)
-
-
-def not_signed_in() -> SubmitError:
-    return SubmitError(
-        "not signed in to Azure: run `az login` (or set AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET "
-        "for a service principal), then submit again"
-    )
 
 
 def main(args: list[str] | None = None) -> None:

@@ -38,8 +38,8 @@ from scripts.azure_ml.jobs import (
     check_workspace_ids,
     check_yaml_file,
     cpu_image_note,
-    follow,
     job_yaml,
+    submit_job,
     workspace_client,
     write_yaml_file,
 )
@@ -143,24 +143,8 @@ def submit(
         text = as_yaml(job)
         print(text, end="")
         return text
-    from azure.core.exceptions import ClientAuthenticationError
-
-    from scripts.azure_ml.code_snapshot import code_snapshot
-
     client = workspace_client(subscription_id, resource_group, workspace)
-    try:
-        with code_snapshot(Path.cwd()) as code:  # the SDK's own walk of the folder reads .venv's every file
-            (job.trial if sweep else job).code = str(code)
-            submitted = client.jobs.create_or_update(job)
-        print(f"submitted {submitted.name}: {submitted.studio_url}")
-        if stream:
-            follow(client, submitted.name)
-    except ClientAuthenticationError:
-        raise SubmitError(
-            "not signed in to Azure: run `az login` (or set AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET "
-            "for a service principal), then submit again"
-        ) from None
-    return submitted.name
+    return submit_job(client, job, [job.trial if sweep else job], stream)
 
 
 def main(args: list[str] | None = None) -> None:

@@ -460,3 +460,31 @@ def write_yaml_file(given: str, text: str) -> None:
     except OSError as error:
         raise SubmitError(f"--yaml_file {given}: cannot write it ({error.strerror}); give another path") from None
     print(f"wrote {given}: az ml job create -f {given}")
+
+
+def not_signed_in(again: str) -> str:
+    """The one line for a missing Azure login; `again` is the command's verb (submit, deploy, register)."""
+    return (
+        "not signed in to Azure: run `az login` (or set AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET "
+        f"for a service principal), then {again} again"
+    )
+
+
+def submit_job(client, job, code_holders: list, stream: bool) -> str:
+    """Submits `job` with this folder's code snapshot as the code of each of `code_holders` (the job, a sweep's
+    trial, a pipeline's components), prints where to see it, follows it with `stream`; returns its name."""
+    from azure.core.exceptions import ClientAuthenticationError
+
+    from scripts.azure_ml.code_snapshot import code_snapshot
+
+    try:
+        with code_snapshot(Path.cwd()) as code:  # the SDK's own walk of the folder reads .venv's every file
+            for holder in code_holders:
+                holder.code = str(code)
+            submitted = client.jobs.create_or_update(job)
+        print(f"submitted {submitted.name}: {submitted.studio_url}")
+        if stream:
+            follow(client, submitted.name)
+    except ClientAuthenticationError:
+        raise SubmitError(not_signed_in("submit")) from None
+    return submitted.name
