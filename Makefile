@@ -20,6 +20,7 @@ INPUT ?= $(if $(filter penguins,$(TASK)),configs/examples/penguins.csv,)
 RUN ?=
 MLFLOW_PORT ?= 5000
 MLFLOW_STORE ?= outputs/mlflow.db
+MLFLOW_JOBS ?= false
 MNIST_DIR ?= data/mnist
 COMPUTE ?=
 PROCESSES ?= 2
@@ -140,7 +141,8 @@ bench-spark: $(VENV)/installed ## time the penguin fit on Spark against torchrun
 mlflow-ui: $(VENV)/installed ## the MLflow UI over outputs/mlflow.db on http://127.0.0.1:5000 (MLFLOW_PORT=, MLFLOW_STORE=)
 	mkdir -p $(dir $(MLFLOW_STORE))
 	@# MLflow's server imports a module Starlette deprecates, once per worker: nothing the user can act on.
-	PYTHONWARNINGS='ignore:starlette.middleware.wsgi is deprecated' \
+	@# MLFLOW_JOBS=true starts MLflow's job runner too (seven more processes, for its GenAI jobs; no run here needs it).
+	PYTHONWARNINGS='ignore:starlette.middleware.wsgi is deprecated' MLFLOW_SERVER_ENABLE_JOB_EXECUTION=$(MLFLOW_JOBS) \
 		$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(MLFLOW_STORE) --host 127.0.0.1 --port $(MLFLOW_PORT)
 
 lint: $(VENV)/installed ## ruff

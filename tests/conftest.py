@@ -164,8 +164,13 @@ def start_mlflow_server(folder: Path) -> tuple[str, int]:
         str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
         "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
     ]  # fmt: skip
+    # Without MLflow's job runner (seven more processes, each importing MLflow, polling for the whole run): Azure ML's
+    # tracking runs no MLflow jobs either, and nothing here submits one.
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     with open(folder / "server.log", "w") as log:
-        server = subprocess.Popen(command, cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        server = subprocess.Popen(
+            command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while True:
