@@ -95,16 +95,25 @@ def test_the_launcher_runs_each_child_as_python_m_would_in_a_process_of_its_own(
             "if action == 'abort': os.abort()\n"
             "if action == 'sleep':\n"
             "    while True: time.sleep(1)\n"
+            "if action == 'message': sys.exit('a message to the user')\n"
+            "if action == 'interrupt': raise KeyboardInterrupt\n"
+            "if action == 'finish':\n"  # what the interpreter's end does: join threads, run exit handlers, flush
+            "    import atexit, threading\n"
+            "    atexit.register(lambda: print('exit handler ran'))\n"
+            "    threading.Thread(target=lambda: (time.sleep(1), print('thread joined'))).start()\n"
+            "    print('unflushed line', end='')\n"
         )
         os.chdir(tmp_path)  # the child takes the working directory of the one who asks
         try:
-            children = {
-                action: launcher.start(0, "program", [action], env, log) for action in ("exit", "raise", "sleep")
-            }
+            actions = ("exit", "raise", "sleep", "message", "interrupt", "finish")
+            children = {action: launcher.start(0, "program", [action], env, log) for action in actions}
         finally:
             os.chdir(REPO)
         assert children["exit"].wait(timeout=120) == 3
         assert children["raise"].wait(timeout=120) == 1
+        assert children["message"].wait(timeout=120) == 1
+        assert children["interrupt"].wait(timeout=120) == -signal.SIGINT  # as python -m ends on an uncaught Ctrl-C
+        assert children["finish"].wait(timeout=120) == 0
         sleeping = children["sleep"]
         with pytest.raises(subprocess.TimeoutExpired):
             sleeping.wait(timeout=1)
@@ -115,9 +124,20 @@ def test_the_launcher_runs_each_child_as_python_m_would_in_a_process_of_its_own(
         for action in ("exit", "raise", "sleep"):
             assert f"hello {tmp_path} ['{action}']" in text  # its environment, directory and arguments
         assert "RuntimeError: raised in the child" in text  # the traceback, as python -m prints it
+        assert "a message to the user" in text and "KeyboardInterrupt" in text
+        assert "unflushed line" in text and "thread joined" in text and "exit handler ran" in text
+        assert text.index("thread joined") < text.index("exit handler ran")  # threads first, as the interpreter does
         assert launcher.process.poll() is None  # the launcher goes on after its children's ends
     finally:
         launcher.close()
+
+
+def test_the_interpreter_s_own_end_steps_that_children_call_are_there():
+    # Canary: run_module_and_exit ends a child through CPython's threading._shutdown and atexit._run_exitfuncs.
+    import atexit
+    import threading
+
+    assert callable(threading._shutdown) and callable(atexit._run_exitfuncs)
 
 
 def test_a_child_sees_its_launcher_gone_when_the_sweep_is(tmp_path):

@@ -3,7 +3,8 @@
 A launcher process imports those libraries once, then forks one child per command. The child is a real process of
 its own: it takes the command's working directory, environment, stdin (empty), stdout and stderr, runs the module as
 `python -m` does (runpy, `__main__`, sys.path[0] the working directory, then PYTHONPATH) and ends as the interpreter
-ends (atexit handlers, an uncaught exception's traceback and exit status 1, `sys.exit`'s status or message). The
+ends (atexit handlers, an uncaught exception's traceback and exit status 1, `sys.exit`'s status or message), without
+the interpreter's teardown (scripts/sweeps/launcher.py's run_module_and_exit). The
 project's own modules are imported fresh in every child, from its own sys.path; only third-party libraries are
 shared, and none of them has started a thread, opened a file or a connection when the fork happens.
 
@@ -18,6 +19,8 @@ one the tests rely on) are run in a fresh interpreter by `run` (see FRESH_ENV).
 from __future__ import annotations
 
 import gc
+import importlib
+import importlib.util
 import json
 import os
 import queue
@@ -27,6 +30,8 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 PRELOAD = ("torch", "torchvision", "lightning.pytorch", "lightning.pytorch.cli", "torchmetrics", "mlflow", "pandas")
 # Variables a preloaded library reads when it is imported: a command that sets one gets a fresh interpreter.
@@ -106,9 +111,7 @@ def run(
 
 
 def serve() -> None:
-    """The launcher: imports PRELOAD, then forks a child per request line; the child returns from here and runs."""
-    import importlib
-
+    """The launcher: imports PRELOAD, then forks a child per request line, which runs its command."""
     del sys.path[0]  # this file's folder: the child's own path comes first (run_child)
     for name in PRELOAD:
         importlib.import_module(name)
@@ -117,21 +120,14 @@ def serve() -> None:
         request = json.loads(line)
         pid = os.fork()
         if pid == 0:
-            run_child(request)
-            return  # the interpreter ends as after `python -m`: atexit handlers, the exit status
+            run_child(request)  # does not return
         print(json.dumps({"pid": pid}), flush=True)
         _, status = os.waitpid(pid, 0)
         print(json.dumps({"status": os.waitstatus_to_exitcode(status)}), flush=True)
 
 
 def run_child(request: dict) -> None:
-    """The command in this (forked) process, as `python -m` runs it; exceptions and SystemExit end the interpreter
-    as they would there."""
-    import atexit
-    import runpy
-
-    # Python's last collections at exit walk every object torch, Lightning and MLflow made: seconds per process.
-    atexit.register(gc.freeze)
+    """The command in this (forked) process, as `python -m` runs it, ending as the interpreter would end it."""
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -141,7 +137,18 @@ def run_child(request: dict) -> None:
     python_path = [entry for entry in request["env"].get("PYTHONPATH", "").split(os.pathsep) if entry]
     sys.path[:0] = [os.getcwd(), *python_path]
     sys.argv = [request["module"], *request["args"]]
-    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    sweep_launcher().run_module_and_exit(request["module"])
+
+
+def sweep_launcher():
+    """scripts/sweeps/launcher.py, the sweeps' launcher, loaded from its file under a name of its own: its
+    run_module_and_exit ends a child as a sweep's trial ends. Not imported as `scripts.sweeps.launcher`, which would
+    import the package `scripts` here, and every child would then take the project's code from this checkout
+    instead of its own working directory (a node's copy)."""
+    spec = importlib.util.spec_from_file_location("sweep_launcher", REPO / "scripts" / "sweeps" / "launcher.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 if __name__ == "__main__":
