@@ -710,7 +710,8 @@ def test_make_predict_takes_paths_holding_spaces(trained, tmp_path):
     make = ["make", "--no-print-directory", f"--old-file={venv}/installed", "predict", f"VENV={venv}",
             f"INPUT={folder / 'new birds.csv'}",
             f"CKPT={checkpoint}"]  # fmt: skip
-    environment = {key: value for key, value in os.environ.items() if key != "ARGS"}  # a user's exported ARGS stays out
+    # A user's ARGS stays out, exported or given to the make that runs the tests (MAKEFLAGS hands it down).
+    environment = {key: value for key, value in os.environ.items() if key not in ("ARGS", "MAKEFLAGS", "MFLAGS")}
     result = subprocess.run(make, cwd=REPO, capture_output=True, text=True, timeout=600, env=environment)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines()[-4] == "input,class,probability"
