@@ -6,9 +6,12 @@
 - classic:  the torchvision.datasets.MNIST way: a Dataset that turns each sample into a PIL image
             and applies ToTensor() + Normalize, batched by a DataLoader (built from the same tensors:
             nothing is downloaded);
+- bare:     Lightning's own floor: a LightningModule that only returns the loss of MNISTNet, on the same
+            MNISTDataModule batches (Lightning's loop and hooks, the datamodule's scaling);
 - template: a Lightning Trainer fitting MNISTDataModule + ClassificationModule + MNISTNet (no
             logger, checkpoints, progress bar or validation), timed by its own EpochThroughput.
-`--batches N` trains on the first N batches of the epoch only, for a quicker answer. The three
+Both Lightning variants are timed by EpochThroughput (from the epoch's start to its last batch's end).
+`--batches N` trains on the first N batches of the epoch only, for a quicker answer. The four
 take turns `--repeats` times; each prints its median rate with the spread over the rounds (min..max), and the
 ratios are of the medians, so that one lucky round cannot decide them.
 """
@@ -91,10 +94,24 @@ def classic(images: torch.Tensor, labels: torch.Tensor, limit: int) -> float:
     return samples / (time.perf_counter() - started)
 
 
-def template(data_dir: str, limit: int) -> float:
-    torch.manual_seed(0)
+class BareLightning(L.LightningModule):
+    """The net, its loss and the optimizer in Lightning's loop: nothing computed, collected or logged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MNISTNet(10)
+
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self.net(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return OPTIMIZER(self.parameters())
+
+
+def lightning_rate(model: L.LightningModule, data_dir: str, limit: int) -> float:
+    """Training samples/s of one epoch of `model` on MNISTDataModule in a Trainer without logger, checkpoints,
+    progress bar or validation."""
     data = MNISTDataModule(data_dir=data_dir, batch_size=BATCH)
-    model = ClassificationModule(MNISTNet, data.class_names, optimizer=OPTIMIZER)
     trainer = L.Trainer(
         max_epochs=1,
         limit_train_batches=limit if limit > 0 else 1.0,
@@ -109,11 +126,26 @@ def template(data_dir: str, limit: int) -> float:
     return float(trainer.callback_metrics["train_samples_per_sec"])
 
 
+def bare(data_dir: str, limit: int) -> float:
+    torch.manual_seed(0)
+    return lightning_rate(BareLightning(), data_dir, limit)
+
+
+def template(data_dir: str, limit: int) -> float:
+    torch.manual_seed(0)
+    model = ClassificationModule(MNISTNet, MNISTDataModule.class_names, optimizer=OPTIMIZER)
+    return lightning_rate(model, data_dir, limit)
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="MNIST training samples/s: plain loop, classic pipeline, template")
+    parser = argparse.ArgumentParser(
+        description="MNIST training samples/s: plain loop, classic pipeline, bare Lightning, template"
+    )
     parser.add_argument("--data-dir", default="data/mnist", help="folder of the four MNIST idx files")
     parser.add_argument("--batches", type=int, default=0, help="train on this many batches (0: the whole epoch)")
-    parser.add_argument("--repeats", type=int, default=1, help="rounds of all three; each prints its median and spread")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="rounds of every variant; each prints its median and spread"
+    )
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     data = MNISTDataModule(data_dir=args.data_dir, batch_size=BATCH)
@@ -125,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = {
         "plain tensor loop": lambda: plain(images, labels, limit),
         "classic per-sample pipeline": lambda: classic(images, labels, limit),
+        "bare Lightning": lambda: bare(args.data_dir, limit),
         "template (Lightning)": lambda: template(args.data_dir, limit),
     }
     results: dict[str, list[float]] = {name: [] for name in runs}
@@ -141,6 +174,10 @@ def main(argv: list[str] | None = None) -> None:
     rate = medians["template (Lightning)"]
     print(f"  template / plain   {rate / medians['plain tensor loop']:.2f}x (medians)")
     print(f"  template / classic {rate / medians['classic per-sample pipeline']:.2f}x (medians)")
+    print(
+        f"  bare Lightning / plain {medians['bare Lightning'] / medians['plain tensor loop']:.2f}x, "
+        f"template / bare Lightning {rate / medians['bare Lightning']:.2f}x (medians)"
+    )
 
 
 if __name__ == "__main__":
