@@ -115,12 +115,14 @@ def pytest_sessionfinish(session, exitstatus) -> None:
             shutil.rmtree(shared, ignore_errors=True)
 
 
-# The files that take longest, first (`make test` passes --no-loadscope-reorder): an xdist worker takes the next file
-# when it is nearly done with its own, so a long file started last would leave the other core idle at the end.
+# The files that take longest (their tests' summed times in a `make test`), first (`make test` passes
+# --no-loadscope-reorder): an xdist worker takes the next file when it is nearly done with its own, so a long file
+# started last would leave the other core idle at the end.
 LONGEST_FIRST = (
-    "test_spark.py", "test_pipeline.py", "test_pyfunc.py", "test_bad_input.py", "test_sweep.py", "test_azure_world.py",
-    "test_serve.py", "test_sweep_isolation.py", "test_mnist.py", "test_distributed.py", "test_batch_score.py",
-    "test_own_datamodule.py", "test_checkpoint.py",
+    "test_distributed.py", "test_mnist.py", "test_spark.py", "test_sweep.py", "test_azure_world.py", "test_pipeline.py",
+    "test_bad_input.py", "test_checkpoint.py", "test_sweep_isolation.py", "test_serve.py", "test_mlflow_server.py",
+    "test_pyfunc.py", "test_cli_penguins.py", "test_export.py", "test_score.py", "test_batch_score.py",
+    "test_own_datamodule.py",
 )  # fmt: skip
 
 
