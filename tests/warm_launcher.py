@@ -23,7 +23,6 @@ import importlib
 import importlib.util
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
@@ -69,27 +68,37 @@ class Launcher:
         self.process.wait(timeout=30)
 
 
-_pool: queue.Queue[Launcher] | None = None
-_pool_lock = threading.Lock()
+_idle: list[Launcher] = []
+_started = 0  # launchers started, idle or running a command
+_available = threading.Condition()
 
 
-def pool() -> queue.Queue[Launcher]:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = queue.Queue()
-            for _ in range(LAUNCHERS):
-                _pool.put(Launcher())
-    return _pool
+def take() -> Launcher:
+    """An idle launcher; a new one while fewer than LAUNCHERS run (each costs an import of torch, Lightning and
+    MLflow, so a test process that never runs two commands at once starts one)."""
+    global _started
+    with _available:
+        while not _idle and _started >= LAUNCHERS:
+            _available.wait()
+        if _idle:
+            return _idle.pop()
+        _started += 1
+    return Launcher()
+
+
+def give_back(launcher: Launcher) -> None:
+    with _available:
+        _idle.append(launcher)
+        _available.notify()
 
 
 def close() -> None:
     """Ends the launcher processes (the test session's end)."""
-    global _pool
-    with _pool_lock:
-        while _pool is not None and not _pool.empty():
-            _pool.get().close()
-        _pool = None
+    global _started
+    with _available:
+        while _idle:
+            _idle.pop().close()
+        _started = 0
 
 
 def run(
@@ -102,12 +111,11 @@ def run(
     if any(key.startswith(FRESH_ENV) for key in changed):
         return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True,
                               text=True, timeout=timeout)  # fmt: skip
-    launchers = pool()
-    launcher = launchers.get()
+    launcher = take()
     try:
         return launcher.run(module, [str(arg) for arg in args], str(cwd), env, timeout)
     finally:
-        launchers.put(launcher)
+        give_back(launcher)
 
 
 def serve() -> None:
