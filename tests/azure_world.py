@@ -2,7 +2,8 @@
 
 - Nodes share no disk: each node is its own copy of the job's code (what `.amlignore` lets Azure ML upload), run
   from that folder with its relative `outputs/`, so nothing a rank writes is seen by a rank of another node.
-- Processes are started with exactly the variables Azure ML sets, and no launcher of ours: for the `pytorch`
+- Processes are started with exactly the variables Azure ML sets and no launcher such as torchrun or mpirun: each is
+  forked from the tests' warm launcher (tests/warm_launcher.py), as `python -m` starts it, for the `pytorch`
   distribution MASTER_ADDR, MASTER_PORT, WORLD_SIZE, NODE_RANK (per node), RANK, LOCAL_RANK (per process); for `mpi`,
   Open MPI's OMPI_COMM_WORLD_* and Azure ML's AZ_BATCH_MASTER_NODE / AZ_BATCHAI_MPI_MASTER_NODE.
 - Tracking is a real `mlflow server` behind a proxy that answers as Azure ML's tracking does: the routes Azure ML's
@@ -19,11 +20,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests import warm_launcher
 from tests.conftest import REPO, free_port
 
 # What Azure ML's MLflow answers 404 to (MLflow 3's logged-model and trace routes; Azure SDK for Python issue 44896).
@@ -75,8 +76,10 @@ class Process:
 
 def start_job(
     folders: list[Path], distribution: str, per_node: int, args: list[str], tracking: dict | None = None
-) -> list[tuple[int, int, subprocess.Popen]]:
-    """Starts `python -m scripts.train ARGS` in every process of a job over these node folders, as Azure ML does."""
+) -> list[tuple[int, int, warm_launcher.Command]]:
+    """Starts `python -m scripts.train ARGS` in every process of a job over these node folders, as Azure ML does: each
+    process is forked from the tests' warm launcher (tests/warm_launcher.py), whose children import the project's
+    code from their own working directory, the node's copy."""
     port = free_port()
     base = {key: value for key, value in os.environ.items() if not LAUNCH_VARIABLES.match(key)}
     started = []
@@ -84,22 +87,20 @@ def start_job(
         for local_rank in range(per_node):
             env = {**base, **azure_variables(distribution, node, local_rank, len(folders), per_node, port)}
             env |= tracking or {}
-            command = [sys.executable, "-m", "scripts.train", *args]
-            popen = subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            started.append((node, local_rank, popen))
+            started.append((node, local_rank, warm_launcher.start("scripts.train", args, folder, env)))
     return started
 
 
-def wait_job(started: list[tuple[int, int, subprocess.Popen]], timeout_s: int = 600) -> list[Process]:
+def wait_job(started: list[tuple[int, int, warm_launcher.Command]], timeout_s: int = 600) -> list[Process]:
     finished = []
-    for node, local_rank, popen in started:
+    for node, local_rank, process in started:
         try:
-            out, err = popen.communicate(timeout=timeout_s)
+            out, err = process.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             for _, _, other in started:
                 other.kill()
             raise
-        finished.append(Process(node, local_rank, popen.returncode, out.decode(), err.decode()))
+        finished.append(Process(node, local_rank, process.returncode, out, err))
     return finished
 
 

@@ -1,6 +1,7 @@
 """`python -m MODULE ARGS` for the tests, without paying Python's import of torch, Lightning and MLflow each time.
 
-A launcher process imports those libraries once, then forks one child per command. The child is a real process of
+A launcher process imports those libraries once, then forks one child per command, several at once where asked
+(the processes of a job). The child is a real process of
 its own: it takes the command's working directory, environment, stdin (empty), stdout and stderr, runs the module as
 `python -m` does (runpy, `__main__`, sys.path[0] the working directory, then PYTHONPATH) and ends as the interpreter
 ends (atexit handlers, an uncaught exception's traceback and exit status 1, `sys.exit`'s status or message), without
@@ -18,11 +19,14 @@ one the tests rely on) are run in a fresh interpreter by `run` (see FRESH_ENV).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import importlib.util
 import json
 import os
+import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,70 +39,135 @@ REPO = Path(__file__).resolve().parents[1]
 PRELOAD = ("torch", "torchvision", "lightning.pytorch", "lightning.pytorch.cli", "torchmetrics", "mlflow", "pandas")
 # Variables a preloaded library reads when it is imported: a command that sets one gets a fresh interpreter.
 FRESH_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "PYTORCH_", "TORCH_", "PL_", "LIGHTNING_")
-LAUNCHERS = 2  # commands that can run at once (the tests run at most two side by side on CI's 2 cores)
+
+
+class Command:
+    """A command the launcher forked: as much of subprocess.Popen as the tests use (args, pid, returncode, poll, wait,
+    send_signal, terminate, kill, communicate), its output kept in files until it ends."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.args = args
+        self.pid: int | None = None
+        self.returncode: int | None = None
+        self.folder = Path(tempfile.mkdtemp(prefix="warm-launcher-"))
+        self.output: tuple[str, str] | None = None
+        self.started, self.ended = threading.Event(), threading.Event()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self.ended.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """(stdout, stderr) once it has ended."""
+        self.wait(timeout)
+        if self.output is None:
+            self.output = tuple((self.folder / name).read_text(errors="replace") for name in ("stdout", "stderr"))
+            shutil.rmtree(self.folder, ignore_errors=True)
+        return self.output
 
 
 class Launcher:
-    """One launcher process: a command at a time."""
+    """One launcher process, forking as many commands at once as it is asked for."""
 
     def __init__(self) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
+        self.process = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.commands: dict[int, Command] = {}
+        self.lock = threading.Lock()
+        self.next_id = 0
+        threading.Thread(target=self.read, name="warm-launcher", daemon=True).start()
 
-    def run(self, module: str, args: list[str], cwd: str, env: dict[str, str], timeout: float):
-        with tempfile.TemporaryDirectory() as folder:
-            out, err = Path(folder) / "stdout", Path(folder) / "stderr"
-            request = {"module": module, "args": args, "cwd": cwd, "env": env, "stdout": str(out), "stderr": str(err)}
-            self.process.stdin.write(json.dumps(request) + "\n")
+    def read(self) -> None:
+        """The launcher's answers: a command's pid when forked, its exit status when it has ended."""
+        for line in self.process.stdout:
+            message = json.loads(line)
+            with self.lock:
+                command = self.commands[message["id"]]
+            if "pid" in message:
+                command.pid = message["pid"]
+                command.started.set()
+            else:
+                with self.lock:
+                    del self.commands[message["id"]]
+                command.returncode = message["status"]
+                command.ended.set()
+        with self.lock:  # the launcher died: its commands' ends are unknown
+            lost, self.commands = list(self.commands.values()), {}
+        for command in lost:
+            command.started.set()
+            command.ended.set()
+
+    def start(self, module: str, args: list[str], cwd: str, env: dict[str, str]) -> Command:
+        command = Command([sys.executable, "-m", module, *args])
+        request = {"module": module, "args": args, "cwd": cwd, "env": env, "folder": str(command.folder)}
+        with self.lock:
+            self.next_id += 1
+            self.commands[self.next_id] = command
+            self.process.stdin.write((json.dumps({"id": self.next_id, **request}) + "\n").encode())
             self.process.stdin.flush()
-            pid = json.loads(self.process.stdout.readline())["pid"]
-            expired = threading.Event()
-            timer = threading.Timer(timeout, lambda: (expired.set(), os.kill(pid, signal.SIGKILL)))
-            timer.start()
-            status = json.loads(self.process.stdout.readline())["status"]
-            timer.cancel()
-            command = [sys.executable, "-m", module, *args]
-            if expired.is_set():
-                raise subprocess.TimeoutExpired(command, timeout, out.read_text(), err.read_text())
-            return subprocess.CompletedProcess(command, status, out.read_text(), err.read_text())
+        command.started.wait()
+        if command.pid is None:
+            raise RuntimeError(f"the warm launcher died before it started {module}")
+        return command
 
     def close(self) -> None:
         self.process.stdin.close()
         self.process.wait(timeout=30)
 
 
-_idle: list[Launcher] = []
-_started = 0  # launchers started, idle or running a command
-_available = threading.Condition()
+_launcher: Launcher | None = None
+_launcher_lock = threading.Lock()
 
 
-def take() -> Launcher:
-    """An idle launcher; a new one while fewer than LAUNCHERS run (each costs an import of torch, Lightning and
-    MLflow, so a test process that never runs two commands at once starts one)."""
-    global _started
-    with _available:
-        while not _idle and _started >= LAUNCHERS:
-            _available.wait()
-        if _idle:
-            return _idle.pop()
-        _started += 1
-    return Launcher()
-
-
-def give_back(launcher: Launcher) -> None:
-    with _available:
-        _idle.append(launcher)
-        _available.notify()
+def launcher() -> Launcher:
+    """This process's launcher, started the first time a command is asked for (or again, if it died)."""
+    global _launcher
+    with _launcher_lock:
+        if _launcher is None or _launcher.process.poll() is not None:
+            _launcher = Launcher()
+        return _launcher
 
 
 def close() -> None:
-    """Ends the launcher processes (the test session's end)."""
-    global _started
-    with _available:
-        while _idle:
-            _idle.pop().close()
-        _started = 0
+    """Ends the launcher process (the test session's end)."""
+    global _launcher
+    with _launcher_lock:
+        if _launcher is not None:
+            _launcher.close()
+        _launcher = None
+
+
+def fresh_interpreter_needed(env: dict[str, str]) -> bool:
+    """Whether `env` changes a variable a preloaded library read at its import (FRESH_ENV)."""
+    changed = {key for key in env if env.get(key) != os.environ.get(key)} | (set(os.environ) - set(env))
+    return any(key.startswith(FRESH_ENV) for key in changed)
+
+
+def start(
+    module: str, args: list[str], cwd: str | Path, env: dict[str, str] | None = None
+) -> Command | subprocess.Popen:
+    """`python -m module args` in `cwd` with `env` (default: this process's), forked (a fresh interpreter where `env`
+    needs one); returns at once. Its communicate() gives text."""
+    env = dict(os.environ if env is None else env)
+    args = [str(arg) for arg in args]
+    if fresh_interpreter_needed(env):
+        command = [sys.executable, "-m", module, *args]
+        return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return launcher().start(module, args, str(cwd), env)
 
 
 def run(
@@ -107,31 +176,57 @@ def run(
     """`python -m module args` in `cwd` with `env` (default: this process's), as subprocess.run with
     capture_output=True and text=True gives it."""
     env = dict(os.environ if env is None else env)
-    changed = {key for key in env if env.get(key) != os.environ.get(key)} | (set(os.environ) - set(env))
-    if any(key.startswith(FRESH_ENV) for key in changed):
+    if fresh_interpreter_needed(env):
         return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True,
                               text=True, timeout=timeout)  # fmt: skip
-    launcher = take()
+    command = launcher().start(module, [str(arg) for arg in args], str(cwd), env)
     try:
-        return launcher.run(module, [str(arg) for arg in args], str(cwd), env, timeout)
-    finally:
-        give_back(launcher)
+        command.wait(timeout)
+    except subprocess.TimeoutExpired:
+        command.kill()
+        raise subprocess.TimeoutExpired(command.args, timeout, *command.communicate()) from None
+    return subprocess.CompletedProcess(command.args, command.returncode, *command.communicate())
 
 
 def serve() -> None:
-    """The launcher: imports PRELOAD, then forks a child per request line, which runs its command."""
+    """The launcher: imports PRELOAD, then forks a child per request line, which runs its command; answers each
+    request's pid when forked and its exit status when it has ended."""
+    requests, answers = os.dup(0), os.dup(1)  # the pipes to the test process; 0 and 1 stay clear of anything printed
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    os.dup2(2, 1)
     del sys.path[0]  # this file's folder: the child's own path comes first (run_child)
     for name in PRELOAD:
         importlib.import_module(name)
-    gc.freeze()  # what the children share stays out of their collections, at their exit too
-    while line := sys.stdin.readline():
-        request = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            run_child(request)  # does not return
-        print(json.dumps({"pid": pid}), flush=True)
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps({"status": os.waitstatus_to_exitcode(status)}), flush=True)
+    gc.freeze()  # what the children share stays out of their collections
+    children: dict[int, tuple[int, int]] = {}  # pidfd -> (request id, pid)
+    pending = b""
+
+    def answer(message: dict) -> None:
+        os.write(answers, (json.dumps(message) + "\n").encode())
+
+    while True:
+        ready, _, _ = select.select([requests, *children], [], [])
+        for fd in ready:
+            if fd != requests:
+                request_id, pid = children.pop(fd)
+                os.close(fd)
+                _, status = os.waitpid(pid, 0)
+                answer({"id": request_id, "status": os.waitstatus_to_exitcode(status)})
+                continue
+            data = os.read(requests, 1 << 16)
+            if not data:  # the test process has gone
+                return
+            pending += data
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                request = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    for inherited in (requests, answers, *children):
+                        os.close(inherited)
+                    run_child(request)  # does not return
+                children[os.pidfd_open(pid)] = (request["id"], pid)
+                answer({"id": request["id"], "pid": pid})
 
 
 def run_child(request: dict) -> None:
@@ -140,8 +235,8 @@ def run_child(request: dict) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        os.dup2(os.open(Path(request["folder"]) / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
     python_path = [entry for entry in request["env"].get("PYTHONPATH", "").split(os.pathsep) if entry]
     sys.path[:0] = [os.getcwd(), *python_path]
     sys.argv = [request["module"], *request["args"]]
