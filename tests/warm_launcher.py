@@ -25,7 +25,6 @@ import importlib
 import importlib.util
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -189,47 +188,20 @@ def run(
 
 
 def serve() -> None:
-    """The launcher: imports PRELOAD, then forks a child per request line, which runs its command; answers each
-    request's pid when forked and its exit status when it has ended."""
-    requests, answers = os.dup(0), os.dup(1)  # the pipes to the test process; 0 and 1 stay clear of anything printed
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    os.dup2(2, 1)
+    """The launcher: imports PRELOAD, then forks a child per request line, which runs its command (the sweeps'
+    launcher's loop: an answer with the pid at the fork, one with the exit status at the end)."""
+    forks = sweep_launcher()
+    requests, answers = forks.take_pipes()
     del sys.path[0]  # this file's folder: the child's own path comes first (run_child)
     for name in PRELOAD:
         importlib.import_module(name)
     gc.freeze()  # what the children share stays out of their collections
-    children: dict[int, tuple[int, int]] = {}  # pidfd -> (request id, pid)
-    pending = b""
-
-    def answer(message: dict) -> None:
-        os.write(answers, (json.dumps(message) + "\n").encode())
-
-    while True:
-        ready, _, _ = select.select([requests, *children], [], [])
-        for fd in ready:
-            if fd != requests:
-                request_id, pid = children.pop(fd)
-                os.close(fd)
-                _, status = os.waitpid(pid, 0)
-                answer({"id": request_id, "status": os.waitstatus_to_exitcode(status)})
-                continue
-            data = os.read(requests, 1 << 16)
-            if not data:  # the test process has gone
-                return
-            pending += data
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
-                request = json.loads(line)
-                pid = os.fork()
-                if pid == 0:
-                    for inherited in (requests, answers, *children):
-                        os.close(inherited)
-                    run_child(request)  # does not return
-                children[os.pidfd_open(pid)] = (request["id"], pid)
-                answer({"id": request["id"], "pid": pid})
+    request = forks.fork_on_request(requests, answers)
+    if request is not None:
+        run_child(request, forks)
 
 
-def run_child(request: dict) -> None:
+def run_child(request: dict, forks) -> None:
     """The command in this (forked) process, as `python -m` runs it, ending as the interpreter would end it."""
     os.chdir(request["cwd"])
     os.environ.clear()
@@ -240,14 +212,14 @@ def run_child(request: dict) -> None:
     python_path = [entry for entry in request["env"].get("PYTHONPATH", "").split(os.pathsep) if entry]
     sys.path[:0] = [os.getcwd(), *python_path]
     sys.argv = [request["module"], *request["args"]]
-    sweep_launcher().run_module_and_exit(request["module"])
+    forks.run_module_and_exit(request["module"])
 
 
 def sweep_launcher():
-    """scripts/sweeps/launcher.py, the sweeps' launcher, loaded from its file under a name of its own: its
-    run_module_and_exit ends a child as a sweep's trial ends. Not imported as `scripts.sweeps.launcher`, which would
-    import the package `scripts` here, and every child would then take the project's code from this checkout
-    instead of its own working directory (a node's copy)."""
+    """scripts/sweeps/launcher.py, the sweeps' launcher, loaded from its file under a name of its own: its loop forks
+    the children and its run_module_and_exit ends one as a sweep's trial ends. Not imported as
+    `scripts.sweeps.launcher`, which would import the package `scripts` here, and every child would then take the
+    project's code from this checkout instead of its own working directory (a node's copy)."""
     spec = importlib.util.spec_from_file_location("sweep_launcher", REPO / "scripts" / "sweeps" / "launcher.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -239,15 +239,29 @@ def config_modules(configs: list[str]) -> list[str]:
 def serve(modules: list[str]) -> dict | None:
     """Imports PRELOAD and `modules`, then forks a child per request; returns in the child (its request), None at the
     end."""
-    requests, answers = os.dup(0), os.dup(1)  # the pipes to the sweep; 0 and 1 stay clear of anything printed
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    os.dup2(2, 1)
+    requests, answers = take_pipes()
     for name in PRELOAD:
         importlib.import_module(name)
     for name in modules:  # a config's own class that fails to import fails its trial, with its message, not this
         with contextlib.suppress(Exception):
             importlib.import_module(name)
     gc.freeze()  # what the children share stays out of their collections, at their exit too
+    return fork_on_request(requests, answers)
+
+
+def take_pipes() -> tuple[int, int]:
+    """This process's stdin and stdout (the pipes from and to the process that asks for children), moved aside:
+    0 reads nothing and 1 writes to stderr, so nothing printed here or in a child reaches the answers."""
+    requests, answers = os.dup(0), os.dup(1)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    os.dup2(2, 1)
+    return requests, answers
+
+
+def fork_on_request(requests: int, answers: int) -> dict | None:
+    """Forks a child per JSON line read from `requests` (it needs an "id"), answering {"id", "pid"} at the fork and
+    {"id", "status"} when the child has ended, any number at once. Returns in the child (its request), None when
+    `requests` closes (the asking process has gone)."""
     children: dict[int, tuple[int, int]] = {}  # pidfd -> (request id, pid)
     pending = b""
 
@@ -264,7 +278,7 @@ def serve(modules: list[str]) -> dict | None:
                 answer({"id": request_id, "status": os.waitstatus_to_exitcode(status)})
                 continue
             data = os.read(requests, 1 << 16)
-            if not data:  # the sweep has gone
+            if not data:
                 return None
             pending += data
             while b"\n" in pending:
