@@ -95,3 +95,32 @@ def test_a_failing_run_still_sends_what_it_logged(store, tmp_path):
         trainer.fit(FailsInThirdEpoch())
     assert history(store, logger, "train_metric") == [(0, 0.0), (1, 1.0)]
     assert MlflowClient(store).get_run(logger.run_id).info.status == "FAILED"
+
+
+@pytest.mark.parametrize("scratch", ["memory", "none", "full"])
+def test_a_new_store_is_what_mlflow_makes_in_place_wherever_it_is_built(tmp_path, monkeypatch, scratch):
+    # Built in /dev/shm and copied (where there is none, or it is full: in place): the same tables, and the Default
+    # experiment's artifact location from the working directory, as MLflow writes it for a store made in place.
+    import shutil
+
+    from scripts.training import tracking
+
+    if scratch == "none":
+        monkeypatch.setattr(tracking, "SCRATCH", tmp_path / "no-such-folder")
+    if scratch == "full":
+        monkeypatch.setattr(shutil, "copyfile", lambda *args: (_ for _ in ()).throw(OSError(28, "No space left")))
+    monkeypatch.chdir(tmp_path)
+    made, reference = tmp_path / "made" / "mlflow.db", tmp_path / "reference" / "mlflow.db"
+    made.parent.mkdir()
+    reference.parent.mkdir()
+    tracking.open_sqlite_store(f"sqlite:///{made}")
+    MlflowClient(f"sqlite:///{reference}").search_experiments()
+    assert sorted(path.name for path in made.parent.iterdir()) == ["mlflow.db", "mlflow.db.lock"]  # no partial copy
+    (default,) = MlflowClient(f"sqlite:///{made}").search_experiments()
+    (expected,) = MlflowClient(f"sqlite:///{reference}").search_experiments()
+    assert (default.name, default.artifact_location) == (expected.name, expected.artifact_location)
+    assert default.artifact_location.startswith(str(tmp_path / "mlruns"))
+    client = MlflowClient(f"sqlite:///{made}")
+    run = client.create_run(client.create_experiment("penguins"))
+    client.log_metric(run.info.run_id, "val_loss", 0.5)
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "val_loss")] == [0.5]

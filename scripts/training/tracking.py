@@ -443,12 +443,15 @@ def create_sqlite_store(path: Path) -> None:
 
     from mlflow import MlflowClient
 
-    if not (SCRATCH.is_dir() and os.access(SCRATCH, os.W_OK)):
-        MlflowClient(f"sqlite:///{path}").search_experiments(max_results=1)
-        return
-    with tempfile.TemporaryDirectory(dir=SCRATCH, prefix="mlflow-store-") as folder:
-        scratch = Path(folder) / "mlflow.db"
-        MlflowClient(f"sqlite:///{scratch}").search_experiments(max_results=1)
+    if SCRATCH.is_dir() and os.access(SCRATCH, os.W_OK):
         partial_copy = path.with_name(f".{path.name}.new")
-        shutil.copyfile(scratch, partial_copy)
-        os.replace(partial_copy, path)  # never a half-copied store, whatever stops this process
+        try:
+            with tempfile.TemporaryDirectory(dir=SCRATCH, prefix="mlflow-store-") as folder:
+                scratch = Path(folder) / "mlflow.db"
+                MlflowClient(f"sqlite:///{scratch}").search_experiments(max_results=1)
+                shutil.copyfile(scratch, partial_copy)
+                os.replace(partial_copy, path)  # never a half-copied store, whatever stops this process
+                return
+        except OSError:  # a full disk here or there (a container's /dev/shm is 64 MB): MLflow's own way, and its error
+            partial_copy.unlink(missing_ok=True)
+    MlflowClient(f"sqlite:///{path}").search_experiments(max_results=1)
