@@ -37,6 +37,30 @@ def test_metrics_wait_for_the_interval_then_all_arrive_at_finalize(store, tmp_pa
     assert MlflowClient(store).get_run(logger.run_id).info.status == "FINISHED"
 
 
+def test_unsent_metrics_carried_by_a_checkpoint_reach_their_own_run_only_once(store, tmp_path):
+    first = logger_for(store, tmp_path, flush_every_s=0)
+    for epoch in range(2):
+        first.log_metrics({"val_loss": 1.0 / (epoch + 1)}, step=epoch)  # sent: epochs 0 and 1
+    first.flush_every_s = 3600
+    for epoch in range(2, 4):
+        first.log_metrics({"val_loss": 1.0 / (epoch + 1)}, step=epoch)  # unsent when the process dies
+    carried = first.unsent()
+    assert [metric[3] for metric in carried["metrics"]] == [2, 3] and carried["run_id"] == first.run_id
+
+    # The fit resumed from that checkpoint, in the same run, has run again the epoch after its last.ckpt's: the
+    # carried metrics go first, the steps the run has already are not sent twice.
+    again = logger_for(store, tmp_path, flush_every_s=3600, run_id=first.run_id)
+    again.resend({**carried, "metrics": [["val_loss", 9.0, 0, 1], *carried["metrics"]]})
+    again.log_metrics({"val_loss": 0.2}, step=4)
+    again.finalize("success")
+    assert history(store, again, "val_loss") == [(0, 1.0), (1, 0.5), (2, 1 / 3), (3, 0.25), (4, 0.2)]
+
+    other = logger_for(store, tmp_path, flush_every_s=0)  # a new run started from someone else's checkpoint
+    other.resend(carried)
+    other.log_metrics({"val_loss": 0.125}, step=0)
+    assert history(store, other, "val_loss") == [(0, 0.125)]
+
+
 def test_zero_interval_sends_every_call(store, tmp_path):
     logger = logger_for(store, tmp_path, flush_every_s=0)
     logger.log_metrics({"val_loss": 0.25, "note": "text is dropped"}, step=7)

@@ -61,6 +61,7 @@ from strategies.mpi_environment import LaunchError
 
 OUTPUTS = Path("outputs")  # Azure ML uploads ./outputs of every job
 MLFLOW_LOGGER = "scripts.training.tracking.BufferedMLFlowLogger"
+UNSENT_KEY = "unsent_metrics"  # a checkpoint's metrics that the local store did not have yet when it was written
 
 
 def run_dir(trainer: L.Trainer) -> Path:
@@ -72,8 +73,8 @@ def run_dir(trainer: L.Trainer) -> Path:
 
 
 class TrackConfig(SaveConfigCallback):
-    """The run's record: the resolved config beside the checkpoints and in MLflow (file and parameters), metrics
-    sent before each epoch's checkpoints, and no record at all of a run that failed before measuring anything."""
+    """The run's record: the resolved config beside the checkpoints and in MLflow (file and parameters), the metrics
+    not sent yet in each checkpoint, and no record at all of a run that failed before measuring anything."""
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "predict":  # no run to file it under: it would overwrite outputs/config.yaml
@@ -107,9 +108,18 @@ class TrackConfig(SaveConfigCallback):
         if stage_config := getattr(self, "config_text", None):
             checkpoint[CONFIG_KEY] = stage_config
         # Called while a checkpoint is made, before it is written: a fit resumed from it has every metric logged so
-        # far. What Lightning logs after an epoch's checkpoints, the epoch's training metrics, travels in them.
-        if isinstance(trainer.logger, BufferedMLFlowLogger):
-            trainer.logger.flush(wait=True, stop=lambda: trainer.received_sigterm)
+        # far. The metrics not yet in a local store travel in the checkpoint (a synced sqlite write each epoch would
+        # cost more than a small model's epoch); a server is sent them, and waited for, instead. What Lightning logs
+        # after an epoch's checkpoints, the epoch's training metrics, travels in them (lightning_modules/classifier.py).
+        logger = trainer.logger
+        if isinstance(logger, BufferedMLFlowLogger) and logger.sender is None:
+            checkpoint[UNSENT_KEY] = logger.unsent()
+        elif isinstance(logger, BufferedMLFlowLogger):
+            logger.flush(wait=True, stop=lambda: trainer.received_sigterm)
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        if isinstance(trainer.logger, BufferedMLFlowLogger) and UNSENT_KEY in checkpoint:
+            trainer.logger.resend(checkpoint[UNSENT_KEY])
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         # A run that failed before measuring anything leaves no folder (its logger deletes its MLflow run).

@@ -3,10 +3,12 @@ metrics at step = epoch, and keeping the store to runs that measured something; 
 before a run starts.
 
 Lightning's MLFlowLogger makes one `log_batch` call per `log_metrics`: a few of them per epoch.
-Each costs ~7 ms of SQLAlchemy on the local sqlite store and a network round trip on a tracking
+Each costs ~5 ms of SQLAlchemy on the local sqlite store and a network round trip on a tracking
 server or inside Azure ML. This one keeps the metrics and sends them at most every `flush_every_s`
-seconds, before every last.ckpt (checkpoints.py) and when the run ends (also when it fails or is
-interrupted: Lightning calls `finalize` then), 1,000 per request, MLflow's limit.
+seconds and when the run ends (also when it fails or is interrupted: Lightning calls `finalize`
+then), 1,000 per request, MLflow's limit. Those still unsent when a checkpoint is written travel in
+it (to a local store; a server is sent them first) and a fit resumed from it sends them: a fit
+killed outright (SIGKILL, a lost node) loses no metric of the epochs its last.ckpt holds.
 
 To a tracking server (`synchronous: false`, what scripts.train sets for one) a thread of its own sends them, in order,
 and keeps what the server does not take to send it again when the server is back: an outage costs training no more
@@ -130,8 +132,9 @@ class Sender:
 class BufferedMLFlowLogger(MLFlowLogger):
     """
     Args:
-        flush_every_s: most seconds between sends; 0 sends every call, as Lightning's logger does. Everything is
-            also sent before last.ckpt is written (checkpoints.py), so a fit resumed from it loses no metric.
+        flush_every_s: most seconds between sends; 0 sends every call, as Lightning's logger does. What is unsent
+            when a checkpoint is written travels in it (scripts/training/cli.py TrackConfig), so a fit resumed from
+            it loses no metric.
         epoch_as_step: metrics whose step Lightning picks (it adds their `epoch` then: every
             `self.log` flush) are logged at step = epoch, so curves of runs with other batch sizes or
             process counts line up; a metric sent with its own step (ClassificationModule's
@@ -220,6 +223,24 @@ class BufferedMLFlowLogger(MLFlowLogger):
         self._last_flush = time.monotonic()
         if wait and self.sender is not None:
             self.sender.wait(CHECKPOINT_WAIT_S, stop)
+
+    def unsent(self) -> dict:
+        """The metrics not sent yet, for a checkpoint to carry (`resend` takes them back)."""
+        metrics = [[m.key, m.value, m.timestamp, m.step] for m in self._pending]
+        return {"run_id": self.run_id if self.started else None, "metrics": metrics}
+
+    @rank_zero_only
+    def resend(self, carried: dict) -> None:
+        """Queues the metrics a checkpoint carried (`unsent`) that its run does not have yet, before any new one; a
+        checkpoint of another run (a fit started from someone else's last.ckpt) brings none."""
+        from mlflow.entities import Metric
+
+        # self.run_id starts the run: a continued one then knows which steps of each metric it has (_recorded).
+        if not carried.get("metrics") or carried.get("run_id") != self.run_id:
+            return
+        back = [Metric(key, value, timestamp, step) for key, value, timestamp, step in carried["metrics"]]
+        self._pending[:0] = [m for m in back if m.step > self._recorded.get(m.key, -1)]
+        self.measured = self.measured or bool(self._pending)
 
     def report_unsent(self) -> None:
         """One line on stderr, when the process ends, for what the tracking server never took."""
