@@ -513,7 +513,17 @@ def requested_subcommand(args) -> str | None:
     return None
 
 
+def no_gpu_lookups_without_gpus() -> None:
+    """Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1 when imported, so that asking torch for a GPU cannot start CUDA
+    before a process forks. Torch's Adam asks at every step: with the variable set, on a host without NVIDIA's
+    driver (CPU machines, CI, CPU clusters), each ask looks for libnvidia-ml.so.1 again and fails, ~0.2 ms a step
+    (a penguin step is ~1.3 ms). Where no GPU is visible there is no CUDA to start: it is unset then."""
+    if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1" and torch.cuda.device_count() == 0:
+        del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
+
+
 def cli_main(args: list[str] | None = None, cli_class: type[TemplateCLI] = TemplateCLI) -> TemplateCLI:
+    no_gpu_lookups_without_gpus()
     # Lightning's rank-zero messages go to this logger (lightning/pytorch/utilities/rank_zero.py).
     rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if not any(isinstance(f, NoAdvertisements) for f in rank_zero_logger.filters):
