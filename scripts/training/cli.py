@@ -88,7 +88,7 @@ class TrackConfig(SaveConfigCallback):
             import yaml
             from mlflow.entities import Param
 
-            params = flatten(yaml.safe_load(text))
+            params = flatten(yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))  # libyaml: ~10x
             params.pop("config", None)  # the paths of the YAML files: the artifact says it all
             # A resumed run (--checkpoint_dir, a restarted Azure ML job) has its parameters; MLflow refuses changes
             # (a longer max_epochs, say): those are in the config.yaml logged below, which replaces the first one.
