@@ -109,15 +109,18 @@ def may_prune(termination, step: int, reported: set[int]) -> bool:
 HEARTBEAT_S, GRACE_S = 30, 120  # a trial whose sweep process has not been heard of for GRACE_S is stale
 
 
-def open_storage(url: str, heartbeat: bool = False) -> optuna.storages.RDBStorage:
+def open_storage(url: str, heartbeat: bool = False, checked: bool = False) -> optuna.storages.RDBStorage:
     """The study's storage; sqlite waits up to 60 s for a lock held by another trial or sweep process.
 
     With `heartbeat` (the sweep processes' storage), each running trial's sweep process records that it is alive
     every HEARTBEAT_S; a sweep process that starts a trial first fails the trials of processes silent for GRACE_S
-    (a machine lost while another goes on with the study) and queues them again."""
+    (a machine lost while another goes on with the study) and queues them again. `checked`: the sweep process that
+    started this trial has created the tables and checked their schema version (~20-300 ms a check with sqlite)."""
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
     if not heartbeat:
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine)
+        return optuna.storages.RDBStorage(
+            url, engine_kwargs=engine, skip_compatibility_check=checked, skip_table_creation=checked
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return optuna.storages.RDBStorage(
@@ -161,7 +164,7 @@ class SweepTrial(L.Callback):
             from scripts.sweeps.space import load_sweep
 
             self.termination = load_sweep(self.sweep_file).termination
-            storage = open_storage(self.storage_url)
+            storage = open_storage(self.storage_url, checked=True)
             study = optuna.load_study(
                 study_name=self.study_name,
                 storage=storage,
