@@ -154,7 +154,7 @@ CHANGED = [  # what a resume cannot change, and the line it ends in (LAST: the c
      "a new --checkpoint_dir to train anew"),
     (["--config", "configs/mnist.yaml"],  # another task's folder
      "--data.class_path datamodules.mnist.MNISTDataModule: {last} was trained with "
-     "datamodules.penguins.PenguinDataModule (and 16 more option(s)), and a resume goes on as it began; give "
+     "datamodules.penguins.PenguinDataModule (and 17 more option(s)), and a resume goes on as it began; give "
      "datamodules.penguins.PenguinDataModule, or a new --checkpoint_dir to train anew"),
     (["--trainer.max_epochs", "1"],
      "--trainer.max_epochs 1: {last} has trained 2 epochs already (its config: 2); give 2 or more, or a new "
