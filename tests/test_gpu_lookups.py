@@ -1,14 +1,15 @@
 """Lightning's fork-safe GPU check, kept where there is a GPU, dropped where there is none (it costs every Adam step).
 
-.venv/bin/python -m pytest -q tests/test_gpu_lookups.py
+    .venv/bin/python -m pytest -q tests/test_gpu_lookups.py
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
+import sys
 
-import lightning  # noqa: F401  (sets PYTORCH_NVML_BASED_CUDA_CHECK=1 when imported)
 import pytest
 import torch
 
@@ -38,10 +39,19 @@ def adam_step() -> None:
     optimizer.step()
 
 
-def test_lightning_sets_the_variable_and_with_it_each_adam_step_looks_for_nvml(nvml_lookups):
-    # Why the CLI drops it: if Lightning stops setting it, or torch stops asking at every step, this fails and
-    # no_gpu_lookups_without_gpus can go. (Torch caches the answer once CUDA has started: no test started it.)
-    assert os.environ.get(VARIABLE) == "1"
+def test_lightning_sets_the_variable_when_imported():
+    # Why the CLI drops it: if Lightning stops setting it, this fails and no_gpu_lookups_without_gpus can go. (A
+    # fresh interpreter: the CLI run in this process may have dropped it already.)
+    code = f"import os, lightning; print(os.environ.get('{VARIABLE}'))"
+    env = {key: value for key, value in os.environ.items() if key != VARIABLE}
+    printed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert printed.stdout.strip() == "1"
+
+
+def test_with_the_variable_each_adam_step_looks_for_nvml(monkeypatch, nvml_lookups):
+    # And if torch stops asking at every step, this fails. (Torch caches the answer once CUDA has started: no test
+    # here starts it.)
+    monkeypatch.setenv(VARIABLE, "1")
     adam_step()
     adam_step()
     assert nvml_lookups.count("libnvidia-ml.so.1") >= 2
