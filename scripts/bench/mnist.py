@@ -3,15 +3,17 @@
     python -m scripts.bench.mnist [--data-dir ../shared/data/mnist] [--batches 150] [--repeats 3]
 
 - plain:    a bare PyTorch loop slicing the in-memory uint8 tensors (the floor);
+- plain, channels-first: the same loop in torch's default memory order (what channels-last buys on this CPU);
 - classic:  the torchvision.datasets.MNIST way: a Dataset that turns each sample into a PIL image
             and applies ToTensor() + Normalize, batched by a DataLoader (built from the same tensors:
-            nothing is downloaded);
+            nothing is downloaded), channels-first as such a loop is;
 - bare:     Lightning's own floor: a LightningModule that only returns the loss of MNISTNet, on the same
             MNISTDataModule batches (Lightning's loop and hooks, the datamodule's scaling);
 - template: a Lightning Trainer fitting MNISTDataModule + ClassificationModule + MNISTNet (no
             logger, checkpoints, progress bar or validation), timed by its own EpochThroughput.
+Plain, bare and template train channels-last, as configs/mnist.yaml does (`model.channels_last`).
 Both Lightning variants are timed by EpochThroughput (from the epoch's start to its last batch's end).
-`--batches N` trains on the first N batches of the epoch only, for a quicker answer. The four
+`--batches N` trains on the first N batches of the epoch only, for a quicker answer. The five
 take turns `--repeats` times; each prints its median rate with the spread over the rounds (min..max), and the
 ratios are of the medians, so that one lucky round cannot decide them.
 """
@@ -38,15 +40,17 @@ BATCH = 128
 OPTIMIZER = partial(torch.optim.SGD, lr=0.03, momentum=0.5)
 
 
-def train_steps(net: torch.nn.Module, batches, limit: int) -> int:
+def train_steps(net: torch.nn.Module, batches, limit: int, channels_last: bool = False) -> int:
     """Trains on up to `limit` (normalised images, labels) batches; returns the number of samples."""
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    net.to(memory_format=layout)
     optimizer = OPTIMIZER(net.parameters())
     net.train()
     samples = 0
     for i, (images, labels) in enumerate(batches):
         if i == limit:
             break
-        loss = F.cross_entropy(net(images), labels)
+        loss = F.cross_entropy(net(images.contiguous(memory_format=layout)), labels)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -54,7 +58,7 @@ def train_steps(net: torch.nn.Module, batches, limit: int) -> int:
     return samples
 
 
-def plain(images: torch.Tensor, labels: torch.Tensor, limit: int) -> float:
+def plain(images: torch.Tensor, labels: torch.Tensor, limit: int, channels_last: bool = True) -> float:
     def batches():
         order = torch.randperm(len(images))
         for start in range(0, len(images), BATCH):
@@ -63,7 +67,7 @@ def plain(images: torch.Tensor, labels: torch.Tensor, limit: int) -> float:
 
     torch.manual_seed(0)
     started = time.perf_counter()
-    samples = train_steps(MNISTNet(10), batches(), limit)
+    samples = train_steps(MNISTNet(10), batches(), limit, channels_last)
     return samples / (time.perf_counter() - started)
 
 
@@ -99,10 +103,10 @@ class BareLightning(L.LightningModule):
 
     def __init__(self) -> None:
         super().__init__()
-        self.net = MNISTNet(10)
+        self.net = MNISTNet(10).to(memory_format=torch.channels_last)
 
     def training_step(self, batch, batch_idx):
-        return F.cross_entropy(self.net(batch[0]), batch[1])
+        return F.cross_entropy(self.net(batch[0].contiguous(memory_format=torch.channels_last)), batch[1])
 
     def configure_optimizers(self):
         return OPTIMIZER(self.parameters())
@@ -133,13 +137,13 @@ def bare(data_dir: str, limit: int) -> float:
 
 def template(data_dir: str, limit: int) -> float:
     torch.manual_seed(0)
-    model = ClassificationModule(MNISTNet, MNISTDataModule.class_names, optimizer=OPTIMIZER)
+    model = ClassificationModule(MNISTNet, MNISTDataModule.class_names, optimizer=OPTIMIZER, channels_last=True)
     return lightning_rate(model, data_dir, limit)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        description="MNIST training samples/s: plain loop, classic pipeline, bare Lightning, template"
+        description="MNIST training samples/s: plain loops, classic pipeline, bare Lightning, template"
     )
     parser.add_argument("--data-dir", default="data/mnist", help="folder of the four MNIST idx files")
     parser.add_argument("--batches", type=int, default=0, help="train on this many batches (0: the whole epoch)")
@@ -156,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     train_steps(MNISTNet(10), [((images[:BATCH].float() / 255 - MEAN) / STD, labels[:BATCH])] * 5, 5)  # one-off warm-up
     runs = {
         "plain tensor loop": lambda: plain(images, labels, limit),
+        "plain, channels-first": lambda: plain(images, labels, limit, channels_last=False),
         "classic per-sample pipeline": lambda: classic(images, labels, limit),
         "bare Lightning": lambda: bare(args.data_dir, limit),
         "template (Lightning)": lambda: template(args.data_dir, limit),
@@ -174,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     rate = medians["template (Lightning)"]
     print(f"  template / plain   {rate / medians['plain tensor loop']:.2f}x (medians)")
     print(f"  template / classic {rate / medians['classic per-sample pipeline']:.2f}x (medians)")
+    channels = medians["plain tensor loop"] / medians["plain, channels-first"]
+    print(f"  plain channels-last / channels-first {channels:.2f}x (medians)")
     print(
         f"  bare Lightning / plain {medians['bare Lightning'] / medians['plain tensor loop']:.2f}x, "
         f"template / bare Lightning {rate / medians['bare Lightning']:.2f}x (medians)"
