@@ -1,6 +1,6 @@
 """Lightning's fork-safe GPU check, kept where there is a GPU, dropped where there is none (it costs every Adam step).
 
-    .venv/bin/python -m pytest -q tests/test_gpu_lookups.py
+.venv/bin/python -m pytest -q tests/test_gpu_lookups.py
 """
 
 from __future__ import annotations
