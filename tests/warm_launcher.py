@@ -19,14 +19,12 @@ one the tests rely on) are run in a fresh interpreter by `run` (see FRESH_ENV).
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import importlib
 import importlib.util
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -40,36 +38,35 @@ PRELOAD = ("torch", "torchvision", "lightning.pytorch", "lightning.pytorch.cli",
 FRESH_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "PYTORCH_", "TORCH_", "PL_", "LIGHTNING_")
 
 
-class Command:
-    """A command the launcher forked: as much of subprocess.Popen as the tests use (args, pid, returncode, poll, wait,
-    send_signal, terminate, kill, communicate), its output kept in files until it ends."""
+def sweep_launcher():
+    """scripts/sweeps/launcher.py, the sweeps' launcher, loaded from its file under a name of its own: its loop forks
+    the children and its run_module_and_exit ends one as a sweep's trial ends. Not imported as
+    `scripts.sweeps.launcher`, which would import the package `scripts` here, and every child would then take the
+    project's code from this checkout instead of its own working directory (a node's copy)."""
+    spec = importlib.util.spec_from_file_location("sweep_launcher", REPO / "scripts" / "sweeps" / "launcher.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+FORKS = sweep_launcher()
+
+
+class Command(FORKS.Child):
+    """A command the launcher forked: the sweeps' Child (pid, returncode, poll, wait, send_signal, terminate, kill)
+    and what else of subprocess.Popen the tests use (args, communicate), its output kept in files until it ends."""
 
     def __init__(self, args: list[str]) -> None:
+        super().__init__(0)
         self.args = args
-        self.pid: int | None = None
-        self.returncode: int | None = None
         self.folder = Path(tempfile.mkdtemp(prefix="warm-launcher-"))
         self.output: tuple[str, str] | None = None
-        self.started, self.ended = threading.Event(), threading.Event()
 
-    def poll(self) -> int | None:
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        if not self.ended.wait(timeout):
-            raise subprocess.TimeoutExpired(self.args, timeout)
-        return self.returncode
-
-    def send_signal(self, signum: int) -> None:
-        if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signum)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
+    def wait(self, timeout: float | None = None) -> int | None:
+        try:
+            return super().wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise subprocess.TimeoutExpired(self.args, timeout) from None
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         """(stdout, stderr) once it has ended."""
@@ -97,18 +94,15 @@ class Launcher:
             with self.lock:
                 command = self.commands[message["id"]]
             if "pid" in message:
-                command.pid = message["pid"]
-                command.started.set()
+                command.started(message["pid"])
             else:
                 with self.lock:
                     del self.commands[message["id"]]
-                command.returncode = message["status"]
-                command.ended.set()
+                command.ended(message["status"])
         with self.lock:  # the launcher died: its commands' ends are unknown
             lost, self.commands = list(self.commands.values()), {}
         for command in lost:
-            command.started.set()
-            command.ended.set()
+            command.ended(None)
 
     def start(self, module: str, args: list[str], cwd: str, env: dict[str, str]) -> Command:
         command = Command([sys.executable, "-m", module, *args])
@@ -118,7 +112,7 @@ class Launcher:
             self.commands[self.next_id] = command
             self.process.stdin.write((json.dumps({"id": self.next_id, **request}) + "\n").encode())
             self.process.stdin.flush()
-        command.started.wait()
+        command._started.wait()  # Child's, set by `started` or `ended`
         if command.pid is None:
             raise RuntimeError(f"the warm launcher died before it started {module}")
         return command
@@ -190,7 +184,7 @@ def run(
 def serve() -> None:
     """The launcher: imports PRELOAD, then forks a child per request line, which runs its command (the sweeps'
     launcher's loop: an answer with the pid at the fork, one with the exit status at the end)."""
-    forks = sweep_launcher()
+    forks = FORKS
     requests, answers = forks.take_pipes()
     del sys.path[0]  # this file's folder: the child's own path comes first (run_child)
     for name in PRELOAD:
@@ -213,17 +207,6 @@ def run_child(request: dict, forks) -> None:
     sys.path[:0] = [os.getcwd(), *python_path]
     sys.argv = [request["module"], *request["args"]]
     forks.run_module_and_exit(request["module"])
-
-
-def sweep_launcher():
-    """scripts/sweeps/launcher.py, the sweeps' launcher, loaded from its file under a name of its own: its loop forks
-    the children and its run_module_and_exit ends one as a sweep's trial ends. Not imported as
-    `scripts.sweeps.launcher`, which would import the package `scripts` here, and every child would then take the
-    project's code from this checkout instead of its own working directory (a node's copy)."""
-    spec = importlib.util.spec_from_file_location("sweep_launcher", REPO / "scripts" / "sweeps" / "launcher.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 if __name__ == "__main__":
