@@ -197,8 +197,8 @@ def test_trials_log_to_an_mlflow_server_under_the_sweeps_parent_run(tmp_path, az
 
 
 def test_a_trial_past_its_time_fails_and_a_sweep_without_a_finished_trial_says_so(tmp_path):
-    # 1,000 epochs: a trial of a few penguin epochs can end within the second now that trials start warm.
-    fixed = {"trainer.max_epochs": 1000, "model.optimizer.class_path": "torch.optim.SGD"}
+    # 1,000 epochs that early stopping cannot cut short (min_epochs): ~20 s, however fast a warm trial starts.
+    fixed = {"trainer.max_epochs": 1000, "trainer.min_epochs": 1000, "model.optimizer.class_path": "torch.optim.SGD"}
     path = sweep_file(tmp_path, budget={"trials": 1, "trial_time": 1}, fixed=fixed)
     outputs = tmp_path / "outputs"
     result = run_sweep(path, outputs)
