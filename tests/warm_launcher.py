@@ -112,7 +112,7 @@ class Launcher:
             self.commands[self.next_id] = command
             self.process.stdin.write((json.dumps({"id": self.next_id, **request}) + "\n").encode())
             self.process.stdin.flush()
-        command._started.wait()  # Child's, set by `started` or `ended`
+        command.wait_started()
         if command.pid is None:
             raise RuntimeError(f"the warm launcher died before it started {module}")
         return command

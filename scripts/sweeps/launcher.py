@@ -121,6 +121,10 @@ class Child:
         self.pid = pid
         self._started.set()
 
+    def wait_started(self, timeout: float | None = None) -> bool:
+        """Whether the launcher has forked it (or has said it never will: `ended`) within `timeout`."""
+        return self._started.wait(timeout)
+
     def ended(self, status: int | None) -> None:
         with self._lock:
             self.returncode, self.lost = status, status is None
@@ -196,7 +200,7 @@ class Launcher:
                 self.process.stdin.flush()
             except BrokenPipeError:
                 pass  # the reader reports the child lost
-        child._started.wait(READY_S)
+        child.wait_started(READY_S)
         if child.pid is None:
             child.ended(None)
             said = f": {self.errors[-1]}" if self.errors else ""
