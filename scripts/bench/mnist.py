@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 from datamodules.mnist import MEAN, STD, MNISTDataModule
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.mnist_net import MNISTNet
+from scripts.training import hook_calls
 from scripts.training.throughput import EpochThroughput
 
 BATCH = 128
@@ -132,11 +133,13 @@ def lightning_rate(model: L.LightningModule, data_dir: str, limit: int) -> float
 
 def bare(data_dir: str, limit: int) -> float:
     torch.manual_seed(0)
+    hook_calls.uninstall()  # stock Lightning
     return lightning_rate(BareLightning(), data_dir, limit)
 
 
 def template(data_dir: str, limit: int) -> float:
     torch.manual_seed(0)
+    hook_calls.install()  # as scripts.training.cli runs every fit
     model = ClassificationModule(MNISTNet, MNISTDataModule.class_names, optimizer=OPTIMIZER, channels_last=True)
     return lightning_rate(model, data_dir, limit)
 

@@ -35,6 +35,7 @@ from datamodules.errors import DataError
 from lightning_modules.classifier import ClassificationModule, DivergedError, OptimizerError
 from lightning_modules.transfer_net import WeightsError, skip_pretrained_weights
 from scripts.serving.mlflow_model import ExportError, register_model, save_model, serving_inputs, test_inputs
+from scripts.training import hook_calls
 from scripts.training.checkpoints import (
     CONFIG_KEY,
     RUN_ID_FILE,
@@ -526,6 +527,7 @@ def no_gpu_lookups_without_gpus() -> None:
 
 def cli_main(args: list[str] | None = None, cli_class: type[TemplateCLI] = TemplateCLI) -> TemplateCLI:
     no_gpu_lookups_without_gpus()
+    hook_calls.install()
     # Lightning's rank-zero messages go to this logger (lightning/pytorch/utilities/rank_zero.py).
     rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if not any(isinstance(f, NoAdvertisements) for f in rank_zero_logger.filters):
