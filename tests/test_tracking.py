@@ -58,6 +58,12 @@ def test_unsent_metrics_carried_by_a_checkpoint_reach_their_own_run_only_once(st
     again.finalize("success")
     assert history(store, again, "val_loss") == [(0, 1.0), (1, 0.5), (2, 1 / 3), (3, 0.25), (4, 0.2)]
 
+    listed = logger_for(store, tmp_path, flush_every_s=3600, run_id=first.run_id)  # a checkpoint of the list format
+    listed.resend({**carried, "metrics": [["val_loss", 0.1, 0, 5]]})
+    listed.log_metrics({"val_loss": 0.05}, step=6)
+    listed.finalize("success")
+    assert {(5, 0.1), (6, 0.05)} <= set(history(store, listed, "val_loss"))
+
     other = logger_for(store, tmp_path, flush_every_s=0)  # a new run started from someone else's checkpoint
     other.resend(carried)
     other.log_metrics({"val_loss": 0.125}, step=0)

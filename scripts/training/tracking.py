@@ -241,7 +241,10 @@ class BufferedMLFlowLogger(MLFlowLogger):
         # self.run_id starts the run: a continued one then knows which steps of each metric it has (_recorded).
         if not carried.get("metrics") or carried.get("run_id") != self.run_id:
             return
-        back = [Metric(key, value, timestamp, step) for key, value, timestamp, step in json.loads(carried["metrics"])]
+        metrics = carried["metrics"]
+        if isinstance(metrics, str):  # else a list, as checkpoints of earlier versions of this logger carry them
+            metrics = json.loads(metrics)
+        back = [Metric(key, value, timestamp, step) for key, value, timestamp, step in metrics]
         self._pending[:0] = [m for m in back if m.step > self._recorded.get(m.key, -1)]
         self.measured = self.measured or bool(self._pending)
 
