@@ -7,7 +7,10 @@ profiler's context and writes the module's `_current_fx_name` twice through nn.M
 PassThroughProfiler, all of it for nothing. On a penguin epoch (12 steps of a 5-10-10-3 net with the configs'
 callbacks) that is 18% of the training time. `install()` puts in their place functions that do what Lightning's do
 minus the profiling while the trainer's profiler is the PassThroughProfiler, and call Lightning's own otherwise
-(`--trainer.profiler simple` profiles as before). scripts.training.cli installs them for every run.
+(`--trainer.profiler simple` profiles as before). scripts.training.cli installs them for every run:
+
+    python -m scripts.train fit --config configs/penguins.yaml                              # these calls
+    python -m scripts.train fit --config configs/penguins.yaml --trainer.profiler simple    # Lightning's, profiled
 
 The functions replaced are private to Lightning: tests/test_hook_calls.py fails when Lightning changes them.
 """
