@@ -66,24 +66,25 @@ def train_steps(net: torch.nn.Module, batches, limit: int, channels_last: bool =
 
 
 def plain(
-    images: torch.Tensor, labels: torch.Tensor, limit: int, channels_last: bool = True, datamodule_data: bool = False
-) -> float:
+    images: torch.Tensor, labels: torch.Tensor, limit: int, channels_last: bool = True,
+    datamodule: MNISTDataModule | None = None,
+) -> float:  # fmt: skip
+    """With `datamodule`, its training batches (InMemoryBatches, then its on_after_batch_transfer) instead of the
+    hand-written ones."""
+
     def batches():
         order = torch.randperm(len(images))
         for start in range(0, len(images), BATCH):
             rows = order[start : start + BATCH]
             yield (images[rows].float() / 255 - MEAN) / STD, labels[rows]
 
-    def datamodule_batches():  # what InMemoryBatches and MNISTDataModule.on_after_batch_transfer do
-        order = torch.randperm(len(images))
-        shuffled_images, shuffled_labels = images.index_select(0, order), labels.index_select(0, order)
-        for start in range(0, len(images), BATCH):
-            batch = shuffled_images[start : start + BATCH].to(torch.float32, copy=True)
-            yield batch.div_(255).sub_(MEAN).div_(STD), shuffled_labels[start : start + BATCH]
+    def datamodule_batches():
+        for batch in datamodule.train_dataloader():
+            yield datamodule.on_after_batch_transfer(batch, 0)
 
     torch.manual_seed(0)
     started = time.perf_counter()
-    samples = train_steps(MNISTNet(10), datamodule_batches() if datamodule_data else batches(), limit, channels_last)
+    samples = train_steps(MNISTNet(10), datamodule_batches() if datamodule else batches(), limit, channels_last)
     return samples / (time.perf_counter() - started)
 
 
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = {
         "plain tensor loop": lambda: plain(images, labels, limit),
         "plain, channels-first": lambda: plain(images, labels, limit, channels_last=False),
-        "plain, datamodule's batches": lambda: plain(images, labels, limit, datamodule_data=True),
+        "plain, datamodule's batches": lambda: plain(images, labels, limit, datamodule=data),
         "classic per-sample pipeline": lambda: classic(images, labels, limit),
         "bare Lightning": lambda: bare(args.data_dir, limit),
         "template (Lightning)": lambda: template(args.data_dir, limit),
