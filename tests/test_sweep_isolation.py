@@ -149,7 +149,8 @@ def test_a_child_sees_its_launcher_gone_when_the_sweep_is(tmp_path):
         "import os, time\n"
         "first = os.getppid()\n"
         "while os.getppid() == first: time.sleep(0.2)\n"
-        f"open({str(out)!r}, 'w').write(f'{{first}} {{os.getppid()}}')\n"
+        f"open({str(out)!r} + '.part', 'w').write(f'{{first}} {{os.getppid()}}')\n"
+        f"os.replace({str(out)!r} + '.part', {str(out)!r})\n"  # whole or absent: the test polls for it
     )
     driver = tmp_path / "driver.py"
     driver.write_text(
