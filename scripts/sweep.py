@@ -38,6 +38,7 @@ import yaml
 
 from scripts.sweeps.launcher import Launcher, LauncherError, available, config_modules
 from scripts.sweeps.records import child_run, experiment_id, log_values, mark, parent_run, tag_best, tracking_store
+from scripts.sweeps.reports import ReportWriter
 from scripts.sweeps.space import (
     Param,
     Sweep,
@@ -135,10 +136,11 @@ class Runner:
     def objective(self, trial) -> float:
         import optuna
 
-        from scripts.sweeps.trial import PRUNED_AT, TRIAL_ID
+        from scripts.sweeps.trial import PRUNED_AT, REPORTS, TRIAL_ID
 
         values = suggest(trial, self.sweep.params, self.sweep.algorithm == "grid")
-        frozen = self.storage.get_trial(self.trial_id(trial))
+        trial_id = self.trial_id(trial)
+        frozen = self.storage.get_trial(trial_id)
         original = frozen.system_attrs.get("failed_trial", trial.number)  # a trial run again keeps its first's folder
         folder = self.folder / f"trial-{original}"
         if original == trial.number and folder.exists():  # left by a study of this name that was deleted
@@ -171,8 +173,9 @@ class Runner:
             "--test_after_fit", "false", "--trainer.default_root_dir", str(self.outputs),
             "--trainer.callbacks+", json.dumps(callback),
         ]  # fmt: skip
+        reports = reports_file(folder, trial_id)
         env = {**os.environ, "MLFLOW_TRACKING_URI": self.tracking_uri, "MLFLOW_RUN_ID": run_id}
-        env[TRIAL_ID] = str(self.trial_id(trial))
+        env.update({TRIAL_ID: str(trial_id), REPORTS: str(reports)})
         started = time.monotonic()
         log = folder / "trial.log"
         with open(log, "a") as file:
@@ -181,6 +184,8 @@ class Runner:
             child = self.start(trial.number, command, env, log)
         except LauncherError as error:
             self.fail(trial, run_id, str(error))
+        writer = ReportWriter(self.storage, trial_id, reports)
+        writer.start()
         with self.lock:
             self.children[trial.number] = child
         try:
@@ -192,6 +197,7 @@ class Runner:
         finally:
             with self.lock:
                 self.children.pop(trial.number, None)
+            unstored = writer.finish()
         seconds = time.monotonic() - started
         trial.set_user_attr("seconds", round(seconds, 1))
         if self.interrupted.is_set() and returncode != 0:
@@ -207,12 +213,14 @@ class Runner:
             self.fail(trial, run_id, f"the fit died of {name} (exit {returncode}); see {log}")
         if returncode != 0:
             self.fail(trial, run_id, f"{last_line(log)} (exit {returncode}; {log})")
+        if unstored:
+            self.fail(trial, run_id, f"its reports could not be stored ({unstored}); they are in {reports}")
         history = self.client.get_metric_history(run_id, self.sweep.metric)
         values_logged = [metric.value for metric in history]
         if not values_logged:
             self.fail(trial, run_id, f"the fit logged no {self.sweep.metric}; see {folder}/trial.log")
         best = max(values_logged) if self.sweep.goal == "maximize" else min(values_logged)
-        pruned_at = self.storage.get_trial(self.trial_id(trial)).user_attrs.get(PRUNED_AT)
+        pruned_at = self.storage.get_trial(trial_id).user_attrs.get(PRUNED_AT)
         self.client.set_tag(run_id, "sweep.objective", str(best))
         if pruned_at is not None:
             # Optuna records a pruned trial's last reported value; its line shows the objective MLflow has, the best.
@@ -269,6 +277,8 @@ class Runner:
             pid = trial.user_attrs.get(PID)
             if trial.user_attrs.get(HOST) == host and isinstance(pid, int) and not process_alive(pid):
                 trial_id = self.storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+                original = trial.system_attrs.get("failed_trial", trial.number)
+                ReportWriter(self.storage, trial_id, reports_file(self.folder / f"trial-{original}", trial_id)).finish()
                 with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
                     if self.storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL):
                         run_again(self.study, self.storage.get_trial(trial_id))
@@ -277,6 +287,11 @@ class Runner:
         for trial in self.study.get_trials(deepcopy=False):
             if trial.number in numbers and trial.user_attrs.get(INTERRUPTED) and not superseded(self.study, trial):
                 run_again(self.study, trial)
+
+
+def reports_file(folder: Path, trial_id: int) -> Path:
+    """Where a trial's fit appends its reports (scripts.sweeps.reports)."""
+    return folder / f"reports-{trial_id}.jsonl"
 
 
 def stop(child: subprocess.Popen, grace_s: float = 30) -> None:

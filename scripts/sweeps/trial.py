@@ -2,9 +2,12 @@
 
 scripts.sweep runs every trial as `python -m scripts.train fit --config <task> <the trial's values> ...
 --trainer.callbacks+ '{"class_path": "scripts.sweeps.trial.SweepTrial", ...}'`. At every validation's end the
-callback reports the objective metric to the trial in the study's storage (the sqlite file in outputs/sweeps, or a
-database server) and asks the study's pruner whether the trial should stop; when it should, the fit ends after that
-epoch, as a finished fit does, and the trial is marked so that the sweep records it PRUNED. A loss or an objective
+callback reports the objective metric and, where the pruner can stop the trial, asks the study's pruner (reading the
+other trials from the study's storage: the sqlite file in outputs/sweeps, or a database server) whether it should;
+when it should, the fit ends after that epoch, as a finished fit does, and the trial is marked so that the sweep
+records it PRUNED. A report is one line appended to a file (SWEEP_REPORTS) that the sweep process stores into the
+study while the fit trains on (scripts.sweep's ReportWriter): Optuna's own report is a database transaction, ~3 ms,
+about a penguin epoch's work. The pruner sees the same values either way, this fit's from memory. A loss or an objective
 that is not finite (a diverging lr) stops the fit with TrialDiverged, an error: the sweep records the trial FAIL.
 A fit whose sweep process is gone (killed) stops at the next batch instead of training for nobody.
 
@@ -15,6 +18,8 @@ Bandit policy: stop a trial that falls outside a slack of the best trial at the 
 
 from __future__ import annotations
 
+import copy
+import json
 import math
 import os
 import warnings
@@ -24,6 +29,7 @@ import optuna
 
 PRUNED_AT = "pruned_at_epoch"  # the trial's user attribute that tells the sweep it was pruned, not finished
 TRIAL_ID = "SWEEP_TRIAL_ID"  # the variable scripts.sweep gives each trial's fit: its trial's id in the storage
+REPORTS = "SWEEP_REPORTS"  # and this one: the file its reports go to, a JSON line each ({"step", "value"})
 
 
 class TrialDiverged(Exception):
@@ -141,7 +147,7 @@ class SweepTrial(L.Callback):
 
     The trial is the one whose id is in SWEEP_TRIAL_ID, not an argument: the arguments are logged as the run's
     parameters, and a stopped trial that runs again goes on in the same MLflow run under another trial id (MLflow
-    refuses a parameter that changes).
+    refuses a parameter that changes). Its reports go to the file in SWEEP_REPORTS, for the sweep process to store.
 
     Args:
         storage: the study's storage URL (sqlite:///outputs/sweeps/optuna.db or a database server's).
@@ -153,27 +159,56 @@ class SweepTrial(L.Callback):
     def __init__(self, storage: str, study_name: str, sweep_file: str, metric: str) -> None:
         self.storage_url, self.study_name, self.sweep_file, self.metric = storage, study_name, sweep_file, metric
         self.trial_id = int(os.environ[TRIAL_ID])
+        self.reports_path = os.environ[REPORTS]
         self.sweep_pid = os.getppid()  # the sweep's launcher (scripts.sweeps.launcher), or the sweep, that started it
-        self._trial: optuna.trial.Trial | None = None
+        self.study: optuna.Study | None = None
+        self.storage: optuna.storages.RDBStorage | None = None
         self.termination = None  # the sweep file's early_termination
-        self.reported: set[int] = set()  # the trial's epochs reported so far (a trial run again inherits its first's)
+        # The trial as the pruner sees it: its values in the storage when the fit started (a trial run again inherits
+        # its first's), then this fit's reports. As optuna.trial.Trial.report, the first value of an epoch stays.
+        self.frozen: optuna.trial.FrozenTrial | None = None
+        self.values: dict[int, float] = {}  # this fit's reports, in its checkpoints: a resumed fit sends them again
 
-    @property
-    def trial(self) -> optuna.trial.Trial:
-        if self._trial is None:
-            from scripts.sweeps.space import load_sweep
+    def open_study(self) -> None:
+        """The study, its pruner, and the trial as stored when the fit started."""
+        from scripts.sweeps.space import load_sweep
 
-            self.termination = load_sweep(self.sweep_file).termination
-            storage = open_storage(self.storage_url, checked=True)
-            study = optuna.load_study(
-                study_name=self.study_name,
-                storage=storage,
-                pruner=make_pruner(self.termination),
-                sampler=optuna.samplers.RandomSampler(),
-            )
-            self._trial = optuna.trial.Trial(study, self.trial_id)
-            self.reported = set(storage.get_trial(self.trial_id).intermediate_values)
-        return self._trial
+        self.termination = load_sweep(self.sweep_file).termination
+        self.storage = open_storage(self.storage_url, checked=True)
+        self.study = optuna.load_study(
+            study_name=self.study_name,
+            storage=self.storage,
+            pruner=make_pruner(self.termination),
+            sampler=optuna.samplers.RandomSampler(),
+        )
+        self.frozen = self.storage.get_trial(self.trial_id)
+        for epoch, value in self.values.items():  # restored from a checkpoint: stored, perhaps, not yet
+            self.frozen.intermediate_values.setdefault(epoch, value)
+
+    def report(self, epoch: int, value: float) -> None:
+        self.values[epoch] = value
+        if epoch not in self.frozen.intermediate_values:
+            self.frozen.intermediate_values[epoch] = value
+        with open(self.reports_path, "a") as reports:
+            reports.write(json.dumps({"step": epoch, "value": value}) + "\n")
+
+    def should_prune(self, epoch: int) -> bool:
+        """What optuna.trial.Trial.should_prune answers: the study's pruner asked about the trial as it stands."""
+        reported = set(self.frozen.intermediate_values) - {epoch}
+        return may_prune(self.termination, epoch, reported) and self.study.pruner.prune(
+            self.study, copy.copy(self.frozen)
+        )
+
+    def state_dict(self) -> dict:
+        return {"values": dict(self.values)}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        # A fit resumed from a checkpoint: the reports made before it are sent again, in case the sweep process
+        # that was to store them was stopped first (the sweep keeps the first value of each epoch).
+        self.values = dict(state_dict.get("values", {}))
+        if self.values:
+            with open(self.reports_path, "a") as reports:
+                reports.writelines(json.dumps({"step": e, "value": v}) + "\n" for e, v in self.values.items())
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         if os.getppid() != self.sweep_pid:
@@ -192,13 +227,12 @@ class SweepTrial(L.Callback):
         prune = False
         if trainer.is_global_zero:
             epoch = trainer.current_epoch
-            with warnings.catch_warnings():  # an epoch a resumed trial trains again was reported: Optuna keeps that
-                warnings.simplefilter("ignore", UserWarning)
-                self.trial.report(float(trainer.callback_metrics[self.metric]), step=epoch)
-            prune = may_prune(self.termination, epoch, self.reported) and self.trial.should_prune()
-            self.reported.add(epoch)
+            if self.study is None:
+                self.open_study()
+            self.report(epoch, float(trainer.callback_metrics[self.metric]))
+            prune = self.should_prune(epoch)
             if prune:
-                self.trial.set_user_attr(PRUNED_AT, epoch)
+                self.storage.set_trial_user_attr(self.trial_id, PRUNED_AT, epoch)
         if trainer.strategy.broadcast(prune, src=0):
             trainer.should_stop = True
 
