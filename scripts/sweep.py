@@ -289,6 +289,16 @@ class Runner:
                 run_again(self.study, trial)
 
 
+def parsed_ahead(sweep: Sweep) -> list[str]:
+    """A trial's command with each option's first value, for the launcher to parse before it forks the trials."""
+    first = {param.option: param.representatives()[0] for param in sweep.params}
+    callback = {"class_path": "scripts.sweeps.trial.SweepTrial", "init_args": {
+        "storage": "sqlite://", "study_name": sweep.name, "sweep_file": sweep.path, "metric": sweep.metric,
+    }}  # fmt: skip
+    configs = (item for config in sweep.configs for item in ("--config", config))
+    return ["fit", *configs, *option_args({**sweep.fixed, **first}), "--trainer.callbacks+", json.dumps(callback)]
+
+
 def reports_file(folder: Path, trial_id: int) -> Path:
     """Where a trial's fit appends its reports (scripts.sweeps.reports)."""
     return folder / f"reports-{trial_id}.jsonl"
@@ -444,7 +454,7 @@ def sweep(
         raise SweepError(f"--n_jobs {n_jobs}: give 1 or more trials at once")
     # Started first: its imports run while this process checks the file. The trial's own variables are not its own.
     env = {key: value for key, value in os.environ.items() if key not in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID")}
-    launcher = Launcher(env, config_modules(list(spec.configs))) if available() else None
+    launcher = Launcher(env, config_modules(list(spec.configs)), parsed_ahead(spec)) if available() else None
     try:
         return run_study(spec, sweep_file, study_name, storage, n_jobs, outputs, launcher)
     finally:

@@ -132,6 +132,45 @@ def test_the_launcher_runs_each_child_as_python_m_would_in_a_process_of_its_own(
         launcher.close()
 
 
+def test_a_trial_parses_its_command_as_a_fresh_interpreter_does_after_its_launcher_parsed_the_sweeps(tmp_path):
+    # The launcher parses a trial's command with the sweep's first values before it forks (scripts.sweep's
+    # parsed_ahead): jsonargparse keeps the parsers of the classes named. A trial's own command, other classes and
+    # values, a callback appended with `+`, prints the config a fresh `python -m scripts.train` prints for it.
+    from scripts.sweep import parsed_ahead
+    from scripts.sweeps.space import load_sweep
+
+    ahead = parsed_ahead(load_sweep("configs/sweeps/penguins.yaml"))
+    callback = ('{"class_path": "scripts.sweeps.trial.SweepTrial", "init_args": {"storage": "sqlite:///x.db", '
+                '"study_name": "s", "sweep_file": "configs/sweeps/penguins.yaml", "metric": "val_acc"}}')  # fmt: skip
+    trial = ["fit", "--config", "configs/penguins.yaml", "--model.optimizer.class_path", "torch.optim.SGD",
+             "--model.optimizer.init_args.lr", "0.05", "--data.init_args.batch_size", "40",
+             "--model.network.init_args.hidden", "7", "--data.init_args.preprocessing", "standardize",
+             "--seed_everything", "49", "--trainer.callbacks+", callback, "--print_config"]  # fmt: skip
+    program = tmp_path / "trial_parse.py"
+    program.write_text(
+        "import sys, jsonargparse._typehints as typehints\n"
+        "print(len(typehints._cached_class_parsers), file=sys.stderr)\n"  # what the launcher's parse left
+        "from scripts.train import main\n"
+        "main()\n"
+    )
+    launcher = Launcher({**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"}, command=ahead)
+    try:
+        log = tmp_path / "trial.log"
+        child = launcher.start(0, "trial_parse", trial, {**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"}, log)
+        assert child.wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:
+        launcher.close()
+    fresh = run_module("scripts.train", *trial)
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    cached, printed = log.read_text().split("\n", 1)
+    assert int(cached) >= 5  # the module's, the network's, the optimizer's, the datamodule's, the callbacks' parsers
+    assert printed == fresh.stdout
+    config = yaml.safe_load(printed)
+    assert config["model"]["optimizer"]["class_path"] == "torch.optim.SGD" and config["seed_everything"] == 49
+    callbacks = [callback["class_path"].rsplit(".", 1)[-1] for callback in config["trainer"]["callbacks"]]
+    assert callbacks == ["EarlyStopping", "SweepTrial"]
+
+
 def test_the_interpreter_s_own_end_steps_that_children_call_are_there():
     # Canary: run_module_and_exit ends a child through CPython's threading._shutdown and atexit._run_exitfuncs.
     import atexit

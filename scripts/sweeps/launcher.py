@@ -12,9 +12,10 @@ Why a launcher process and not a fork of the sweep itself: by the time trials st
 check of the objective), holds sqlite connections (the study, the MLflow store) and runs threads (Optuna's heartbeat,
 parallel trials); a fork carries all of that into the child, half-done. The launcher is started before any of it, by
 the sweep, in a session of its own (a Ctrl-C in the terminal reaches the sweep, which stops the trials itself). It
-imports libraries and the project's training modules, opens no file, connection or store and starts no Python
-thread; the only threads it has when it forks are the idle pools of numpy's and SciPy's OpenBLAS and pyarrow's
-jemalloc, which their libraries re-create in a child (pthread_atfork). A trial's fit then does everything else
+imports libraries and the project's training modules and parses a trial's command as the CLI does (jsonargparse then
+keeps the parsers of the classes it names), opens no connection or store and starts no Python thread; the only
+threads it has when it forks are the idle pools of numpy's and SciPy's OpenBLAS and pyarrow's jemalloc, which their
+libraries re-create in a child (pthread_atfork). A trial's fit then does everything else
 itself, as in a fresh process: its MLflow run, the study's storage, torch's thread pool, the seeds.
 
 Protocol, JSON lines: the sweep writes {"id", "module", "args", "cwd", "env", "log"}; the launcher answers {"id",
@@ -134,10 +135,11 @@ class Child:
 
 class Launcher:
     """The sweep's side: starts the launcher process (its imports run while the sweep checks its file) and asks it
-    for one child per trial. Thread-safe: parallel trials (--n_jobs) share it."""
+    for one child per trial. Thread-safe: parallel trials (--n_jobs) share it. `modules`: what to import besides
+    PRELOAD; `command`: a training command like the trials' (`fit --config ...`) to parse before the first fork."""
 
-    def __init__(self, env: dict[str, str], modules: list[str] = ()) -> None:
-        self.env, self.modules = env, list(modules)
+    def __init__(self, env: dict[str, str], modules: list[str] = (), command: list[str] = ()) -> None:
+        self.env, self.modules, self.command = env, list(modules), list(command)
         self.process: subprocess.Popen | None = None
         self.errors: deque[str] = deque(maxlen=5)  # the launcher's last lines on stderr, for a launcher that failed
         self.children: dict[int, Child] = {}
@@ -147,7 +149,13 @@ class Launcher:
 
     def start_process(self) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "scripts.sweeps.launcher", *self.modules],
+            [
+                sys.executable,
+                "-m",
+                "scripts.sweeps.launcher",
+                *self.modules,
+                *(["--", *self.command] if self.command else []),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -240,15 +248,20 @@ def config_modules(configs: list[str]) -> list[str]:
     return sorted(set(found))
 
 
-def serve(modules: list[str]) -> dict | None:
-    """Imports PRELOAD and `modules`, then forks a child per request; returns in the child (its request), None at the
-    end."""
+def serve(argv: list[str]) -> dict | None:
+    """Imports PRELOAD and the modules in `argv`, parses the training command after its `--` (if any), then forks a
+    child per request; returns in the child (its request), None at the end."""
     requests, answers = take_pipes()
+    modules, command = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     for name in PRELOAD:
         importlib.import_module(name)
     for name in modules:  # a config's own class that fails to import fails its trial, with its message, not this
         with contextlib.suppress(Exception):
             importlib.import_module(name)
+    if command:  # jsonargparse then has the parsers of the classes the trials name (scripts.training.cli.parse_only)
+        from scripts.training.cli import parse_only
+
+        parse_only(command)
     gc.freeze()  # what the children share stays out of their collections, at their exit too
     return fork_on_request(requests, answers)
 
