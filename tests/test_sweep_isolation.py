@@ -17,6 +17,7 @@ import yaml
 from mlflow import MlflowClient
 
 from scripts.sweeps.launcher import Launcher
+from tests import warm_launcher
 from tests.conftest import REPO, run_module
 
 pytestmark = pytest.mark.slow  # sweeps train; the launcher imports torch, Lightning and MLflow
@@ -132,10 +133,11 @@ def test_the_launcher_runs_each_child_as_python_m_would_in_a_process_of_its_own(
         launcher.close()
 
 
-def test_a_trial_parses_its_command_as_a_fresh_interpreter_does_after_its_launcher_parsed_the_sweeps(tmp_path):
+def test_a_trial_parses_its_command_as_if_nothing_were_parsed_before_though_its_launcher_parsed_the_sweeps(tmp_path):
     # The launcher parses a trial's command with the sweep's first values before it forks (scripts.sweep's
     # parsed_ahead): jsonargparse keeps the parsers of the classes named. A trial's own command, other classes and
-    # values, a callback appended with `+`, prints the config a fresh `python -m scripts.train` prints for it.
+    # values, a callback appended with `+`, prints the config that `python -m scripts.train` prints for it in a process
+    # that has parsed nothing.
     from scripts.sweep import parsed_ahead
     from scripts.sweeps.space import load_sweep
 
@@ -160,7 +162,7 @@ def test_a_trial_parses_its_command_as_a_fresh_interpreter_does_after_its_launch
         assert child.wait(timeout=300) == 0, log.read_text()[-3000:]
     finally:
         launcher.close()
-    fresh = run_module("scripts.train", *trial)
+    fresh = warm_launcher.run("scripts.train", trial, REPO)  # forked from a process that has parsed nothing
     assert fresh.returncode == 0, fresh.stderr[-3000:]
     cached, printed = log.read_text().split("\n", 1)
     assert int(cached) >= 5  # the module's, the network's, the optimizer's, the datamodule's, the callbacks' parsers
