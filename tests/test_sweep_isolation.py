@@ -82,7 +82,11 @@ def test_a_trial_that_dies_of_a_signal_and_one_that_hangs_fail_alone_and_the_stu
 
 
 def test_the_launcher_runs_each_child_as_python_m_would_in_a_process_of_its_own(tmp_path):
-    launcher = Launcher(dict(os.environ))
+    # A module the launcher imports before it forks registers a finalizer: the launcher's, not the children's.
+    (tmp_path / "preloaded.py").write_text(
+        "import weakref\nclass Kept: pass\nkept = Kept()\nweakref.finalize(kept, print, 'launcher finalizer ran')\n"
+    )
+    launcher = Launcher({**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"}, ["preloaded"])
     try:
         log = tmp_path / "child.log"
         env = {**os.environ, "LAUNCHED_SAYS": "hello"}
@@ -99,8 +103,11 @@ def test_the_launcher_runs_each_child_as_python_m_would_in_a_process_of_its_own(
             "if action == 'message': sys.exit('a message to the user')\n"
             "if action == 'interrupt': raise KeyboardInterrupt\n"
             "if action == 'finish':\n"  # what the interpreter's end does: join threads, run exit handlers, flush
-            "    import atexit, threading\n"
+            "    import atexit, threading, weakref\n"
             "    atexit.register(lambda: print('exit handler ran'))\n"
+            "    class Kept: pass\n"
+            "    kept = Kept()\n"
+            "    weakref.finalize(kept, print, 'child finalizer ran')\n"
             "    threading.Thread(target=lambda: (time.sleep(1), print('thread joined'))).start()\n"
             "    print('unflushed line', end='')\n"
         )
@@ -127,6 +134,7 @@ def test_the_launcher_runs_each_child_as_python_m_would_in_a_process_of_its_own(
         assert "RuntimeError: raised in the child" in text  # the traceback, as python -m prints it
         assert "a message to the user" in text and "KeyboardInterrupt" in text
         assert "unflushed line" in text and "thread joined" in text and "exit handler ran" in text
+        assert "child finalizer ran" in text and "launcher finalizer ran" not in text  # its own, not its launcher's
         assert text.index("thread joined") < text.index("exit handler ran")  # threads first, as the interpreter does
         assert launcher.process.poll() is None  # the launcher goes on after its children's ends
     finally:
@@ -174,11 +182,19 @@ def test_a_trial_parses_its_command_as_if_nothing_were_parsed_before_though_its_
 
 
 def test_the_interpreter_s_own_end_steps_that_children_call_are_there():
-    # Canary: run_module_and_exit ends a child through CPython's threading._shutdown and atexit._run_exitfuncs.
+    # Canary: run_module_and_exit ends a child through CPython's threading._shutdown and atexit._run_exitfuncs; the
+    # launcher leaves the finalizers registered before a fork (weakref.finalize._registry) to the teardown it skips.
     import atexit
     import threading
+    import weakref
 
     assert callable(threading._shutdown) and callable(atexit._run_exitfuncs)
+    kept = type("Kept", (), {})()
+    finalizer = weakref.finalize(kept, print)
+    assert finalizer in weakref.finalize._registry
+    finalizer.atexit = False
+    assert not finalizer.atexit
+    finalizer.detach()
 
 
 def test_a_child_sees_its_launcher_gone_when_the_sweep_is(tmp_path):

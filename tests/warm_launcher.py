@@ -189,6 +189,7 @@ def serve() -> None:
     del sys.path[0]  # this file's folder: the child's own path comes first (run_child)
     for name in PRELOAD:
         importlib.import_module(name)
+    forks.leave_finalizers_to_teardown()
     gc.freeze()  # what the children share stays out of their collections
     request = forks.fork_on_request(requests, answers)
     if request is not None:

@@ -37,6 +37,7 @@ import signal
 import subprocess
 import sys
 import threading
+import weakref
 from collections import deque
 from pathlib import Path
 from typing import NoReturn
@@ -262,8 +263,18 @@ def serve(argv: list[str]) -> dict | None:
         from scripts.training.cli import parse_only
 
         parse_only(command)
+    leave_finalizers_to_teardown()
     gc.freeze()  # what the children share stays out of their collections, at their exit too
     return fork_on_request(requests, answers)
+
+
+def leave_finalizers_to_teardown() -> None:
+    """The finalizers registered so far (the preloaded libraries': torch.library's ~200 operator registrations, each
+    undone at exit, ~45 ms) belong to the interpreter's teardown, which a child skips (run_module_and_exit); at its
+    exit a child runs the exit handlers and finalizers registered in it, its own (weakref.finalize._registry: CPython's,
+    tests/test_sweep_isolation.py checks it)."""
+    for finalizer in list(weakref.finalize._registry):
+        finalizer.atexit = False
 
 
 def take_pipes() -> tuple[int, int]:
