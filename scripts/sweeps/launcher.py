@@ -15,8 +15,8 @@ the sweep, in a session of its own (a Ctrl-C in the terminal reaches the sweep, 
 imports libraries and the project's training modules and parses a trial's command as the CLI does (jsonargparse then
 keeps the parsers of the classes it names), opens no connection or store and starts no Python thread; the only
 threads it has when it forks are the idle pools of numpy's and SciPy's OpenBLAS and pyarrow's jemalloc, which their
-libraries re-create in a child (pthread_atfork). A trial's fit then does everything else
-itself, as in a fresh process: its MLflow run, the study's storage, torch's thread pool, the seeds.
+libraries re-create in a child (pthread_atfork). A trial's fit then does everything else itself, as in a fresh
+process: its MLflow run, the study's storage, torch's thread pool, the seeds.
 
 Protocol, JSON lines: the sweep writes {"id", "module", "args", "cwd", "env", "log"}; the launcher answers {"id",
 "pid"} at the fork and {"id", "status"} (os.waitstatus_to_exitcode's: -6 for SIGABRT) when the child has ended. When

@@ -6,7 +6,7 @@ callback reports the objective metric and, where the pruner can stop the trial, 
 other trials from the study's storage: the sqlite file in outputs/sweeps, or a database server) whether it should;
 when it should, the fit ends after that epoch, as a finished fit does, and the trial is marked so that the sweep
 records it PRUNED. A report is one line appended to a file (SWEEP_REPORTS) that the sweep process stores into the
-study while the fit trains on (scripts.sweep's ReportWriter): Optuna's own report is a database transaction, ~3 ms,
+study while the fit trains on (scripts/sweeps/reports.py): Optuna's own report is a database transaction, ~3 ms,
 about a penguin epoch's work. The pruner sees the same values either way, this fit's from memory. A loss or an objective
 that is not finite (a diverging lr) stops the fit with TrialDiverged, an error: the sweep records the trial FAIL.
 A fit whose sweep process is gone (killed) stops at the next batch instead of training for nobody.
@@ -18,7 +18,6 @@ Bandit policy: stop a trial that falls outside a slack of the best trial at the 
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
@@ -187,17 +186,14 @@ class SweepTrial(L.Callback):
 
     def report(self, epoch: int, value: float) -> None:
         self.values[epoch] = value
-        if epoch not in self.frozen.intermediate_values:
-            self.frozen.intermediate_values[epoch] = value
+        self.frozen.intermediate_values.setdefault(epoch, value)
         with open(self.reports_path, "a") as reports:
             reports.write(json.dumps({"step": epoch, "value": value}) + "\n")
 
     def should_prune(self, epoch: int) -> bool:
         """What optuna.trial.Trial.should_prune answers: the study's pruner asked about the trial as it stands."""
         reported = set(self.frozen.intermediate_values) - {epoch}
-        return may_prune(self.termination, epoch, reported) and self.study.pruner.prune(
-            self.study, copy.copy(self.frozen)
-        )
+        return may_prune(self.termination, epoch, reported) and self.study.pruner.prune(self.study, self.frozen)
 
     def state_dict(self) -> dict:
         return {"values": dict(self.values)}
