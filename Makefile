@@ -132,6 +132,7 @@ spark: $(VENV)/installed ## fit configs/TASK.yaml in PROCESSES Spark tasks (Torc
 bench: $(VENV)/installed ## time the template against plain PyTorch loops, a penguin sweep against one fit (MNIST_DIR=...)
 	$(PY) -m scripts.bench.penguins
 	$(PY) -m scripts.bench.mnist --data-dir $(MNIST_DIR) --repeats 3
+	$(PY) -m scripts.bench.loop_cost --data-dir $(MNIST_DIR)
 	$(PY) -m scripts.bench.birds
 	$(PY) -m scripts.bench.sweep
 

@@ -1,0 +1,147 @@
+"""What Lightning's training loop costs each step, apart from the work of the step:
+
+    python -m scripts.bench.loop_cost [--data-dir ../shared/data/mnist] [--steps 400] [--repeats 3]
+
+On MNISTDataModule's batches, a net that costs next to nothing (a linear layer on four pixels) is trained by a
+plain loop (fetch, the datamodule's scaling, forward, zero_grad, backward, SGD step) and by Lightning's loop, stock
+and with the hook calls scripts.training.cli installs for every fit (scripts/training/hook_calls.py). The medians
+of the steps' times, less the plain loop's, are Lightning's fixed cost a step: its hooks, its closure and optimizer
+chain, its progress and logging bookkeeping. The same plain loop on MNISTNet gives a real step's time here, and so
+the ceiling that fixed cost puts on scripts.bench.mnist's template / plain: step / (step + cost).
+The variants take turns `--repeats` times; each prints its median over the rounds with their spread (min..max).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from datamodules.mnist import MNISTDataModule
+from lightning_modules.mnist_net import MNISTNet
+from scripts.training import hook_calls
+
+BATCH = 128
+SKIPPED = 10  # the first steps warm up allocations and caches
+
+
+def sgd(parameters) -> torch.optim.Optimizer:
+    return torch.optim.SGD(parameters, lr=0.03, momentum=0.5)
+
+
+class NearFreeNet(torch.nn.Module):
+    """A step with next to no arithmetic: what is left of its time is the loop around it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 10)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.linear(images[:, 0, 0, :4])
+
+
+class NearFreeModule(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = NearFreeNet()
+
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self.net(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return sgd(self.parameters())
+
+
+def median_step_us(ends: list[float]) -> float:
+    return statistics.median(b - a for a, b in zip(ends[SKIPPED:], ends[SKIPPED + 1 :])) * 1e6
+
+
+def plain(data: MNISTDataModule, net: torch.nn.Module, steps: int) -> float:
+    """Median µs a step of a hand-written loop on the datamodule's batches."""
+    torch.manual_seed(0)
+    channels_last = isinstance(net, MNISTNet)  # as configs/mnist.yaml trains it
+    net = net.to(memory_format=torch.channels_last) if channels_last else net
+    optimizer = sgd(net.parameters())
+    ends = []
+    for i, batch in enumerate(data.train_dataloader()):
+        if i == steps:
+            break
+        images, labels = data.on_after_batch_transfer(batch, 0)
+        if channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        loss = F.cross_entropy(net(images), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        ends.append(time.perf_counter())
+    return median_step_us(ends)
+
+
+class StepEnds(L.Callback):
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self.ends.append(time.perf_counter())
+
+
+def lightning(data_dir: str, steps: int, template_hook_calls: bool) -> float:
+    """Median µs a step of NearFreeModule in a Trainer without logger, checkpoints, progress bar or validation."""
+    torch.manual_seed(0)
+    hook_calls.install() if template_hook_calls else hook_calls.uninstall()
+    ends = StepEnds()
+    trainer = L.Trainer(
+        max_epochs=1,
+        limit_train_batches=steps,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[ends],
+    )
+    trainer.fit(NearFreeModule(), datamodule=MNISTDataModule(data_dir=data_dir, batch_size=BATCH))
+    return median_step_us(ends.ends)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Lightning's fixed cost a training step, against a plain loop")
+    parser.add_argument("--data-dir", default="data/mnist", help="folder of the four MNIST idx files")
+    parser.add_argument("--steps", type=int, default=400, help="training steps a round (at most an epoch's 430)")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of every variant")
+    args = parser.parse_args(argv)
+    if args.steps <= SKIPPED + 1:
+        parser.error(f"--steps must be more than {SKIPPED + 1}: the first {SKIPPED} steps are not timed")
+    warnings.filterwarnings("ignore")
+    data = MNISTDataModule(data_dir=args.data_dir, batch_size=BATCH)
+    data.prepare_data()
+    data.setup("fit")
+    runs = {
+        "plain loop": lambda: plain(data, NearFreeNet(), args.steps),
+        "stock Lightning": lambda: lightning(args.data_dir, args.steps, template_hook_calls=False),
+        "template's hook calls": lambda: lightning(args.data_dir, args.steps, template_hook_calls=True),
+        "plain loop, MNISTNet": lambda: plain(data, MNISTNet(10), args.steps),
+    }
+    results: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(args.repeats):
+        for name, run in runs.items():
+            results[name].append(run())
+    medians = {name: statistics.median(times) for name, times in results.items()}
+    print(f"loop cost: {args.steps} steps of batch {BATCH}, {torch.get_num_threads()} threads, {args.repeats} rounds")
+    print(f"  {'µs a step':28s} {'median':>8s}  (min..max)")
+    for name, times in results.items():
+        print(f"  {name:28s} {medians[name]:8.0f}  ({min(times):.0f}..{max(times):.0f})")
+    step = medians["plain loop, MNISTNet"]
+    for name in ("stock Lightning", "template's hook calls"):
+        cost = medians[name] - medians["plain loop"]
+        ceiling = step / (step + cost)
+        print(f"  {name}: {cost:+.0f} µs a step, {cost / step:.1%} of an MNIST step; ceiling {ceiling:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

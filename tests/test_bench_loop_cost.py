@@ -1,0 +1,39 @@
+"""scripts/bench/loop_cost.py runs end to end on the real MNIST files and prints what its docstring promises; a
+--steps too small to time anything is refused in one line. Times are not checked (the bench is where they are read).
+
+.venv/bin/python -m pytest -q tests/test_bench_loop_cost.py
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from lightning.pytorch.trainer import call
+
+from scripts.bench import loop_cost
+from scripts.training import hook_calls
+from tests.conftest import MNIST, needs_mnist
+
+
+@needs_mnist
+def test_prints_every_variant_and_what_lightning_costs_a_step(capsys, monkeypatch):
+    for name in hook_calls.LIGHTNING:  # the bench swaps Lightning's hook calls; the tests after it get them back
+        monkeypatch.setattr(call, name, getattr(call, name))
+    loop_cost.main(["--data-dir", str(MNIST), "--steps", "15", "--repeats", "2"])
+    printed = capsys.readouterr().out
+    assert "loop cost: 15 steps of batch 128" in printed and "2 rounds" in printed
+    for variant in ("plain loop", "stock Lightning", "template's hook calls", "plain loop, MNISTNet"):
+        median, low, high = map(float, re.search(rf"^  {re.escape(variant)} +(\S+)  \((\S+)\.\.(\S+)\)$", printed,
+                                                 re.MULTILINE).groups())  # fmt: skip
+        assert 0 < low <= median <= high
+    costs = re.findall(r"^  (stock Lightning|template's hook calls): ([+-]\d+) µs a step, .* ceiling (\S+)x$", printed,
+                       re.MULTILINE)  # fmt: skip
+    assert [name for name, _, _ in costs] == ["stock Lightning", "template's hook calls"]
+
+
+def test_too_few_steps_to_time_are_refused(capsys):
+    with pytest.raises(SystemExit) as stop:
+        loop_cost.main(["--steps", "11"])
+    assert stop.value.code == 2
+    assert "--steps must be more than 11" in capsys.readouterr().err
