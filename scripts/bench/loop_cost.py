@@ -24,14 +24,10 @@ import torch.nn.functional as F
 
 from datamodules.mnist import MNISTDataModule
 from lightning_modules.mnist_net import MNISTNet
+from scripts.bench.mnist import BATCH, OPTIMIZER, bench_trainer
 from scripts.training import hook_calls
 
-BATCH = 128
 SKIPPED = 10  # the first steps warm up allocations and caches
-
-
-def sgd(parameters) -> torch.optim.Optimizer:
-    return torch.optim.SGD(parameters, lr=0.03, momentum=0.5)
 
 
 class NearFreeNet(torch.nn.Module):
@@ -54,7 +50,7 @@ class NearFreeModule(L.LightningModule):
         return F.cross_entropy(self.net(batch[0]), batch[1])
 
     def configure_optimizers(self):
-        return sgd(self.parameters())
+        return OPTIMIZER(self.parameters())
 
 
 def median_step_us(ends: list[float]) -> float:
@@ -66,7 +62,7 @@ def plain(data: MNISTDataModule, net: torch.nn.Module, steps: int) -> float:
     torch.manual_seed(0)
     channels_last = isinstance(net, MNISTNet)  # as configs/mnist.yaml trains it
     net = net.to(memory_format=torch.channels_last) if channels_last else net
-    optimizer = sgd(net.parameters())
+    optimizer = OPTIMIZER(net.parameters())
     ends = []
     for i, batch in enumerate(data.train_dataloader()):
         if i == steps:
@@ -91,21 +87,11 @@ class StepEnds(L.Callback):
 
 
 def lightning(data_dir: str, steps: int, template_hook_calls: bool) -> float:
-    """Median µs a step of NearFreeModule in a Trainer without logger, checkpoints, progress bar or validation."""
+    """Median µs a step of NearFreeModule in scripts.bench.mnist's Trainer."""
     torch.manual_seed(0)
     hook_calls.install() if template_hook_calls else hook_calls.uninstall()
     ends = StepEnds()
-    trainer = L.Trainer(
-        max_epochs=1,
-        limit_train_batches=steps,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[ends],
-    )
-    trainer.fit(NearFreeModule(), datamodule=MNISTDataModule(data_dir=data_dir, batch_size=BATCH))
+    bench_trainer(steps, ends).fit(NearFreeModule(), datamodule=MNISTDataModule(data_dir=data_dir, batch_size=BATCH))
     return median_step_us(ends.ends)
 
 

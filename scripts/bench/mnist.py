@@ -129,11 +129,10 @@ class BareLightning(L.LightningModule):
         return OPTIMIZER(self.parameters())
 
 
-def lightning_rate(model: L.LightningModule, data_dir: str, limit: int) -> float:
-    """Training samples/s of one epoch of `model` on MNISTDataModule in a Trainer without logger, checkpoints,
-    progress bar or validation."""
-    data = MNISTDataModule(data_dir=data_dir, batch_size=BATCH)
-    trainer = L.Trainer(
+def bench_trainer(limit: int, callback: L.Callback) -> L.Trainer:
+    """One epoch (its first `limit` batches when > 0) in a Trainer without logger, checkpoints, progress bar or
+    validation, timed by `callback`."""
+    return L.Trainer(
         max_epochs=1,
         limit_train_batches=limit if limit > 0 else 1.0,
         limit_val_batches=0,
@@ -141,9 +140,14 @@ def lightning_rate(model: L.LightningModule, data_dir: str, limit: int) -> float
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[EpochThroughput()],
+        callbacks=[callback],
     )
-    trainer.fit(model, datamodule=data)
+
+
+def lightning_rate(model: L.LightningModule, data_dir: str, limit: int) -> float:
+    """Training samples/s of one epoch of `model` on MNISTDataModule in a bench_trainer."""
+    trainer = bench_trainer(limit, EpochThroughput())
+    trainer.fit(model, datamodule=MNISTDataModule(data_dir=data_dir, batch_size=BATCH))
     return float(trainer.callback_metrics["train_samples_per_sec"])
 
 
