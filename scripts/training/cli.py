@@ -26,7 +26,7 @@ import lightning as L
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
@@ -47,6 +47,7 @@ from scripts.training.checkpoints import (
     resume_from,
     saved_run_id,
 )
+from scripts.training.progress_bar import ProgressBar
 from scripts.training.sigterm import StopTogether
 from scripts.training.throughput import EpochThroughput
 from scripts.training.tracking import (
@@ -239,12 +240,17 @@ class TemplateCLI(LightningCLI):
                 args.run_name = None if args.run_id else args.run_name
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
+        # The config's own callbacks, before the Trainer adds its default progress bar to the same list.
+        named = list(self.config_init[self.subcommand].trainer.callbacks or []) if self.subcommand else []
         try:
             trainer = super().instantiate_trainer(**kwargs)
         except ValueError as error:  # the Trainer's own checks of its options (a strategy name that does not exist)
             raise ConfigError(f"trainer: {str(error).strip().splitlines()[0]}") from None
         check_launch(trainer.num_devices, trainer.num_nodes)
         trainer.callbacks.append(StopTogether())  # not in trainer.callbacks' option: a config's list would drop it
+        bar = trainer.progress_bar_callback
+        if type(bar) is TQDMProgressBar and not any(callback is bar for callback in named):  # the Trainer's default
+            trainer.callbacks[trainer.callbacks.index(bar)] = ProgressBar()
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # a user's own plugin is left alone
             trainer.strategy.checkpoint_io = RankZeroCheckpointIO(trainer.strategy)
         return trainer
