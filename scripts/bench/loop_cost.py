@@ -1,4 +1,4 @@
-"""What Lightning's training loop costs each step, apart from the work of the step:
+"""What Lightning's training loop and a progress bar cost each step, apart from the work of the step:
 
     python -m scripts.bench.loop_cost [--data-dir ../shared/data/mnist] [--steps 400] [--repeats 3]
 
@@ -8,24 +8,30 @@ and with the hook calls scripts.training.cli installs for every fit (scripts/tra
 of the steps' times, less the plain loop's, are Lightning's fixed cost a step: its hooks, its closure and optimizer
 chain, its progress and logging bookkeeping. The same plain loop on MNISTNet gives a real step's time here, and so
 the ceiling that fixed cost puts on scripts.bench.mnist's template / plain: step / (step + cost).
+Then the same Lightning loop with a progress bar drawing into a file (as in an Azure ML job's log): Lightning's
+TQDM bar, which draws at every batch, and the one scripts.train installs (scripts/training/progress_bar.py).
 The variants take turns `--repeats` times; each prints its median over the rounds with their spread (min..max).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
+import tempfile
 import time
 import warnings
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import TQDMProgressBar
 
 from datamodules.mnist import MNISTDataModule
 from lightning_modules.mnist_net import MNISTNet
 from scripts.bench.mnist import BATCH, OPTIMIZER, bench_trainer
 from scripts.training import hook_calls
+from scripts.training.progress_bar import ProgressBar
 
 SKIPPED = 10  # the first steps warm up allocations and caches
 
@@ -86,12 +92,14 @@ class StepEnds(L.Callback):
         self.ends.append(time.perf_counter())
 
 
-def lightning(data_dir: str, steps: int, template_hook_calls: bool) -> float:
-    """Median µs a step of NearFreeModule in scripts.bench.mnist's Trainer."""
+def lightning(data_dir: str, steps: int, template_hook_calls: bool, bar: TQDMProgressBar | None = None) -> float:
+    """Median µs a step of NearFreeModule in scripts.bench.mnist's Trainer; `bar` draws into a temporary file."""
     torch.manual_seed(0)
     hook_calls.install() if template_hook_calls else hook_calls.uninstall()
     ends = StepEnds()
-    bench_trainer(steps, ends).fit(NearFreeModule(), datamodule=MNISTDataModule(data_dir=data_dir, batch_size=BATCH))
+    trainer = bench_trainer(steps, ends, *([bar] if bar else []))
+    with tempfile.TemporaryFile("w") as log, contextlib.redirect_stdout(log):  # Lightning's bars write to stdout
+        trainer.fit(NearFreeModule(), datamodule=MNISTDataModule(data_dir=data_dir, batch_size=BATCH))
     return median_step_us(ends.ends)
 
 
@@ -111,6 +119,8 @@ def main(argv: list[str] | None = None) -> None:
         "plain loop": lambda: plain(data, NearFreeNet(), args.steps),
         "stock Lightning": lambda: lightning(args.data_dir, args.steps, template_hook_calls=False),
         "template's hook calls": lambda: lightning(args.data_dir, args.steps, template_hook_calls=True),
+        "+ Lightning's bar, to a file": lambda: lightning(args.data_dir, args.steps, True, TQDMProgressBar()),
+        "+ template's bar, to a file": lambda: lightning(args.data_dir, args.steps, True, ProgressBar()),
         "plain loop, MNISTNet": lambda: plain(data, MNISTNet(10), args.steps),
     }
     results: dict[str, list[float]] = {name: [] for name in runs}
@@ -127,6 +137,9 @@ def main(argv: list[str] | None = None) -> None:
         cost = medians[name] - medians["plain loop"]
         ceiling = step / (step + cost)
         print(f"  {name}: {cost:+.0f} µs a step, {cost / step:.1%} of an MNIST step; ceiling {ceiling:.2f}x")
+    for name in ("+ Lightning's bar, to a file", "+ template's bar, to a file"):
+        cost = medians[name] - medians["template's hook calls"]
+        print(f"  {name.removeprefix('+ ')}: {cost:+.0f} µs a step, {cost / step:.1%} of an MNIST step")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from functools import partial
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import ProgressBar
 from torch.utils.data import DataLoader, Dataset
 
 from datamodules.mnist import MEAN, STD, MNISTDataModule
@@ -129,18 +130,18 @@ class BareLightning(L.LightningModule):
         return OPTIMIZER(self.parameters())
 
 
-def bench_trainer(limit: int, callback: L.Callback) -> L.Trainer:
-    """One epoch (its first `limit` batches when > 0) in a Trainer without logger, checkpoints, progress bar or
-    validation, timed by `callback`."""
+def bench_trainer(limit: int, *callbacks: L.Callback) -> L.Trainer:
+    """One epoch (its first `limit` batches when > 0) in a Trainer without logger, checkpoints, validation or
+    progress bar (unless `callbacks` has one), timed by one of `callbacks`."""
     return L.Trainer(
         max_epochs=1,
         limit_train_batches=limit if limit > 0 else 1.0,
         limit_val_batches=0,
         logger=False,
         enable_checkpointing=False,
-        enable_progress_bar=False,
+        enable_progress_bar=any(isinstance(callback, ProgressBar) for callback in callbacks),
         enable_model_summary=False,
-        callbacks=[callback],
+        callbacks=list(callbacks),
     )
 
 
