@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from scripts.training import progress_bar
 from scripts.training.cli import cli_main
-from scripts.training.progress_bar import ProgressBar
+from scripts.training.progress_bar import ThrottledProgressBar
 
 
 class TenBatches(L.LightningModule):
@@ -62,17 +62,17 @@ def drawn(bar: TQDMProgressBar) -> tuple[set[int], set[int], str]:
 
 def test_lightnings_bar_draws_every_batch_and_ours_the_first_and_each_loops_last():
     assert drawn(TQDMProgressBar())[:2] == (set(range(11)), set(range(5)))
-    training, validation, text = drawn(ProgressBar(redraw_s=3600))
+    training, validation, text = drawn(ThrottledProgressBar(redraw_s=3600))
     assert training == {0, 1, 10}  # the bar's start, the first batch, each epoch's last
     assert validation == {0, 4}
     assert re.search(r"Epoch 1: 100%.*loss=", text)  # the epoch's metrics still reach the bar
-    assert drawn(ProgressBar(redraw_s=0))[:2] == (set(range(11)), set(range(5)))
+    assert drawn(ThrottledProgressBar(redraw_s=0))[:2] == (set(range(11)), set(range(5)))
 
 
 def test_a_batch_is_drawn_once_redraw_s_has_passed_since_the_last_draw(monkeypatch):
     clock = iter([100.0, 100.05, 100.12, 100.15, 100.23, 100.25, 100.26])
     monkeypatch.setattr(progress_bar.time, "monotonic", lambda: next(clock))
-    bar = ProgressBar(redraw_s=0.1)
+    bar = ThrottledProgressBar(redraw_s=0.1)
     assert [bar.due(count, 50) for count in (1, 2, 3, 4, 5, 6)] == [True, False, True, False, True, False]
     assert bar.due(50, 50)  # a loop's last batch, however soon
 
@@ -84,7 +84,7 @@ OWN_BAR = ["--trainer.callbacks+=lightning.pytorch.callbacks.TQDMProgressBar", "
 @pytest.mark.parametrize(
     ("options", "expected"),
     [
-        (BAR_ON, (ProgressBar, 1)),
+        (BAR_ON, (ThrottledProgressBar, 1)),
         ([*BAR_ON, *OWN_BAR], (TQDMProgressBar, 5)),
         ([], None),  # configs/penguins.yaml: enable_progress_bar false
     ],

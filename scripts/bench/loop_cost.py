@@ -31,7 +31,7 @@ from datamodules.mnist import MNISTDataModule
 from lightning_modules.mnist_net import MNISTNet
 from scripts.bench.mnist import BATCH, OPTIMIZER, bench_trainer
 from scripts.training import hook_calls
-from scripts.training.progress_bar import ProgressBar
+from scripts.training.progress_bar import ThrottledProgressBar
 
 SKIPPED = 10  # the first steps warm up allocations and caches
 
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
         "stock Lightning": lambda: lightning(args.data_dir, args.steps, template_hook_calls=False),
         "template's hook calls": lambda: lightning(args.data_dir, args.steps, template_hook_calls=True),
         "+ Lightning's bar, to a file": lambda: lightning(args.data_dir, args.steps, True, TQDMProgressBar()),
-        "+ template's bar, to a file": lambda: lightning(args.data_dir, args.steps, True, ProgressBar()),
+        "+ template's bar, to a file": lambda: lightning(args.data_dir, args.steps, True, ThrottledProgressBar()),
         "plain loop, MNISTNet": lambda: plain(data, MNISTNet(10), args.steps),
     }
     results: dict[str, list[float]] = {name: [] for name in runs}

@@ -47,7 +47,7 @@ from scripts.training.checkpoints import (
     resume_from,
     saved_run_id,
 )
-from scripts.training.progress_bar import ProgressBar
+from scripts.training.progress_bar import ThrottledProgressBar
 from scripts.training.sigterm import StopTogether
 from scripts.training.throughput import EpochThroughput
 from scripts.training.tracking import (
@@ -250,7 +250,7 @@ class TemplateCLI(LightningCLI):
         trainer.callbacks.append(StopTogether())  # not in trainer.callbacks' option: a config's list would drop it
         bar = trainer.progress_bar_callback
         if type(bar) is TQDMProgressBar and not any(callback is bar for callback in named):  # the Trainer's default
-            trainer.callbacks[trainer.callbacks.index(bar)] = ProgressBar()
+            trainer.callbacks[trainer.callbacks.index(bar)] = ThrottledProgressBar()
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # a user's own plugin is left alone
             trainer.strategy.checkpoint_io = RankZeroCheckpointIO(trainer.strategy)
         return trainer

@@ -21,7 +21,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 REDRAW_S = 0.1
 
 
-class ProgressBar(TQDMProgressBar):
+class ThrottledProgressBar(TQDMProgressBar):
     def __init__(self, redraw_s: float = REDRAW_S, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.redraw_s = redraw_s
