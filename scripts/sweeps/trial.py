@@ -187,8 +187,12 @@ class SweepTrial(L.Callback):
     def report(self, epoch: int, value: float) -> None:
         self.values[epoch] = value
         self.frozen.intermediate_values.setdefault(epoch, value)
+        self.send({epoch: value})
+
+    def send(self, values: dict[int, float]) -> None:
+        """Appends `values` to the reports file, a JSON line each, for the sweep process to store."""
         with open(self.reports_path, "a") as reports:
-            reports.write(json.dumps({"step": epoch, "value": value}) + "\n")
+            reports.writelines(json.dumps({"step": epoch, "value": value}) + "\n" for epoch, value in values.items())
 
     def should_prune(self, epoch: int) -> bool:
         """What optuna.trial.Trial.should_prune answers: the study's pruner asked about the trial as it stands."""
@@ -203,8 +207,7 @@ class SweepTrial(L.Callback):
         # that was to store them was stopped first (the sweep keeps the first value of each epoch).
         self.values = dict(state_dict.get("values", {}))
         if self.values:
-            with open(self.reports_path, "a") as reports:
-                reports.writelines(json.dumps({"step": e, "value": v}) + "\n" for e, v in self.values.items())
+            self.send(self.values)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         if os.getppid() != self.sweep_pid:
