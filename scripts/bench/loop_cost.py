@@ -92,7 +92,7 @@ class StepEnds(L.Callback):
         self.ends.append(time.perf_counter())
 
 
-def lightning(data_dir: str, steps: int, template_hook_calls: bool, bar: TQDMProgressBar | None = None) -> float:
+def lightning(data_dir: str, steps: int, template_hook_calls: bool = True, bar: TQDMProgressBar | None = None) -> float:
     """Median µs a step of NearFreeModule in scripts.bench.mnist's Trainer; `bar` draws into a temporary file."""
     torch.manual_seed(0)
     hook_calls.install() if template_hook_calls else hook_calls.uninstall()
@@ -118,9 +118,9 @@ def main(argv: list[str] | None = None) -> None:
     runs = {
         "plain loop": lambda: plain(data, NearFreeNet(), args.steps),
         "stock Lightning": lambda: lightning(args.data_dir, args.steps, template_hook_calls=False),
-        "template's hook calls": lambda: lightning(args.data_dir, args.steps, template_hook_calls=True),
-        "+ Lightning's bar, to a file": lambda: lightning(args.data_dir, args.steps, True, TQDMProgressBar()),
-        "+ template's bar, to a file": lambda: lightning(args.data_dir, args.steps, True, ThrottledProgressBar()),
+        "template's hook calls": lambda: lightning(args.data_dir, args.steps),
+        "+ Lightning's bar, to a file": lambda: lightning(args.data_dir, args.steps, bar=TQDMProgressBar()),
+        "+ template's bar, to a file": lambda: lightning(args.data_dir, args.steps, bar=ThrottledProgressBar()),
         "plain loop, MNISTNet": lambda: plain(data, MNISTNet(10), args.steps),
     }
     results: dict[str, list[float]] = {name: [] for name in runs}
