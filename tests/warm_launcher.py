@@ -68,12 +68,22 @@ class Command(FORKS.Child):
         except subprocess.TimeoutExpired:
             raise subprocess.TimeoutExpired(self.args, timeout) from None
 
+    def ended(self, status: int | None) -> None:
+        # Its output is read and its folder removed here, not in communicate(): a test that only waits for the
+        # command, or kills it, would otherwise leave the folder in the temporary directory.
+        self.output = tuple(self.read_output(name) for name in ("stdout", "stderr"))
+        shutil.rmtree(self.folder, ignore_errors=True)
+        super().ended(status)
+
+    def read_output(self, name: str) -> str:
+        try:
+            return (self.folder / name).read_text(errors="replace")
+        except FileNotFoundError:  # the launcher died before it forked the command
+            return ""
+
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         """(stdout, stderr) once it has ended."""
         self.wait(timeout)
-        if self.output is None:
-            self.output = tuple((self.folder / name).read_text(errors="replace") for name in ("stdout", "stderr"))
-            shutil.rmtree(self.folder, ignore_errors=True)
         return self.output
 
 
