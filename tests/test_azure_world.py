@@ -147,8 +147,9 @@ def test_register_model_against_azure_like_tracking_loads_back_and_predicts_as_t
     (version,) = client.search_model_versions(f"name = '{name}'")
     assert version.run_id == run_id
     mlflow.set_tracking_uri(azure_tracking.url)
+    (loaded := tmp_path / "loaded").mkdir()  # without dst_path MLflow downloads into a /tmp folder it never removes
     try:
-        registered = mlflow.pyfunc.load_model(f"models:/{name}/1")
+        registered = mlflow.pyfunc.load_model(f"models:/{name}/1", dst_path=str(loaded))
         folder = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/1", dst_path=str(tmp_path / "model")))
     finally:
         mlflow.set_tracking_uri(None)

@@ -187,8 +187,9 @@ def test_fit_registers_the_best_network_as_a_pyfunc_with_its_class_names_and_pro
     (version,) = client.search_model_versions(f"name = '{MODEL}'")
     assert version.run_id == run.info.run_id
     mlflow.set_tracking_uri(f"sqlite:///{outputs / 'mlflow.db'}")
+    (loaded := outputs / "loaded").mkdir()  # without dst_path MLflow downloads into a /tmp folder it never removes
     try:
-        registered = mlflow.pyfunc.load_model(f"models:/{MODEL}/1")
+        registered = mlflow.pyfunc.load_model(f"models:/{MODEL}/1", dst_path=str(loaded))
         folder = Path(mlflow.artifacts.download_artifacts(f"models:/{MODEL}/1", dst_path=str(outputs / "registered")))
     finally:
         mlflow.set_tracking_uri(None)
