@@ -20,15 +20,22 @@ less data work than the plain loop's, which offsets part of Lightning's loop.
 Plain, bare and template train channels-last, as configs/mnist.yaml does (`model.channels_last`).
 Both Lightning variants are timed by EpochThroughput (from the epoch's start to its last batch's end).
 `--batches N` trains on the first N batches of the epoch only, for a quicker answer. The six
-take turns `--repeats` times; each prints its median rate with the spread over the rounds (min..max), and the
-ratios are of the medians, so that one lucky round cannot decide them.
+take turns `--repeats` times, every other round in reverse order, each run in a process forked for it from this one
+(which imports the libraries and trains nothing) after a 5-batch warm-up run of its own; each prints its median rate
+with the spread over the rounds (min..max), and the ratios are of the medians, so that one lucky round cannot decide
+them. Template / plain is also given round by round (median and spread of the rounds' ratios): within a round the
+two run seconds apart, so the machine's slow drift in speed mostly cancels out of their ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import sys
 import time
+import traceback
 import warnings
 from functools import partial
 
@@ -165,6 +172,61 @@ def template(data_dir: str, limit: int) -> float:
     return lightning_rate(model, data_dir, limit)
 
 
+VARIANTS = (
+    "plain tensor loop", "plain, channels-first", "plain, datamodule's batches", "classic per-sample pipeline",
+    "bare Lightning", "template (Lightning)",
+)  # fmt: skip
+
+
+def measure(variant: str, data_dir: str, limit: int) -> dict:
+    """One variant's samples/s (after a 5-batch warm-up run of the same variant), and what it trained on."""
+    data = MNISTDataModule(data_dir=data_dir, batch_size=BATCH)
+    data.prepare_data()
+    data.setup("fit")
+    images, labels = data.splits["train"]
+    runs = {
+        "plain tensor loop": lambda limit: plain(images, labels, limit),
+        "plain, channels-first": lambda limit: plain(images, labels, limit, channels_last=False),
+        "plain, datamodule's batches": lambda limit: plain(images, labels, limit, datamodule=data),
+        "classic per-sample pipeline": lambda limit: classic(images, labels, limit),
+        "bare Lightning": lambda limit: bare(data_dir, limit),
+        "template (Lightning)": lambda limit: template(data_dir, limit),
+    }
+    runs[variant](5)
+    rate = runs[variant](limit)
+    samples = len(images) if limit < 0 else min(limit * BATCH, len(images))
+    return {"rate": rate, "samples": samples, "threads": torch.get_num_threads()}
+
+
+def in_child(variant: str, data_dir: str, limit: int) -> dict:
+    """`measure` in a process forked for it: every variant starts from the same state (this process's imports, no
+    memory allocated or freed by another variant, no torch thread pool started), as it would run alone. In one process
+    the variant before moved the next one's rate by up to 5% (the plain loop after a Lightning fit)."""
+    read, write = os.pipe()
+    sys.stdout.flush()  # or the child's output could carry this process's unwritten lines again
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        status = 1
+        try:
+            with os.fdopen(write, "w") as answer:
+                answer.write(json.dumps(measure(variant, data_dir, limit)))
+            status = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:  # the child ends here, whatever happened: it never returns into the parent's loop
+            sys.stderr.flush()
+            os._exit(status)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        text = answer.read()
+    status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if status != 0 or not text:
+        raise SystemExit(f"mnist bench: the {variant} run failed (exit status {status}); its error is above")
+    return json.loads(text)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description="MNIST training samples/s: plain loops, classic pipeline, bare Lightning, template"
@@ -175,34 +237,30 @@ def main(argv: list[str] | None = None) -> None:
         "--repeats", type=int, default=1, help="rounds of every variant; each prints its median and spread"
     )
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: give 1 or more rounds")
     warnings.filterwarnings("ignore")
-    data = MNISTDataModule(data_dir=args.data_dir, batch_size=BATCH)
-    data.prepare_data()
-    data.setup("fit")
-    images, labels = data.splits["train"]
     limit = args.batches if args.batches > 0 else -1
-    train_steps(MNISTNet(10), [((images[:BATCH].float() / 255 - MEAN) / STD, labels[:BATCH])] * 5, 5)  # one-off warm-up
-    runs = {
-        "plain tensor loop": lambda: plain(images, labels, limit),
-        "plain, channels-first": lambda: plain(images, labels, limit, channels_last=False),
-        "plain, datamodule's batches": lambda: plain(images, labels, limit, datamodule=data),
-        "classic per-sample pipeline": lambda: classic(images, labels, limit),
-        "bare Lightning": lambda: bare(args.data_dir, limit),
-        "template (Lightning)": lambda: template(args.data_dir, limit),
-    }
-    results: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(args.repeats):
-        for name, run in runs.items():
-            results[name].append(run())
-    count = len(images) if limit < 0 else min(limit * BATCH, len(images))
+    results: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    for round_ in range(args.repeats):
+        # Every other round runs the variants in reverse: the machine's speed drifts over minutes (a shared VM's
+        # neighbours), and a fixed order would hand that drift to the variants at one end of the round.
+        order = VARIANTS[:: -1 if round_ % 2 else 1]
+        for name in order:
+            measured = in_child(name, args.data_dir, limit)
+            results[name].append(measured["rate"])
+        print(f"round {round_ + 1}: " + "; ".join(f"{name} {results[name][-1]:.0f}" for name in order), flush=True)
     rounds = f"{args.repeats} round{'s' * (args.repeats != 1)}"
-    print(f"mnist: {count} training samples, batch {BATCH}, {torch.get_num_threads()} threads, {rounds}")
+    print(f"mnist: {measured['samples']} training samples, batch {BATCH}, {measured['threads']} threads, {rounds}")
     print(f"  {'':28s} {'median':>8s}  (min..max samples/s)")
     for name, rates in results.items():
         print(f"  {name:28s} {statistics.median(rates):8.0f}  ({min(rates):.0f}..{max(rates):.0f})")
     medians = {name: statistics.median(rates) for name, rates in results.items()}
     rate = medians["template (Lightning)"]
     print(f"  template / plain   {rate / medians['plain tensor loop']:.2f}x (medians)")
+    paired = [t / p for t, p in zip(results["template (Lightning)"], results["plain tensor loop"], strict=True)]
+    spread = f"{min(paired):.2f}..{max(paired):.2f}"
+    print(f"  template / plain   {statistics.median(paired):.2f}x (round by round: {spread})")
     print(f"  template / classic {rate / medians['classic per-sample pipeline']:.2f}x (medians)")
     channels = medians["plain tensor loop"] / medians["plain, channels-first"]
     print(f"  plain channels-last / channels-first {channels:.2f}x (medians)")
