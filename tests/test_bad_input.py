@@ -458,6 +458,9 @@ CASES = [
     Submit("submit-strategy", [*SUBMIT, "--train_args", "--trainer.strategy ddp"],
          "error: --train_args --trainer.strategy: the job's processes decide it; give --distribution (or "
          "--presets+ a preset)"),
+    Submit("submit-train-args-unclosed-quote", [*SUBMIT, "--train_args", "--trainer.logger.init_args.run_name 'a b"],
+         "error: --train_args --trainer.logger.init_args.run_name 'a b: not a command line (no closing quotation); "
+         "close each quote it opens"),
     Submit("submit-stream-a-dry-run", [*SUBMIT, "--dry_run", "true", "--stream", "true"],
          "error: --stream follows a submitted job: leave out --dry_run"),
     Submit("submit-workspace-half-named", [*SUBMIT, "--workspace", "ws"],

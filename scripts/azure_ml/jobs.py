@@ -244,7 +244,13 @@ def plan_job(
                 f"--presets {path}: submit adds it itself; give --nodes, --processes_per_node and --distribution"
             )
     configs = launch_first(configs)
-    for option in shlex.split(train_args):
+    try:
+        options = shlex.split(train_args)  # the job's shell reads it so
+    except ValueError as error:
+        raise SubmitError(
+            f"--train_args {train_args}: not a command line ({str(error).lower()}); close each quote it opens"
+        ) from None
+    for option in options:
         key = option.removeprefix("--trainer.").split("=", 1)[0]
         if option.startswith("--trainer.") and key in LAUNCH_OPTIONS:
             raise SubmitError(f"--train_args {option}: the job's processes decide it; give {LAUNCH_OPTIONS[key]}")
