@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -119,6 +121,24 @@ def test_the_jobs_command_is_one_the_cli_accepts_here():
     printed = yaml.safe_load(result.stdout)["trainer"]
     assert (str(printed["devices"]), printed["num_nodes"], printed["max_epochs"]) == ("4", 2, 5)
     assert printed["plugins"][0]["class_path"] == "strategies.mpi_environment.MPIEnvironment"
+
+
+def test_a_config_path_with_a_space_or_a_dollar_is_one_argument_of_the_jobs_command(tmp_path, monkeypatch):
+    """The job's command runs in a shell: a user's config named `my task.yaml` must reach scripts.train whole."""
+    from scripts.azure_ml.components import plan_components
+
+    shutil.copy(REPO / "environment.yml", tmp_path)
+    (tmp_path / "my configs").mkdir()
+    for name in ("my task.yaml", "$HOME.yaml"):
+        shutil.copy(REPO / "configs/penguins.yaml", tmp_path / "my configs" / name)
+    monkeypatch.chdir(tmp_path)
+    configs = ["my configs/my task.yaml", "my configs/$HOME.yaml"]
+    job = build_job(configs, "cpu", 2, 2, "mpi")
+    assert shlex.split(job.command)[4:8] == ["--config", configs[0], "--config", configs[1]]
+    monkeypatch.syspath_prepend(str(REPO))
+    plan = plan_components(configs)
+    for step in ("train", "evaluate"):
+        assert shlex.split(plan.commands[step])[4:8] == ["--config", configs[0], "--config", configs[1]], step
 
 
 def test_dry_run_prints_yaml_that_load_job_reads_back(tmp_path, capsys):

@@ -24,6 +24,7 @@ import contextlib
 import io
 import json
 import re
+import shlex
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,8 +89,6 @@ def check_prefix(prefix: str) -> str:
 def resolved_config(configs: list[str], train_args: str = "") -> dict:
     """The config scripts.train fit runs with (its --print_config), or SubmitError with its one line. Imports
     Lightning (a few seconds)."""
-    import shlex
-
     from jsonargparse import ArgumentError
 
     from scripts.training.cli import cli_main
@@ -158,7 +157,7 @@ def plan_components(configs: list[str], train_args: str = "", prefix: str | None
         plan.parameters[parameter.name] = (parameter, wanted(default))
         parts.append(f"--{parameter.option} ${{{{inputs.{parameter.name}}}}}")
     data = f"$[[--{plan.data_option} ${{{{inputs.training_data}}}}]]" if plan.data_option else ""
-    config_args = " ".join(f"--config {path}" for path in configs)
+    config_args = " ".join(f"--config {shlex.quote(path)}" for path in configs)  # the job's shell reads it
     plan.commands["train"] = " ".join(part for part in (
         f"python -m scripts.train fit {config_args}",
         "$[[--config ${{inputs.launch_config}}]]",
@@ -184,8 +183,6 @@ def plan_components(configs: list[str], train_args: str = "", prefix: str | None
 
 def data_options(train_args: str) -> str:
     """The --data.* options of `train_args`: the evaluate step reads the data as the train step does."""
-    import shlex
-
     tokens, kept = shlex.split(train_args), []
     for index, token in enumerate(tokens):
         if token.startswith("--data."):

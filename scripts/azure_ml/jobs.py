@@ -276,7 +276,7 @@ def plan_job(
             dockerfile = HOROVOD_GPU_DOCKERFILE if gpu else HOROVOD_DOCKERFILE
             option = "--image" if image != BASE_IMAGE else "--environment"
             raise SubmitError(f"{option}: Horovod jobs run on the image {dockerfile} builds; edit its FROM")
-    parts = ["python -m scripts.train fit", *(f"--config {path}" for path in configs)]
+    parts = ["python -m scripts.train fit", *(f"--config {shlex.quote(path)}" for path in configs)]  # a shell reads it
     launch, shape = None, "1 process"
     if several:
         if not horovod:  # the configs' Horovod strategy joins mpirun's processes itself
