@@ -49,6 +49,24 @@ def test_one_process_runs_the_train_command_in_the_tasks_experiment():
 
 
 @pytest.mark.parametrize(
+    "train_args",
+    [
+        "--trainer.logger.init_args.experiment_name penguins-lr",
+        "--trainer.max_epochs 5 --trainer.logger.init_args.experiment_name=penguins-lr",
+        "--trainer.logger.experiment_name 'penguins-lr'",
+    ],
+)
+def test_an_experiment_named_in_train_args_is_the_jobs(train_args):
+    """Azure ML hands every process the job's experiment (MLFLOW_EXPERIMENT_NAME), which scripts.train takes over the
+    logger's: the job must be in the experiment the user named, not the config's."""
+    job = build_job(["configs/penguins.yaml"], "cpu-cluster", train_args=train_args)
+    assert job.experiment_name == "penguins-lr"
+    assert build_job(["configs/penguins.yaml"], "c", train_args=train_args, experiment="other").experiment_name == (
+        "other"
+    )  # --experiment says it outright
+
+
+@pytest.mark.parametrize(
     ("distribution", "preset", "kind"),
     [("pytorch", "configs/trainer/ddp.yaml", "pytorch"), ("mpi", "configs/trainer/ddp_mpi.yaml", "mpi")],
 )

@@ -69,12 +69,19 @@ def trainer_setting(configs: list[str], key: str) -> object:
     return value
 
 
-def experiment_of(configs: list[str]) -> str:
-    """The MLflow experiment the configs' logger names."""
+def experiment_of(configs: list[str], train_args: str = "") -> str:
+    """The MLflow experiment the configs' logger names, or --train_args's: Azure ML's MLFLOW_EXPERIMENT_NAME, the job's
+    experiment, wins over it in the job's processes (scripts/training/cli.py), so the job must be in that one."""
     logger = trainer_setting(configs, "logger")
+    name = DEFAULT_EXPERIMENT
     if isinstance(logger, dict):
-        return (logger.get("init_args") or {}).get("experiment_name", DEFAULT_EXPERIMENT)
-    return DEFAULT_EXPERIMENT
+        name = (logger.get("init_args") or {}).get("experiment_name", DEFAULT_EXPERIMENT)
+    tokens = shlex.split(train_args)
+    for index, token in enumerate(tokens):
+        option, equals, value = token.partition("=")
+        if option in ("--trainer.logger.init_args.experiment_name", "--trainer.logger.experiment_name"):
+            name = value if equals else (tokens[index + 1 :] or [name])[0]
+    return name
 
 
 def horovod_build_context(gpu: bool = False) -> Path:
@@ -333,7 +340,7 @@ def build_job(
         distribution=launch_distribution(plan, processes_per_node),
         inputs=job_inputs or None,
         outputs={"checkpoints": Output(type="uri_folder", mode="rw_mount")} if checkpoints else None,
-        experiment_name=experiment or experiment_of(configs),
+        experiment_name=experiment or experiment_of(configs, train_args),
         display_name=f"{tasks}: fit, {plan.shape}",
         environment_variables=launch_variables(plan),
         job_tier=plan.tier,

@@ -138,7 +138,8 @@ def plan_pipeline(
     if scoring is None and not components_only:
         what = "a folder of images" if wanted == "uri_folder" else "a CSV, e.g. configs/examples/penguins.csv"
         raise SubmitError(f"--score_data: give what the score step scores ({what}); without --data it has no default")
-    return PipelinePlan(components, job, compute, nodes, processes_per_node, experiment or experiment_of(configs),
+    experiment = experiment or experiment_of(configs, train_args)
+    return PipelinePlan(components, job, compute, nodes, processes_per_node, experiment,
                         model_name, metric, threshold, training, testing, scoring, spec, image, shm_size,
                         train_args)  # fmt: skip
 
