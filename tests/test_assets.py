@@ -90,6 +90,15 @@ def test_the_mltable_names_the_csv_beside_it_and_reads_the_same_table_as_pandas(
         assert list(expected.columns) == ["Island", "CulmenLength", "CulmenDepth", "FlipperLength", "BodyMass"]
 
 
+def test_registering_again_the_csv_an_earlier_mltable_holds_keeps_it(tmp_path):
+    data("penguins", str(PENGUINS_CSV), "1", mltable=True, dry_run=True)
+    folder = tmp_path / "assets" / "penguins-table"
+    data("penguins", str(folder / PENGUINS_CSV.name), "2", mltable=True, dry_run=True)  # the copy the first one made
+    assert sorted(path.name for path in folder.parent.iterdir()) == ["penguins-table"]
+    assert sorted(path.name for path in folder.iterdir()) == ["MLTable", PENGUINS_CSV.name]
+    pd.testing.assert_frame_equal(read_as_mltable(folder), pd.read_csv(PENGUINS_CSV))
+
+
 @pytest.mark.parametrize(
     ("kind", "name", "conda", "image"),
     [

@@ -146,10 +146,14 @@ def mltable_text(csv_name: str, delimiter: str) -> str:
 def write_mltable(csv: Path, folder: Path) -> Path:
     """`folder` made an MLTable's: the MLTable file and a copy of the CSV it reads (an MLTable's paths are relative
     to its own folder, which is what Azure ML uploads)."""
+    # Made beside it, then put in its place: the CSV may be the one an earlier registration left in `folder`.
+    staging = folder.with_name(f".{folder.name}.new")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    shutil.copy(csv, staging / csv.name)
+    (staging / "MLTable").write_text(mltable_text(csv.name, DELIMITERS[csv.suffix.lower()]))
     shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    shutil.copy(csv, folder / csv.name)
-    (folder / "MLTable").write_text(mltable_text(csv.name, DELIMITERS[csv.suffix.lower()]))
+    staging.rename(folder)
     return folder
 
 
