@@ -139,6 +139,7 @@ PENGUIN = {"island": "Biscoe", "bill_length_mm": 50.4, "bill_depth_mm": 15.3, "f
            "body_mass_g": 5000}  # fmt: skip
 HEADER = ",".join(PENGUIN) + "\n"
 NO_MASS = {key: value for key, value in PENGUIN.items() if key != "body_mass_g"}
+HUGE_SPLIT = {"input_data": {"columns": list(PENGUIN), "data": [["Biscoe", 50.4, 15.3, 200, -(10**400)]]}}
 BAD_ROWS = [  # (body, content type, status, the message's start)
     ("[" * 100_000 + "]" * 100_000, "application/json", 400, "request body is JSON nested deeper than 32 levels"),
     ('{"island": ' + "[" * 40 + "]" * 40 + "}", "application/json", 400, "request body is JSON nested deeper"),
@@ -154,6 +155,9 @@ BAD_ROWS = [  # (body, content type, status, the message's start)
     (b"\xff\xfe\x00garbage", "text/csv", 400, "request body is not a readable CSV (not UTF-8 text)"),
     (HEADER + "Biscoe,50.4,15.3,200,5000\n" * 1001, "text/csv", 413, "1001 rows in one request; send at most 1000 ("),
     ([PENGUIN] * 1001, "application/json", 413, "1001 rows in one request; send at most 1000 (SCORE_MAX_ROWS)"),
+    # An integer past float's range (JSON has no limit): pandas cannot hold it, so it is refused as 1e400 is.
+    ({**PENGUIN, "body_mass_g": 10**400}, "application/json", 400, "request: row 1, column body_mass_g: 'inf' is not"),
+    (HUGE_SPLIT, "application/json", 400, "request: row 1, column body_mass_g: '-inf' is not a finite number"),
 ]
 
 
