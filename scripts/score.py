@@ -310,9 +310,19 @@ def input_data(given):
     import pandas as pd
 
     split = given["input_data"]
+    # Column names pandas takes but the model cannot: a list (unhashable) fails deep in it, a name given twice makes
+    # that column a DataFrame.
+    columns = split.get("columns") if isinstance(split, dict) else None
+    names = isinstance(columns, list) and all(isinstance(column, str) for column in columns)
+    if names and len(set(columns)) < len(columns):
+        seen: set[str] = set()
+        twice = next(column for column in columns if column in seen or seen.add(column))
+        raise RequestError(f'input_data: column {twice!r} named twice in "columns"; name each once')
     try:
         if not (isinstance(split, dict) and isinstance(split.get("data"), list) and split["data"]):
             raise ValueError("no data")
+        if columns is not None and not names:
+            raise ValueError("columns that are not names")
         frame = pd.DataFrame(split["data"], columns=split.get("columns"), index=split.get("index"))
         return frame.reset_index(drop=True)
     except (ValueError, TypeError, AssertionError):

@@ -140,6 +140,8 @@ PENGUIN = {"island": "Biscoe", "bill_length_mm": 50.4, "bill_depth_mm": 15.3, "f
 HEADER = ",".join(PENGUIN) + "\n"
 NO_MASS = {key: value for key, value in PENGUIN.items() if key != "body_mass_g"}
 HUGE_SPLIT = {"input_data": {"columns": list(PENGUIN), "data": [["Biscoe", 50.4, 15.3, 200, -(10**400)]]}}
+TWICE_SPLIT = {"input_data": {"columns": ["island", *PENGUIN], "data": [["Dream", *PENGUIN.values()]]}}
+LIST_SPLIT = {"input_data": {"columns": [["island"], *list(PENGUIN)[1:]], "data": [list(PENGUIN.values())]}}
 BAD_ROWS = [  # (body, content type, status, the message's start)
     ("[" * 100_000 + "]" * 100_000, "application/json", 400, "request body is JSON nested deeper than 32 levels"),
     ('{"island": ' + "[" * 40 + "]" * 40 + "}", "application/json", 400, "request body is JSON nested deeper"),
@@ -158,6 +160,8 @@ BAD_ROWS = [  # (body, content type, status, the message's start)
     # An integer past float's range (JSON has no limit): pandas cannot hold it, so it is refused as 1e400 is.
     ({**PENGUIN, "body_mass_g": 10**400}, "application/json", 400, "request: row 1, column body_mass_g: 'inf' is not"),
     (HUGE_SPLIT, "application/json", 400, "request: row 1, column body_mass_g: '-inf' is not a finite number"),
+    (TWICE_SPLIT, "application/json", 400, "input_data: column 'island' named twice in \"columns\"; name each once"),
+    (LIST_SPLIT, "application/json", 400, "input_data: send a DataFrame in pandas' split orientation"),
 ]
 
 
