@@ -399,7 +399,8 @@ def row_inputs(model: Model, rows, row_name, max_rows: int = MAX_ROWS) -> tuple[
     index i in messages and answers."""
     import pandas as pd
 
-    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame.from_records(rows)
+    # pd.DataFrame, not from_records: that makes no row of an object with no fields ({} answered with no prediction)
+    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
     if len(frame) > max_rows:
         raise RequestError(f"{len(frame)} rows in one request; send at most {max_rows}", 413)
     return frame, [row_name(index) for index in frame.index]

@@ -178,6 +178,14 @@ def test_a_bad_rows_request_is_a_4xx_naming_the_field_row_or_limit(penguins, mon
         assert answer["message"].endswith("(no body_mass_g)")
 
 
+def test_rows_with_no_fields_are_refused_not_answered_with_no_predictions(penguins, monkeypatch):
+    """An empty object is a row: one answer per row, or a 400 naming what it lacks (never 200 with fewer answers)."""
+    for body in ("{}", "[{}, {}]"):
+        status, answer = post(penguins, body, "application/json", monkeypatch)
+        assert status == 400 and answer["message"].startswith("request: missing columns; each row"), answer
+        assert answer["message"].endswith("(no island, bill_length_mm, bill_depth_mm, flipper_length_mm, body_mass_g)")
+
+
 def test_a_spreadsheets_csv_is_answered_as_its_rows(penguins, monkeypatch):
     """A trailing comma on each row (and on the header) is no extra column, and shifts nothing."""
     plain = post(penguins, HEADER + "Biscoe,50.4,15.3,200,5000\nDream,40,18,190,3800\n", "text/csv", monkeypatch)
