@@ -334,3 +334,32 @@ def test_the_pyfunc_used_directly_refuses_a_cell_of_the_wrong_type(penguins):
             model.answer(pd.DataFrame([{**PENGUIN, column: value}]))
         assert str(error.value).startswith(f"request: row 1, column {column}: a {kind} (")
     assert len(model.answer(pd.DataFrame([PENGUIN]))) == 1
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    from datamodules.birds import BirdsDataModule
+
+    folder = tmp_path_factory.mktemp("photos") / "model"
+    network = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(3, 2))
+    save_model(network, torch.randn(4, 3, 32, 32), ["chickens", "turkeys"], folder,
+               serving_inputs(BirdsDataModule(image_size=32)))  # fmt: skip
+    return folder
+
+
+def test_a_strip_of_a_picture_is_refused_before_the_crop_resizes_it_to_gigabytes(photos, monkeypatch):
+    """1 x 150,000 pixels passes the pixel limit, but its shorter side resized to 37 (the crop's 256/224 of 32) would
+    make it 37 x 5,550,000: 616 MB decoded (at image_size 224, a 126-byte PNG of 1 x 10,000 costs 2.6 GB)."""
+    import resource
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (1, 150_000), (10, 200, 30)).save(buffer, format="PNG")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    status, answer = post(photos, buffer.getvalue(), "image/png", monkeypatch)
+    assert status == 400 and answer["message"].startswith(
+        "image 1: 1x150000 pixels, which the centre crop would resize to 37x5550000; send a picture"
+    ), answer
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 * 1024
+    wide = io.BytesIO()
+    Image.new("RGB", (300, 20), (10, 200, 30)).save(wide, format="PNG")  # a panorama is no strip: answered
+    assert post(photos, wide.getvalue(), "image/png", monkeypatch)[0] == 200

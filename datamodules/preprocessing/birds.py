@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from datamodules.preprocessing.images import pixels, read
+from datamodules.errors import DataError
+from datamodules.preprocessing.images import MAX_IMAGE_PIXELS, pixels, read
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # what every ImageNet-pretrained backbone expects
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -19,13 +20,30 @@ def centre_crop(image, image_size: int) -> np.ndarray:
     antialiased), the centre image_size x image_size; uint8 (H, W, 3)."""
     from PIL import Image
 
-    width, height = image.size
-    short = round(image_size * 256 / 224)
-    size = (short, int(short * height / width)) if width <= height else (int(short * width / height), short)
+    size = resized(image.size, image_size)
     if size != image.size:
         image = image.resize(size, Image.Resampling.BILINEAR)
     left, top = round((size[0] - image_size) / 2), round((size[1] - image_size) / 2)
     return pixels(image.crop((left, top, left + image_size, top + image_size)))
+
+
+def resized(size: tuple[int, int], image_size: int) -> tuple[int, int]:
+    """The size `centre_crop` resizes a picture of `size` (width, height) to before cropping."""
+    width, height = size
+    short = round(image_size * 256 / 224)
+    return (short, int(short * height / width)) if width <= height else (int(short * width / height), short)
+
+
+def check_resize(image, image_size: int, name: str) -> None:
+    """Refuses a strip of a picture (1 x 10,000 pixels: 126 bytes of PNG, within the pixel limit) that the crop's
+    resize would make a picture over MAX_IMAGE_PIXELS (256 x 2,560,000: 2.6 GB at image_size 224)."""
+    width, height = resized(image.size, image_size)
+    if width * height > MAX_IMAGE_PIXELS:
+        raise DataError(
+            f"{name}: {image.size[0]}x{image.size[1]} pixels, which the centre crop would resize to {width}x{height}; "
+            f"send a picture whose sides are nearer alike (resized, at most {MAX_IMAGE_PIXELS} pixels: "
+            "SCORE_MAX_IMAGE_PIXELS)"
+        )
 
 
 def normalize(images: np.ndarray) -> np.ndarray:
@@ -38,5 +56,9 @@ def normalize(images: np.ndarray) -> np.ndarray:
 
 def serving_batch(state: dict, inputs: list[bytes], names: list[str]) -> np.ndarray:
     """Encoded photos (one name each, for messages) as the network's input batch (N, 3, S, S), S: image_size."""
-    crops = [centre_crop(read(data, name), state["image_size"]).transpose(2, 0, 1) for data, name in zip(inputs, names)]
+    crops = []
+    for data, name in zip(inputs, names):
+        image = read(data, name)
+        check_resize(image, state["image_size"], name)
+        crops.append(centre_crop(image, state["image_size"]).transpose(2, 0, 1))
     return normalize(np.stack(crops))
