@@ -314,10 +314,11 @@ def input_data(given):
     # that column a DataFrame.
     columns = split.get("columns") if isinstance(split, dict) else None
     names = isinstance(columns, list) and all(isinstance(column, str) for column in columns)
-    if names and len(set(columns)) < len(columns):
-        seen: set[str] = set()
-        twice = next(column for column in columns if column in seen or seen.add(column))
-        raise RequestError(f'input_data: column {twice!r} named twice in "columns"; name each once')
+    seen: set[str] = set()
+    for column in columns if names else ():
+        if column in seen:
+            raise RequestError(f'input_data: column {column!r} named twice in "columns"; name each once')
+        seen.add(column)
     try:
         if not (isinstance(split, dict) and isinstance(split.get("data"), list) and split["data"]):
             raise ValueError("no data")
