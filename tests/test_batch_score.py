@@ -108,3 +108,18 @@ def test_the_script_runs_from_the_command_line_on_a_folder(models):
     assert lines[0] == "file,class,probability,probability_chickens,probability_turkeys"
     turkeys = [name for name in birds.expected if "/turkeys/" in name]
     assert [line.split(",")[1] for line in lines[1:]] == [birds.expected[name][0] for name in sorted(turkeys)]
+
+
+def test_the_command_line_names_a_model_folder_without_a_model_or_inputs_not_there(models, tmp_path):
+    penguins = models["penguins"]
+    cases = [
+        ([str(tmp_path), str(penguins.inputs)], f"error: {tmp_path}: no MLmodel here or one folder below; deploy an "
+                                                 "MLflow model"),
+        ([str(penguins.model), str(tmp_path / "new.csv")], f"error: {tmp_path / 'new.csv'}: no such file or folder; "
+                                                            "give files or folders to score after MODEL_DIR"),
+    ]  # fmt: skip
+    for args, line in cases:
+        command = [sys.executable, "-m", "scripts.serving.batch_score", *args]
+        result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert (result.returncode, result.stderr.strip().splitlines()[-1:], result.stdout) == (1, [line], "")
+        assert "Traceback" not in result.stderr

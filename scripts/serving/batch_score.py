@@ -85,8 +85,14 @@ def main(argv: list[str] | None = None) -> None:
         return
     if len(argv) < 2:
         sys.exit(usage)
+    missing = [given for given in argv[1:] if not Path(given).exists()]
+    if missing:
+        sys.exit(f"error: {missing[0]}: no such file or folder; give files or folders to score after MODEL_DIR")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    init(argv[0])
+    try:
+        init(argv[0])
+    except FileNotFoundError as error:  # model_folder's one line
+        sys.exit(f"error: {error}")
     files = [str(p) for given in argv[1:] for p in (sorted(Path(given).iterdir()) if Path(given).is_dir() else [given])]
     print(run(files).to_csv(index=False), end="")
 
