@@ -158,6 +158,12 @@ def sweep_file(tmp_path, **sections):
             "search_space.trainer.max_steps: int [1, 5000, 1] is 5000 values, more than Azure ML's choice takes here "
             "(1000); give a step, e.g. {int: [1, 5000, 5]}",
         ),
+        (
+            {"search_space": {"data.init_args.preprocessing": {"choice": ["course", "standardize $HOME"]}}},
+            "search_space.data.init_args.preprocessing: choice 'standardize $HOME' would not reach the trial as one "
+            "value (Azure ML writes it into a shell command as it is); give values without spaces, quotes or shell "
+            "characters",
+        ),
         ({"search_space": {"model.optimiser.init_args.lr": {"uniform": [0.1, 1]}}}, "no such option"),
         ({"objective": None}, "objective is missing"),
     ],

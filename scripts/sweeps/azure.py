@@ -67,6 +67,14 @@ def check_for_azure(sweep: Sweep) -> None:
             "or early_termination.policy none"
         )
     for param in sweep.params:
+        for value in param.grid_values() if param.kind == "choice" else ():
+            # Azure ML writes the drawn value into the trial's command as it is, and a shell runs that command.
+            if isinstance(value, str) and quote(value) != value:
+                raise SweepError(
+                    f"{sweep.path}: search_space.{param.option}: choice {value!r} would not reach the trial as one "
+                    "value (Azure ML writes it into a shell command as it is); give values without spaces, quotes "
+                    "or shell characters"
+                )
         if param.kind == "int" and len(param.grid_values()) > MAX_CHOICES:
             raise SweepError(
                 f"{sweep.path}: search_space.{param.option}: int {list(param.args)} is {len(param.grid_values())} "
