@@ -289,6 +289,7 @@ def test_an_azure_login_that_fails_is_one_line(monkeypatch):
         ([], "", BASE_IMAGE),
         (["configs/trainer/gpu.yaml"], "", GPU_IMAGE),
         ([], "--trainer.accelerator gpu", GPU_IMAGE),
+        ([], "--trainer.accelerator 'gpu'", GPU_IMAGE),  # the job's shell takes the quotes off
         (["configs/trainer/gpu.yaml"], "--trainer.accelerator=cpu", BASE_IMAGE),
     ],
 )

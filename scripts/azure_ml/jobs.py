@@ -76,12 +76,24 @@ def experiment_of(configs: list[str], train_args: str = "") -> str:
     name = DEFAULT_EXPERIMENT
     if isinstance(logger, dict):
         name = (logger.get("init_args") or {}).get("experiment_name", DEFAULT_EXPERIMENT)
-    tokens = shlex.split(train_args)
+    given = train_arg(train_args, "--trainer.logger.init_args.experiment_name", "--trainer.logger.experiment_name")
+    return given or name
+
+
+def train_arg(train_args: str, *options: str) -> str | None:
+    """The value --train_args gives the last of `options` (`--option value` or `--option=value`, read as the job's
+    shell reads the command), or None."""
+    tokens, found = shlex.split(train_args), None
     for index, token in enumerate(tokens):
         option, equals, value = token.partition("=")
-        if option in ("--trainer.logger.init_args.experiment_name", "--trainer.logger.experiment_name"):
-            name = value if equals else (tokens[index + 1 :] or [name])[0]
-    return name
+        if option in options:
+            found = value if equals else next(iter(tokens[index + 1 : index + 2]), None)
+    return found
+
+
+def accelerator_of(configs: list[str], train_args: str) -> str:
+    """trainer.accelerator as the job's processes get it: --train_args's, else the configs' (the last that sets it)."""
+    return train_arg(train_args, "--trainer.accelerator") or str(trainer_setting(configs, "accelerator"))
 
 
 def horovod_build_context(gpu: bool = False) -> Path:
@@ -113,8 +125,7 @@ def launch_first(configs: list[str]) -> list[str]:
 def cpu_image_note(configs: list[str], train_args: str, compute: str, processes_per_node: int) -> str | None:
     """A line for a job that gets the CPU image because its configs leave the accelerator to Lightning, where GPUs
     look meant (several processes per node, a compute named for GPUs); None otherwise."""
-    accelerator = str(trainer_setting(configs, "accelerator"))
-    accelerator = dict(re.findall(r"--trainer\.(accelerator)[= ](\S+)", train_args)).get("accelerator", accelerator)
+    accelerator = accelerator_of(configs, train_args)
     if accelerator not in ("None", "auto") or (processes_per_node < 2 and "gpu" not in compute.lower()):
         return None
     return (
@@ -151,8 +162,8 @@ def dataloader_workers(configs: list[str], train_args: str = "") -> int:
     for path in configs:
         data = (yaml.safe_load(Path(path).read_text()) or {}).get("data") or {}
         workers = ((data.get("init_args") or {}) if isinstance(data, dict) else {}).get("num_workers", workers)
-    given = re.findall(r"--data\.(?:init_args\.)?num_workers[= ](\d+)", train_args)
-    return int(given[-1]) if given else int(workers or 0)
+    given = train_arg(train_args, "--data.num_workers", "--data.init_args.num_workers")
+    return int(given) if given and given.isdigit() else int(workers or 0)
 
 
 def shm_size_of(given: str | None, workers: int, processes_per_node: int) -> str | None:
@@ -273,9 +284,7 @@ def plan_job(
     shm = shm_size_of(shm_size, dataloader_workers(configs, train_args), processes_per_node)
     several = nodes * processes_per_node > 1
     horovod = "horovod" in str(trainer_setting(configs, "strategy")).lower()
-    accelerator = str(trainer_setting(configs, "accelerator"))
-    accelerator = dict(re.findall(r"--trainer\.(accelerator)[= ](\S+)", train_args)).get("accelerator", accelerator)
-    gpu = accelerator in GPU_ACCELERATORS
+    gpu = accelerator_of(configs, train_args) in GPU_ACCELERATORS
     if horovod:
         if several and distribution != "mpi":
             raise SubmitError("Horovod's processes are started by mpirun: add --distribution mpi")
