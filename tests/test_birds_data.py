@@ -293,3 +293,12 @@ def test_predict_needs_no_training_data_when_classes_are_given(tmp_path):
     assert [Path(name).name for name in dm.predict_names] == ["0.png", "1.jpg"]
     with pytest.raises(DataError, match="no such folder"):
         dm.setup("fit")
+
+
+def test_evaluation_and_predict_refuse_a_strip_of_a_picture_before_resizing_it():
+    """The crop the registered model serves with: a 1 x 150,000 picture would become 37 x 5,550,000 at image_size 32."""
+    from datamodules.birds import eval_transform
+
+    with pytest.raises(DataError, match=r"^an image: 1x150000 pixels, which the centre crop would resize to 37x555"):
+        eval_transform(32)(torch.zeros(3, 150_000, 1, dtype=torch.uint8))
+    assert eval_transform(32)(torch.zeros(3, 20, 300, dtype=torch.uint8)).shape == (3, 32, 32)

@@ -15,35 +15,25 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)  # what every ImageNet-pretrained backbone
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-def centre_crop(image, image_size: int) -> np.ndarray:
+def centre_crop(image, image_size: int, name: str = "an image") -> np.ndarray:
     """ImageNet's evaluation recipe on a Pillow RGB image: shorter side to round(image_size * 256 / 224) (bilinear,
-    antialiased), the centre image_size x image_size; uint8 (H, W, 3)."""
+    antialiased), the centre image_size x image_size; uint8 (H, W, 3). A strip of a picture (1 x 10,000 pixels: 126
+    bytes of PNG, within the pixel limit) that the resize would make a picture over MAX_IMAGE_PIXELS (256 x 2,560,000:
+    2.6 GB at image_size 224) is a DataError naming `name`, before any of it is made."""
     from PIL import Image
 
-    size = resized(image.size, image_size)
+    width, height = image.size
+    short = round(image_size * 256 / 224)
+    size = (short, int(short * height / width)) if width <= height else (int(short * width / height), short)
+    if size[0] * size[1] > MAX_IMAGE_PIXELS:
+        raise DataError(
+            f"{name}: {width}x{height} pixels, which the centre crop would resize to {size[0]}x{size[1]}; send a "
+            f"picture whose sides are nearer alike (resized, at most {MAX_IMAGE_PIXELS} pixels: SCORE_MAX_IMAGE_PIXELS)"
+        )
     if size != image.size:
         image = image.resize(size, Image.Resampling.BILINEAR)
     left, top = round((size[0] - image_size) / 2), round((size[1] - image_size) / 2)
     return pixels(image.crop((left, top, left + image_size, top + image_size)))
-
-
-def resized(size: tuple[int, int], image_size: int) -> tuple[int, int]:
-    """The size `centre_crop` resizes a picture of `size` (width, height) to before cropping."""
-    width, height = size
-    short = round(image_size * 256 / 224)
-    return (short, int(short * height / width)) if width <= height else (int(short * width / height), short)
-
-
-def check_resize(image, image_size: int, name: str) -> None:
-    """Refuses a strip of a picture (1 x 10,000 pixels: 126 bytes of PNG, within the pixel limit) that the crop's
-    resize would make a picture over MAX_IMAGE_PIXELS (256 x 2,560,000: 2.6 GB at image_size 224)."""
-    width, height = resized(image.size, image_size)
-    if width * height > MAX_IMAGE_PIXELS:
-        raise DataError(
-            f"{name}: {image.size[0]}x{image.size[1]} pixels, which the centre crop would resize to {width}x{height}; "
-            f"send a picture whose sides are nearer alike (resized, at most {MAX_IMAGE_PIXELS} pixels: "
-            "SCORE_MAX_IMAGE_PIXELS)"
-        )
 
 
 def normalize(images: np.ndarray) -> np.ndarray:
@@ -56,9 +46,6 @@ def normalize(images: np.ndarray) -> np.ndarray:
 
 def serving_batch(state: dict, inputs: list[bytes], names: list[str]) -> np.ndarray:
     """Encoded photos (one name each, for messages) as the network's input batch (N, 3, S, S), S: image_size."""
-    crops = []
-    for data, name in zip(inputs, names):
-        image = read(data, name)
-        check_resize(image, state["image_size"], name)
-        crops.append(centre_crop(image, state["image_size"]).transpose(2, 0, 1))
+    size = state["image_size"]
+    crops = [centre_crop(read(data, name), size, name).transpose(2, 0, 1) for data, name in zip(inputs, names)]
     return normalize(np.stack(crops))
