@@ -37,7 +37,7 @@ DATA ?=
 VERSION ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install horovod horovod-gpu test-fast train sweep validate evaluate predict export plot submit pipeline components assets spark bench bench-spark mlflow-ui lint format test clean serve-env serve deploy bench-serve
+.PHONY: help install horovod horovod-gpu test-fast train sweep validate evaluate predict export plot submit pipeline components assets spark bench bench-gpu bench-spark mlflow-ui lint format test clean serve-env serve deploy bench-serve
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ name[NR] = $$1; text[NR] = $$2; \
@@ -135,6 +135,9 @@ bench: $(VENV)/installed ## time the template against plain PyTorch loops, a pen
 	$(PY) -m scripts.bench.loop_cost --data-dir $(MNIST_DIR)
 	$(PY) -m scripts.bench.birds
 	$(PY) -m scripts.bench.sweep
+
+bench-gpu: $(VENV)/installed ## on a machine with an NVIDIA GPU: birds and MNIST on it, a real fit, DDP with NCCL (logs: outputs/bench-gpu/)
+	PY=$(PY) MNIST_DIR=$(MNIST_DIR) bash scripts/bench/gpu.sh
 
 bench-spark: $(VENV)/installed ## time the penguin fit on Spark against torchrun, 2 processes each (needs Java 17)
 	$(PY) -m scripts.bench.spark

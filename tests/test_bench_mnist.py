@@ -47,7 +47,7 @@ def test_no_rounds_is_refused(capsys):
 def test_a_variant_that_fails_stops_the_bench_in_one_line_after_its_traceback(capfd, monkeypatch):
     from scripts.bench import mnist
 
-    def broken(variant, data_dir, limit):  # in the forked child: no torch work before it fails
+    def broken(variant, data_dir, limit, accelerator):  # in the forked child: no torch work before it fails
         raise ValueError(f"{variant} broke")
 
     monkeypatch.setattr(mnist, "measure", broken)

@@ -10,18 +10,25 @@ e.g. the GPU target (pipeline >= 0.9x synthetic):
 Over a temporary folder of synthetic photo-like JPEGs (500x375, `train/` and `val/` of `chickens/` and
 `turkeys/`, `--images` per class in train/):
 - decoding, images/s in this process, one image at a time: torchvision.datasets.ImageFolder's default
-  loader + PILToTensor (Pillow) against BirdsDataModule's ImageFiles (torchvision.io.decode_image);
+  loader + PILToTensor (Pillow) against BirdsDataModule's ImageFiles (Pillow too, as the registered model decodes;
+  no copy past Pillow's own);
+- loader alone: BirdsDataModule's training batches (the same workers) copied to the device, with no model: the
+  rate the pipeline can supply;
 - template: a Lightning Trainer fitting BirdsDataModule + ClassificationModule(TransferNet, random weights)
   with EpochThroughput (no logger, checkpoints, progress bar or validation): JPEGs decoded and cropped
   in `--num-workers` DataLoader workers, normalised on the device;
 - synthetic: the same network in a plain loop over one random batch kept on the device (the ceiling).
 Both train with SGD at `--precision` (bf16-mixed: autocast to bfloat16). Each variant runs `--repeats`
-times, interleaved, and keeps its best rate: a busy machine only ever slows a run down.
+times, interleaved, and keeps its best rate: a busy machine only ever slows a run down. Every epoch's first
+batches wait for the workers to decode a whole batch each, so a short `--batches` window reads the pipeline lower
+than a long epoch would (docs/measured.md, "On a GPU").
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import os
 import tempfile
 import time
 import warnings
@@ -41,13 +48,16 @@ from scripts.training.throughput import EpochThroughput
 CLASSES = ("chickens", "turkeys")
 WIDTH, HEIGHT = 500, 375  # the size of the Azure ML tutorial's fowl photos
 OPTIMIZER = partial(torch.optim.SGD, lr=0.001, momentum=0.9)  # configs/birds.yaml's
+DECODED = 1024  # images timed by the one-process decoding lines: a rate, steady after a few hundred
 
 
-def make_jpegs(root: Path, per_class: int, seed: int = 0) -> list[Path]:
+def make_jpegs(root: Path, per_class: int, seed: int = 0, unique: int = 256) -> list[Path]:
     """Writes `per_class` training JPEGs per class (and 2 validation ones) under root; returns the training files.
 
     Smooth random colour fields (a coarse random grid upsampled) plus mild pixel noise, saved by Pillow at
     quality 90 with 4:2:0 chroma: about the file size and decoding work of a camera photo of that size.
+    Past `unique` per class the files are hard links to the first ones: decoding them is the same work (and
+    every file is in the page cache either way), and a long run does not spend minutes writing photos.
     """
     from PIL import Image
 
@@ -58,14 +68,17 @@ def make_jpegs(root: Path, per_class: int, seed: int = 0) -> list[Path]:
             folder = root / split / name
             folder.mkdir(parents=True)
             for i in range(count):
+                path = folder / f"{i:05d}.jpg"
+                if split == "train":
+                    files.append(path)
+                if i >= unique:
+                    os.link(folder / f"{i % unique:05d}.jpg", path)
+                    continue
                 coarse = torch.rand(1, 3, 6, 8, generator=generator) * 255
                 image = F.interpolate(coarse, size=(HEIGHT, WIDTH), mode="bicubic", align_corners=False)[0]
                 image = image + torch.randn(image.shape, generator=generator) * 6
                 pixels = image.clamp(0, 255).to(torch.uint8).permute(1, 2, 0).contiguous().numpy()
-                path = folder / f"{i:05d}.jpg"
                 Image.fromarray(pixels).save(path, quality=90)
-                if split == "train":
-                    files.append(path)
     return files
 
 
@@ -76,33 +89,22 @@ def decode_pil(root: Path) -> float:
 
     dataset = ImageFolder(str(root / "train"), transform=PILToTensor())
     dataset[0]  # first-call imports and set-up, untimed
+    count = min(len(dataset), DECODED)
     started = time.perf_counter()
-    for i in range(len(dataset)):
+    for i in range(count):
         dataset[i]
-    return len(dataset) / (time.perf_counter() - started)
+    return count / (time.perf_counter() - started)
 
 
-def decode_torchvision(files: list[Path]) -> float:
-    """BirdsDataModule's ImageFiles without its crops: torchvision.io.decode_image(path, mode=RGB), uint8 CHW."""
+def decode_datamodule(files: list[Path]) -> float:
+    """BirdsDataModule's ImageFiles without its crops: uint8 (3, H, W) as the datamodule reads a photo."""
+    files = files[:DECODED]
     dataset = ImageFiles(files, [0] * len(files), nn.Identity())
     dataset[0]  # first-call imports and set-up, untimed
     started = time.perf_counter()
     for i in range(len(dataset)):
         dataset[i]
     return len(dataset) / (time.perf_counter() - started)
-
-
-class SyncedEpochThroughput(EpochThroughput):
-    """EpochThroughput that lets the GPU finish the epoch's last step before the clock stops.
-
-    Nothing in a training step waits for the GPU, so the clock could stop up to a step or so early; over
-    a long epoch that is noise, over the few batches timed here it is not.
-    """
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if batch_idx == trainer.num_training_batches - 1 and pl_module.device.type == "cuda":
-            torch.cuda.synchronize(pl_module.device)
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
 
 def template(root: Path, args: argparse.Namespace, device: torch.device) -> float:
@@ -128,11 +130,30 @@ def template(root: Path, args: argparse.Namespace, device: torch.device) -> floa
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[SyncedEpochThroughput()],
+        callbacks=[EpochThroughput()],
         default_root_dir=str(root),
     )
     trainer.fit(model, datamodule=data)
     return float(trainer.callback_metrics["train_samples_per_sec"])
+
+
+def loader_alone(root: Path, args: argparse.Namespace, device: torch.device) -> float:
+    """BirdsDataModule's training batches with no model: the images/s its workers supply, each batch copied to the
+    device. The second pass over `--batches` is timed, as the template's second epoch is."""
+    data = BirdsDataModule(
+        data_dir=str(root), batch_size=args.batch_size, image_size=args.image_size, num_workers=args.num_workers
+    )
+    data.setup("fit")
+    loader = data.train_dataloader()
+    if device.type == "cuda":
+        loader.pin_memory = True  # as in a fit on a GPU (the datamodule asks its trainer)
+    for _ in range(2):  # the first pass starts the workers; the second one's time counts
+        started = time.perf_counter()
+        for images, _ in itertools.islice(loader, args.batches):
+            images.to(device, non_blocking=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return args.batches * args.batch_size / (time.perf_counter() - started)
 
 
 def synthetic(args: argparse.Namespace, device: torch.device) -> float:
@@ -194,7 +215,8 @@ def main(argv: list[str] | None = None) -> None:
         kilobytes = sum(path.stat().st_size for path in files) / len(files) / 1024
         runs = {
             "decode: PIL (ImageFolder + PILToTensor)": lambda: decode_pil(root),
-            "decode: torchvision.io (BirdsDataModule)": lambda: decode_torchvision(files),
+            "decode: Pillow, BirdsDataModule's ImageFiles": lambda: decode_datamodule(files),
+            "loader alone: BirdsDataModule's batches": lambda: loader_alone(root, args, device),
             "template: JPEGs through BirdsDataModule": lambda: template(root, args, device),
             f"synthetic: tensors on {device.type}, plain loop": lambda: synthetic(args, device),
         }
@@ -211,9 +233,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     for name, rate in results.items():
         print(f"  {name:46s} {rate:8.1f} images/s")
-    pil, tv, pipeline, ceiling = results.values()
-    print(f"  torchvision.io / PIL decoding  {tv / pil:.2f}x")
-    print(f"  pipeline / synthetic           {pipeline / ceiling:.2f}x")
+    pil, ours, supply, pipeline, ceiling = results.values()
+    print(f"  {'datamodule / ImageFolder decoding':34s} {ours / pil:.2f}x")
+    print(f"  {'loader alone / synthetic':34s} {supply / ceiling:.2f}x")
+    print(f"  {'pipeline / synthetic':34s} {pipeline / ceiling:.2f}x")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """MNIST training throughput (samples/s over one epoch, batch 128, SGD 0.03 momentum 0.5), side by side:
 
     python -m scripts.bench.mnist [--data-dir ../shared/data/mnist] [--batches 150] [--repeats 3]
+    python -m scripts.bench.mnist --accelerator gpu --repeats 3    # configs/trainer/gpu.yaml's recipe on one GPU
 
 - plain:    a bare PyTorch loop as one writes it by hand: per batch, index the in-memory uint8 tensors, scale and
             normalise (`(x.float() / 255 - MEAN) / STD`), step;
@@ -25,11 +26,18 @@ take turns `--repeats` times, every other round in reverse order, each run in a 
 with the spread over the rounds (min..max), and the ratios are of the medians, so that one lucky round cannot decide
 them. Template / plain is also given round by round (median and spread of the rounds' ratios): within a round the
 two run seconds apart, so the machine's slow drift in speed mostly cancels out of their ratio.
+
+`--accelerator gpu` runs every variant on the first GPU with configs/trainer/gpu.yaml's precision (bf16-mixed:
+the plain loops autocast to bfloat16 as Lightning does): the training set lives on the GPU (as MNISTDataModule
+keeps it there), the classic pipeline's batches are copied there from pinned memory, and every timed run waits
+for the GPU to finish before its clock stops. The parent process never touches CUDA (a forked child could not
+use it after that).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -52,24 +60,35 @@ from scripts.training import hook_calls
 from scripts.training.throughput import EpochThroughput
 
 BATCH = 128
+CPU = torch.device("cpu")
 OPTIMIZER = partial(torch.optim.SGD, lr=0.03, momentum=0.5)
 
 
-def train_steps(net: torch.nn.Module, batches, limit: int, channels_last: bool = False) -> int:
-    """Trains on up to `limit` (normalised images, labels) batches; returns the number of samples."""
+def train_steps(
+    net: torch.nn.Module, batches, limit: int, channels_last: bool = False, device: torch.device = CPU
+) -> int:  # fmt: skip
+    """Trains on up to `limit` (normalised images, labels) batches; returns the number of samples once `device` has
+    finished. On a GPU: batches not yet there are copied there, and the forward pass runs in bf16 autocast."""
     layout = torch.channels_last if channels_last else torch.contiguous_format
-    net.to(memory_format=layout)
+    net.to(device=device, memory_format=layout)
     optimizer = OPTIMIZER(net.parameters())
+    on_gpu = device.type == "cuda"
+    precision = partial(torch.autocast, "cuda", dtype=torch.bfloat16) if on_gpu else contextlib.nullcontext
     net.train()
     samples = 0
     for i, (images, labels) in enumerate(batches):
         if i == limit:
             break
-        loss = F.cross_entropy(net(images.contiguous(memory_format=layout)), labels)
+        if on_gpu:
+            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        with precision():
+            loss = F.cross_entropy(net(images.contiguous(memory_format=layout)), labels)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         samples += len(labels)
+    if on_gpu:
+        torch.cuda.synchronize(device)
     return samples
 
 
@@ -81,7 +100,7 @@ def plain(
     hand-written ones."""
 
     def batches():
-        order = torch.randperm(len(images))
+        order = torch.randperm(len(images), device=images.device)
         for start in range(0, len(images), BATCH):
             rows = order[start : start + BATCH]
             yield (images[rows].float() / 255 - MEAN) / STD, labels[rows]
@@ -92,7 +111,8 @@ def plain(
 
     torch.manual_seed(0)
     started = time.perf_counter()
-    samples = train_steps(MNISTNet(10), datamodule_batches() if datamodule else batches(), limit, channels_last)
+    data = datamodule_batches() if datamodule else batches()
+    samples = train_steps(MNISTNet(10), data, limit, channels_last, images.device)
     return samples / (time.perf_counter() - started)
 
 
@@ -115,11 +135,12 @@ class ClassicMNIST(Dataset):
         return self.transform(image), int(self.labels[index])
 
 
-def classic(images: torch.Tensor, labels: torch.Tensor, limit: int) -> float:
+def classic(images: torch.Tensor, labels: torch.Tensor, limit: int, device: torch.device = CPU) -> float:
     torch.manual_seed(0)
-    loader = DataLoader(ClassicMNIST(images, labels), batch_size=BATCH, shuffle=True)
+    on_gpu = device.type == "cuda"
+    loader = DataLoader(ClassicMNIST(images, labels), batch_size=BATCH, shuffle=True, pin_memory=on_gpu)
     started = time.perf_counter()
-    samples = train_steps(MNISTNet(10), loader, limit)
+    samples = train_steps(MNISTNet(10), loader, limit, device=device)
     return samples / (time.perf_counter() - started)
 
 
@@ -137,10 +158,13 @@ class BareLightning(L.LightningModule):
         return OPTIMIZER(self.parameters())
 
 
-def bench_trainer(limit: int, *callbacks: L.Callback) -> L.Trainer:
+def bench_trainer(limit: int, *callbacks: L.Callback, accelerator: str = "cpu") -> L.Trainer:
     """One epoch (its first `limit` batches when > 0) in a Trainer without logger, checkpoints, validation or
-    progress bar (unless `callbacks` has one), timed by one of `callbacks`."""
+    progress bar (unless `callbacks` has one), timed by one of `callbacks`; on a GPU, at gpu.yaml's precision."""
     return L.Trainer(
+        accelerator=accelerator,
+        devices=1,
+        precision="bf16-mixed" if accelerator == "gpu" else "32-true",
         max_epochs=1,
         limit_train_batches=limit if limit > 0 else 1.0,
         limit_val_batches=0,
@@ -152,24 +176,24 @@ def bench_trainer(limit: int, *callbacks: L.Callback) -> L.Trainer:
     )
 
 
-def lightning_rate(model: L.LightningModule, data_dir: str, limit: int) -> float:
+def lightning_rate(model: L.LightningModule, data_dir: str, limit: int, accelerator: str) -> float:
     """Training samples/s of one epoch of `model` on MNISTDataModule in a bench_trainer."""
-    trainer = bench_trainer(limit, EpochThroughput())
+    trainer = bench_trainer(limit, EpochThroughput(), accelerator=accelerator)
     trainer.fit(model, datamodule=MNISTDataModule(data_dir=data_dir, batch_size=BATCH))
     return float(trainer.callback_metrics["train_samples_per_sec"])
 
 
-def bare(data_dir: str, limit: int) -> float:
+def bare(data_dir: str, limit: int, accelerator: str = "cpu") -> float:
     torch.manual_seed(0)
     hook_calls.uninstall()  # stock Lightning
-    return lightning_rate(BareLightning(), data_dir, limit)
+    return lightning_rate(BareLightning(), data_dir, limit, accelerator)
 
 
-def template(data_dir: str, limit: int) -> float:
+def template(data_dir: str, limit: int, accelerator: str = "cpu") -> float:
     torch.manual_seed(0)
     hook_calls.install()  # as scripts.training.cli runs every fit
     model = ClassificationModule(MNISTNet, MNISTDataModule.class_names, optimizer=OPTIMIZER, channels_last=True)
-    return lightning_rate(model, data_dir, limit)
+    return lightning_rate(model, data_dir, limit, accelerator)
 
 
 VARIANTS = (
@@ -178,27 +202,31 @@ VARIANTS = (
 )  # fmt: skip
 
 
-def measure(variant: str, data_dir: str, limit: int) -> dict:
+def measure(variant: str, data_dir: str, limit: int, accelerator: str = "cpu") -> dict:
     """One variant's samples/s (after a 5-batch warm-up run of the same variant), and what it trained on."""
+    device = torch.device("cuda", 0) if accelerator == "gpu" else CPU
     data = MNISTDataModule(data_dir=data_dir, batch_size=BATCH)
     data.prepare_data()
     data.setup("fit")
+    cpu_images, cpu_labels = data.splits["train"]  # what the classic pipeline's Dataset reads, as torchvision's does
+    data.splits = {name: tuple(t.to(device) for t in split) for name, split in data.splits.items()}
     images, labels = data.splits["train"]
     runs = {
         "plain tensor loop": lambda limit: plain(images, labels, limit),
         "plain, channels-first": lambda limit: plain(images, labels, limit, channels_last=False),
         "plain, datamodule's batches": lambda limit: plain(images, labels, limit, datamodule=data),
-        "classic per-sample pipeline": lambda limit: classic(images, labels, limit),
-        "bare Lightning": lambda limit: bare(data_dir, limit),
-        "template (Lightning)": lambda limit: template(data_dir, limit),
+        "classic per-sample pipeline": lambda limit: classic(cpu_images, cpu_labels, limit, device),
+        "bare Lightning": lambda limit: bare(data_dir, limit, accelerator),
+        "template (Lightning)": lambda limit: template(data_dir, limit, accelerator),
     }
     runs[variant](5)
     rate = runs[variant](limit)
     samples = len(images) if limit < 0 else min(limit * BATCH, len(images))
-    return {"rate": rate, "samples": samples, "threads": torch.get_num_threads()}
+    where = torch.cuda.get_device_name(device) + ", bf16-mixed" if device.type == "cuda" else "cpu"
+    return {"rate": rate, "samples": samples, "threads": torch.get_num_threads(), "device": where}
 
 
-def in_child(variant: str, data_dir: str, limit: int) -> dict:
+def in_child(variant: str, data_dir: str, limit: int, accelerator: str = "cpu") -> dict:
     """`measure` in a process forked for it: every variant starts from the same state (this process's imports, no
     memory allocated or freed by another variant, no torch thread pool started), as it would run alone. In one process
     the variant before moved the next one's rate by up to 5% (the plain loop after a Lightning fit)."""
@@ -211,7 +239,7 @@ def in_child(variant: str, data_dir: str, limit: int) -> dict:
         status = 1
         try:
             with os.fdopen(write, "w") as answer:
-                answer.write(json.dumps(measure(variant, data_dir, limit)))
+                answer.write(json.dumps(measure(variant, data_dir, limit, accelerator)))
             status = 0
         except BaseException:
             traceback.print_exc()
@@ -236,6 +264,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--repeats", type=int, default=1, help="rounds of every variant; each prints its median and spread"
     )
+    parser.add_argument(
+        "--accelerator", choices=["cpu", "gpu"], default="cpu", help="gpu: every variant on the first GPU, in bf16"
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: give 1 or more rounds")
@@ -247,11 +278,12 @@ def main(argv: list[str] | None = None) -> None:
         # neighbours), and a fixed order would hand that drift to the variants at one end of the round.
         order = VARIANTS[:: -1 if round_ % 2 else 1]
         for name in order:
-            measured = in_child(name, args.data_dir, limit)
+            measured = in_child(name, args.data_dir, limit, args.accelerator)
             results[name].append(measured["rate"])
         print(f"round {round_ + 1}: " + "; ".join(f"{name} {results[name][-1]:.0f}" for name in order), flush=True)
     rounds = f"{args.repeats} round{'s' * (args.repeats != 1)}"
-    print(f"mnist: {measured['samples']} training samples, batch {BATCH}, {measured['threads']} threads, {rounds}")
+    where = f"{measured['threads']} threads" + (f", {measured['device']}" if args.accelerator == "gpu" else "")
+    print(f"mnist: {measured['samples']} training samples, batch {BATCH}, {where}, {rounds}")
     print(f"  {'':28s} {'median':>8s}  (min..max samples/s)")
     for name, rates in results.items():
         print(f"  {name:28s} {statistics.median(rates):8.0f}  ({min(rates):.0f}..{max(rates):.0f})")
