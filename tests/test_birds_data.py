@@ -275,6 +275,33 @@ def test_batches_are_cropped_uint8_then_normalised_on_the_device(tmp_path):
     assert dm.predict_names == [str(tmp_path / "photos" / f"{i}.{'jpg' if i % 2 else 'png'}") for i in range(3)]
 
 
+def test_a_photo_is_read_as_a_view_of_pillow_s_pixels_and_cropped_as_a_contiguous_copy_would_be(tmp_path):
+    """decode hands the crops a channels-last (3, H, W) view instead of a transposed copy. The training crop runs
+    faster on it; that it gives the same pixels is torch's uint8 resize behaving alike for both layouts, which this
+    checks (it fails if a torch release changes that). Evaluation's crop is the same for both layouts too."""
+    import numpy as np
+    from PIL import Image
+
+    from datamodules.image_folder import decode
+
+    write_images(tmp_path, 4, 1, size=(75, 100))
+    dm = BirdsDataModule(image_size=32)
+    for path in sorted(tmp_path.iterdir()):
+        image, reason = decode(path)
+        assert reason is None and image.shape == (3, 75, 100) and image.dtype == torch.uint8
+        assert image.permute(1, 2, 0).is_contiguous() and image.numpy().flags.writeable  # (H, W, C) in memory
+        with Image.open(path) as picture:
+            assert torch.equal(image, torch.from_numpy(np.array(picture.convert("RGB"))).permute(2, 0, 1))
+        copy = image.contiguous()
+        for seed in range(5):
+            crops = []
+            for version in (image, copy):
+                torch.manual_seed(seed)
+                crops.append(dm.transform(train=True)(version))
+            assert torch.equal(*crops)
+        assert torch.equal(dm.transform(train=False)(image), dm.transform(train=False)(copy))
+
+
 def test_evaluation_crop_is_the_centre(tmp_path):
     # Resize(256/224 * size) then CenterCrop(size): a centred square survives, its border does not.
     image = torch.zeros(3, 64, 64, dtype=torch.uint8)

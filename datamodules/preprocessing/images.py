@@ -34,11 +34,13 @@ def open_image(source: bytes | str | Path, grey: bool = False):
     try:
         with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
             image.load()
-            image = ImageOps.exif_transpose(image)
+            ImageOps.exif_transpose(image, in_place=True)  # in place: no copy of an upright photo
             if image.mode in ("I;16", "I;16B", "I;16L", "I"):
                 wide = np.asarray(image, dtype=np.int64)
                 image = Image.fromarray(((wide.clip(0, 65535) * 255 + 32767) // 65535).astype(np.uint8), "L")
-            image = image.convert("L" if grey else "RGB")
+            mode = "L" if grey else "RGB"
+            if image.mode != mode:  # convert() copies even an image already in the mode
+                image = image.convert(mode)
     except UnidentifiedImageError:
         return None, f"not a {FORMATS} image"
     except Image.DecompressionBombError as error:
