@@ -3,9 +3,9 @@
     python -m scripts.bench.birds [--backbone efficientnet_lite0] [--batch-size 16] [--batches 8] [--image-size 224]
         [--num-workers 2] [--precision 32-true|bf16-mixed] [--channels-last] [--images 64] [--repeats 1]
 
-e.g. the GPU target (pipeline >= 0.9x synthetic):
+e.g. on a GPU (the target: pipeline >= 0.9x synthetic; docs/measured.md has what it reads):
     python -m scripts.bench.birds --backbone resnet50 --precision bf16-mixed --channels-last --batch-size 128 \\
-        --batches 20 --images 1280 --num-workers 14
+        --batches 80 --images 5120 --num-workers 14 --repeats 2
 
 Over a temporary folder of synthetic photo-like JPEGs (500x375, `train/` and `val/` of `chickens/` and
 `turkeys/`, `--images` per class in train/):
