@@ -11,7 +11,11 @@ set -u
 PY=${PY:-.venv/bin/python}
 LOGS=${LOGS:-outputs/bench-gpu}
 MNIST_DIR=${MNIST_DIR:-data/mnist}
-GPUS=$(nvidia-smi --list-gpus | wc -l)
+GPUS=$(nvidia-smi --list-gpus 2>/dev/null | wc -l)
+if [ "$GPUS" = 0 ]; then
+    echo "error: make bench-gpu needs an NVIDIA GPU, and nvidia-smi finds none here; run it on a GPU machine" >&2
+    exit 1
+fi
 mkdir -p "$LOGS"
 failed=0
 
