@@ -215,6 +215,25 @@ def test_a_mistake_is_one_line_before_the_azure_sdk_is_imported(args, line):
     assert not [name for name in imported if name.startswith("azure")]
 
 
+def test_a_yaml_file_that_is_not_a_jobs_yaml_is_refused_not_written_over(tmp_path):
+    config = tmp_path / "penguins.yaml"  # a config of the user's, given as --yaml_file by mistake
+    config.write_text((REPO / "configs/penguins.yaml").read_text())
+    before = config.read_bytes()
+    for module in ("scripts.pipeline", "scripts.submit"):
+        args = ["configs/penguins.yaml", "--compute", "c", "--score_data", str(PENGUINS), "--dry_run", "true"]
+        args = args if module == "scripts.pipeline" else args[:3] + args[5:]
+        result = run_module(module, *args, "--yaml_file", str(config))
+        assert result.returncode == 1 and result.stderr.strip() == (
+            f"error: --yaml_file {config}: a file that is not an Azure ML job's YAML is there, and it would be written "
+            f"over; give a new file name, e.g. {tmp_path / 'job.yml'}"
+        ), result.stderr[-2000:]
+        assert config.read_bytes() == before
+        job = tmp_path / f"{module}.yml"  # a job's YAML written before is replaced
+        for _ in range(2):
+            result = run_module(module, *args, "--yaml_file", str(job))
+            assert result.returncode == 0, result.stderr[-2000:]
+
+
 def registered_versions(store: Path, name: str) -> list[str]:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException

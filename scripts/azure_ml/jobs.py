@@ -471,6 +471,20 @@ def check_yaml_file(given: str) -> None:
     for parent in path.parents:
         if parent.exists() and not parent.is_dir():
             raise SubmitError(f"--yaml_file {path}: {parent} is a file, not a folder; give another path")
+    if path.is_file() and not is_job_yaml(path):  # e.g. the task's own config: a job's YAML written before is replaced
+        raise SubmitError(
+            f"--yaml_file {path}: a file that is not an Azure ML job's YAML is there, and it would be written over; "
+            f"give a new file name, e.g. {path.parent / 'job.yml'}"
+        )
+
+
+def is_job_yaml(path: Path) -> bool:
+    """Whether `path` holds a job's YAML (a command, sweep or pipeline job's, as --dry_run writes it)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, ValueError, yaml.YAMLError):  # unreadable, not text, not YAML
+        return False
+    return isinstance(data, dict) and data.get("type") in ("command", "sweep", "pipeline")
 
 
 def write_yaml_file(given: str, text: str) -> None:
