@@ -168,9 +168,10 @@ class Runner:
         command = [
             sys.executable, "-m", "scripts.train", "fit",
             *(item for config in self.sweep.configs for item in ("--config", config)),
+            # The sweep's defaults, which the file's fixed options may change (as they do in an Azure ML trial).
+            "--test_after_fit", "false", "--trainer.default_root_dir", str(self.outputs),
             *option_args({**self.sweep.fixed, **values}),
             "--seed_everything", str(seed), "--checkpoint_dir", str(folder / "checkpoints"),
-            "--test_after_fit", "false", "--trainer.default_root_dir", str(self.outputs),
             "--trainer.callbacks+", json.dumps(callback),
         ]  # fmt: skip
         reports = reports_file(folder, trial_id)

@@ -296,3 +296,17 @@ def test_a_process_that_ends_while_another_runs_a_trial_writes_best_yaml_from_th
     client = MlflowClient(f"sqlite:///{outputs}/mlflow.db")
     parent = client.get_run(study.user_attrs["mlflow_parent_run_id"])
     assert parent.info.status == "FINISHED" and parent.data.tags["sweep.best_trial"] == str(study.best_trial.number)
+
+
+def test_a_fixed_option_that_the_sweep_defaults_reaches_the_trial_as_it_does_in_azure_ml(tmp_path):
+    # The sweep's trials skip the test and keep Lightning's files in --outputs; a file's fixed options change that.
+    root = tmp_path / "lightning"
+    fixed = {"trainer.max_epochs": 2, "test_after_fit": True, "trainer.default_root_dir": str(root)}
+    path = sweep_file(tmp_path, budget={"trials": 1}, fixed=fixed)
+    outputs = tmp_path / "outputs"
+    result = run_sweep(path, outputs)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (trial,) = load(outputs, "penguins-test").trials
+    run = MlflowClient(f"sqlite:///{outputs}/mlflow.db").get_run(trial.user_attrs["mlflow_run_id"])
+    assert "test_acc" in run.data.metrics, sorted(run.data.metrics)
+    assert root.is_dir()
