@@ -234,6 +234,31 @@ def test_a_yaml_file_that_is_not_a_jobs_yaml_is_refused_not_written_over(tmp_pat
             assert result.returncode == 0, result.stderr[-2000:]
 
 
+def test_a_data_file_whose_name_the_steps_shell_would_split_is_one_line_here_too(tmp_path):
+    # Uploaded, the file keeps its name, which ends the path Azure ML writes into the step's command unquoted.
+    data = tmp_path / "my data" / "penguins 2024.csv"  # a space in the folder is fine: the upload drops it
+    data.parent.mkdir()
+    data.write_text(PENGUINS.read_text())
+    why = (
+        "Azure ML writes the uploaded file's path, 'penguins 2024.csv' at its end, into the job's command as it is, "
+        "where a shell would split it; give a copy whose name has no spaces, quotes or shell characters"
+    )
+    local = ["--local", "true", "--local_dir", str(tmp_path / "outputs")]
+    for module, args, option in (
+        ("scripts.pipeline", ["--compute", "c", "--data", str(data), "--dry_run", "true"], f"--data {data}"),
+        ("scripts.pipeline", [*local, "--score_data", str(data)], f"--score_data {data}"),
+        ("scripts.submit", ["--compute", "c", "--inputs+", f"data.init_args.csv_path={data}", "--dry_run", "true"],
+         f"--inputs data.init_args.csv_path={data}"),
+    ):  # fmt: skip
+        result = run_module(module, "configs/penguins.yaml", *args)
+        assert result.returncode == 1 and result.stderr.strip() == f"error: {option}: {why}", result.stderr[-2000:]
+    assert not (tmp_path / "outputs").exists()
+    data.rename(data.with_name("penguins.csv"))
+    result = run_module("scripts.pipeline", "configs/penguins.yaml", "--compute", "c", "--data",
+                        str(data.with_name("penguins.csv")), "--dry_run", "true")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 def registered_versions(store: Path, name: str) -> list[str]:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException

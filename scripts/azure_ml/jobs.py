@@ -212,8 +212,20 @@ def parse_input(item: str) -> JobInput:
         kind = "uri_file" if Path(path).is_file() else "uri_folder"
         if given.get("type", kind) != kind:
             raise SubmitError(f"--inputs {item}: {path} is a {'file' if Path(path).is_file() else 'folder'}")
+        if kind == "uri_file":
+            check_uploaded_name(Path(path), f"--inputs {item}")
         path = str(Path(path).resolve())
     return JobInput(option, path, kind, given.get("mode", "ro_mount"))
+
+
+def check_uploaded_name(path: Path, given: str) -> None:
+    """A local file uploaded as an input keeps its name, which ends its path in the job; Azure ML writes that path into
+    the job's command as it is, and a shell runs it: a name the shell would split or expand does not reach the CLI."""
+    if shlex.quote(path.name) != path.name:
+        raise SubmitError(
+            f"{given}: Azure ML writes the uploaded file's path, {path.name!r} at its end, into the job's command as "
+            "it is, where a shell would split it; give a copy whose name has no spaces, quotes or shell characters"
+        )
 
 
 @dataclass

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from scripts.azure_ml.components import TaskComponents, plan_components
-from scripts.azure_ml.jobs import PRESETS, Plan, SubmitError, is_local, parse_reference, plan_job
+from scripts.azure_ml.jobs import PRESETS, Plan, SubmitError, check_uploaded_name, is_local, parse_reference, plan_job
 
 STEPS = ("train", "evaluate", "register", "score")
 METRICS = ("test_acc", "test_loss")  # what the evaluate step's test writes; acc reaches at or above, loss at or below
@@ -73,6 +73,8 @@ def data_input(given: str, option: str, wanted: str) -> DataInput:
         raise SubmitError(f"{option} {given}: no such file or folder; give {what}, as the task reads")
     if path.is_dir() != (wanted == "uri_folder"):
         raise SubmitError(f"{option} {given}: {'a folder' if path.is_dir() else 'a file'}; this task reads {what}")
+    if wanted == "uri_file":  # --local true too: what runs here runs as in Azure ML
+        check_uploaded_name(path, f"{option} {given}")
     return DataInput(str(path.resolve()), wanted)
 
 
