@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import os
 import signal
@@ -57,6 +58,7 @@ INTERRUPTED = "interrupted"  # trial user attribute: stopped by a signal to the 
 FAILED = "fail_reason"  # trial user attribute: why it failed
 OBJECTIVE = "objective"  # trial user attribute: a pruned trial's objective, its best epoch's value
 PARENT_RUN_ID, FINGERPRINT, STARTS = "mlflow_parent_run_id", "sweep_file", "starts"  # study user attributes
+OWNER = "database"  # in the study's folder: the digest of the database whose study its trials are (database_of)
 
 
 class TrialFailed(Exception):
@@ -404,6 +406,14 @@ def connect(storage_url: str):
         raise SweepError(f"--storage {storage_url}: cannot open the study's database ({first})") from None
 
 
+def database_of(url: str) -> str:
+    """Which database a storage URL names, as a digest (a server's URL may hold a password): a sqlite file by its
+    absolute path, however the URL spells it."""
+    if url.startswith("sqlite:///"):
+        url = f"sqlite:///{Path(url.removeprefix('sqlite:///')).resolve()}"
+    return hashlib.sha256(url.encode()).hexdigest()
+
+
 def open_study(sweep: Sweep, study_name: str, storage, folder: Path):
     """Creates the study in `storage` or loads it (same config, objective and search space only), with the sweep's
     sampler, seeded anew at each start, and its pruner."""
@@ -413,6 +423,14 @@ def open_study(sweep: Sweep, study_name: str, storage, folder: Path):
     from scripts.sweeps.trial import make_pruner
 
     with FileLock(str(folder / "study.lock")):
+        # The folder's trials (their logs, checkpoints, best.yaml) are one database's study's: another database's
+        # study of this name would take trial-0... for its own, deleting the others.
+        owner, database = folder / OWNER, database_of(storage.url)
+        if owner.is_file() and owner.read_text().strip() != database:
+            raise SweepError(
+                f"{sweep.path}: {folder} holds the trials of study {study_name} of another database than "
+                f"{storage.url}; give --study_name NEW (or --outputs another folder) to keep them"
+            )
         study = optuna.create_study(study_name=study_name, storage=storage, direction=sweep.goal, load_if_exists=True)
         fingerprint = json.dumps(sweep.fingerprint(), sort_keys=True)
         given = study.user_attrs.get(FINGERPRINT)
@@ -425,6 +443,7 @@ def open_study(sweep: Sweep, study_name: str, storage, folder: Path):
             )
         starts = study.user_attrs.get(STARTS, 0)
         study.set_user_attr(STARTS, starts + 1)
+        owner.write_text(database + "\n")
     # Each start draws other values: a resumed or second process must not repeat the first's draws.
     seed = sweep.seed + 7919 * starts
     study = optuna.load_study(

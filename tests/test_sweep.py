@@ -310,3 +310,22 @@ def test_a_fixed_option_that_the_sweep_defaults_reaches_the_trial_as_it_does_in_
     run = MlflowClient(f"sqlite:///{outputs}/mlflow.db").get_run(trial.user_attrs["mlflow_run_id"])
     assert "test_acc" in run.data.metrics, sorted(run.data.metrics)
     assert root.is_dir()
+
+
+def test_a_study_of_the_same_name_in_another_database_leaves_the_folders_trials_alone(tmp_path):
+    path = sweep_file(tmp_path, budget={"trials": 1}, fixed={"trainer.max_epochs": 2})
+    outputs = tmp_path / "outputs"
+    assert run_sweep(path, outputs).returncode == 0
+    folder = outputs / "sweeps" / "penguins-test"
+    kept = {file: file.read_bytes() for file in [*folder.glob("trial-0/checkpoints/*.ckpt"), folder / "best.yaml"]}
+    assert len(kept) == 3
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    result = run_sweep(path, outputs, "--storage", other)
+    assert result.returncode == 1 and result.stderr.strip() == (
+        f"error: {path}: {folder} holds the trials of study penguins-test of another database than {other}; give "
+        "--study_name NEW (or --outputs another folder) to keep them"
+    ), result.stderr[-3000:]
+    assert {file: file.read_bytes() for file in kept} == kept
+    # The same database, however its URL spells it, is the folder's: its study resumes (its budget is spent).
+    same = run_sweep(path, outputs, "--storage", f"sqlite:///{os.path.relpath(outputs, REPO)}/sweeps/optuna.db")
+    assert same.returncode == 0 and "best trial 0" in same.stdout, same.stderr[-3000:]
