@@ -111,6 +111,10 @@ def test_a_mistake_in_the_file_is_one_line(tmp_path, data, line):
             "give int",
         ),
         (
+            {"data.init_args.batch_size": {"choice": [10, "10", 20]}},  # mixed types: one value for the CLI
+            "search_space.data.init_args.batch_size: choice 10 and '10' are one value for the CLI (10); give each once",
+        ),
+        (
             {"data.init_args.preprocessing": {"choice": ["course", "zscore"]}},
             "search_space.data.init_args.preprocessing = zscore: data.init_args.preprocessing: 'zscore' is not a "
             "valid value",

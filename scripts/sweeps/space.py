@@ -374,16 +374,28 @@ def check_options(sweep: Sweep, configs: list[str] | None = None) -> None:
     # round i gives each option its i-th value (or its first). Only a round the CLI refuses is tried again an option
     # at a time, to name the culprit.
     representatives = {param.option: param.representatives() for param in sweep.params}
+    taken: dict[str, dict[str, object]] = {param.option: {} for param in sweep.params if param.kind == "choice"}
     for i in range(max(map(len, representatives.values()), default=0)):
         combined = {option: values[i] if i < len(values) else values[0] for option, values in representatives.items()}
         try:
-            parse({**sweep.fixed, **combined}, "search_space")
+            parsed = parse({**sweep.fixed, **combined}, "search_space")
         except SweepError:
             for option, value in combined.items():
                 if i == 0 or value != first[option]:  # beside the others' first values, which round 0 took
                     values = {**(first if i else {}), option: value}
                     parse({**sweep.fixed, **values}, f"search_space.{option} = {cli_value(value)}")
             raise
+        # Two choices the CLI takes as one value (10 and '10', true and 'true') would be one trial's config twice.
+        for option, values in taken.items():
+            if i < len(representatives[option]):
+                value = json.dumps(parsed.get(option), sort_keys=True, default=str)
+                if value in values:
+                    raise SweepError(
+                        f"{sweep.path}: search_space.{option}: choice {values[value]!r} and "
+                        f"{representatives[option][i]!r} are one value for the CLI ({cli_value(parsed.get(option))}); "
+                        "give each once"
+                    )
+                values[value] = representatives[option][i]
 
 
 def check_metric(sweep: Sweep, outputs: Path) -> None:
