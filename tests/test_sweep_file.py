@@ -147,6 +147,14 @@ def test_an_objective_the_module_does_not_log_is_one_line_before_any_trial(tmp_p
     assert not (outputs / "sweeps").exists() and not (outputs / "mlflow.db").exists()  # no study, no run
 
 
+def test_the_objective_check_validates_though_the_trials_validate_every_few_epochs(tmp_path):
+    from scripts.sweeps.space import check_metric
+
+    # Trials of 4 epochs validate at epochs 1 and 3; the check's one epoch must validate all the same.
+    fixed = {"trainer.max_epochs": 4, "trainer.check_val_every_n_epoch": 2}
+    check_metric(load_sweep(str(write(tmp_path, changed(fixed=fixed)))), tmp_path)
+
+
 def test_the_shipped_sweep_files_are_valid_and_their_options_exist():
     from scripts.sweeps.space import check_options
 

@@ -415,6 +415,7 @@ def check_metric(sweep: Sweep, outputs: Path) -> None:
             "fit", *(item for config in sweep.configs for item in ("--config", config)),
             *option_args({**sweep.fixed, **first}),
             "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2",
+            "--trainer.check_val_every_n_epoch", "1",  # its one epoch validates, whichever epochs the trials do
             "--trainer.num_sanity_val_steps", "0", "--trainer.logger", "false", "--trainer.enable_progress_bar",
             "false", "--trainer.enable_model_summary", "false", "--trainer.default_root_dir", folder,
             "--checkpoint_dir", folder, "--test_after_fit", "false", "--trainer.callbacks+", json.dumps(callback),
