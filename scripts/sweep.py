@@ -463,7 +463,8 @@ def sweep(
 
     Args:
         sweep_file: the sweep file, e.g. configs/sweeps/penguins.yaml.
-        study_name: the study (default: the file's name): the same name resumes it, or joins it from another process.
+        study_name: the study (default: the file's name), a name, not a path: the same name resumes it, or joins it from
+            another process.
         storage: the study's database URL (default: sqlite:///OUTPUTS/sweeps/optuna.db); a database server's
             (postgresql://..., mysql://...) lets processes on several machines share the study.
         n_jobs: trials run at once by this process (each a fit in its own process).
@@ -472,6 +473,12 @@ def sweep(
     spec = load_sweep(sweep_file)
     if n_jobs < 1:
         raise SweepError(f"--n_jobs {n_jobs}: give 1 or more trials at once")
+    if study_name is not None and (Path(study_name).name != study_name or study_name in (".", "..")):
+        # It names a folder under outputs/sweeps, whose trial folders and best.yaml the study replaces.
+        raise SweepError(
+            f"--study_name {study_name}: a name, not a path (the study's folder is {Path(outputs) / SWEEPS}/NAME); "
+            "give one such as penguins-2"
+        )
     # Started first: its imports run while this process checks the file. The trial's own variables are not its own.
     env = {key: value for key, value in os.environ.items() if key not in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID")}
     launcher = Launcher(env, config_modules(list(spec.configs)), parsed_ahead(spec)) if available() else None

@@ -155,6 +155,27 @@ def test_the_objective_check_validates_though_the_trials_validate_every_few_epoc
     check_metric(load_sweep(str(write(tmp_path, changed(fixed=fixed)))), tmp_path)
 
 
+@pytest.mark.parametrize("name", ["{user}", "../mine", "penguins/v2", ".."])
+def test_a_study_name_that_is_a_path_is_one_line_and_nothing_of_the_users_is_replaced(tmp_path, name):
+    # The study's folder, outputs/sweeps/NAME, has its trial-N folders and best.yaml replaced by the study's.
+    user = tmp_path / "mine"
+    (user / "trial-0").mkdir(parents=True)
+    (user / "trial-0" / "notes.txt").write_text("mine")
+    (user / "best.yaml").write_text("mine")
+    outputs = tmp_path / "outputs"
+    (outputs / "sweeps").mkdir(parents=True)  # a sweep ran here before
+    name = name.format(user=user)
+    with pytest.raises(SystemExit) as exit:
+        main([str(write(tmp_path, GOOD)), "--study_name", name, "--outputs", str(outputs)])
+    assert exit.value.code == (
+        f"error: --study_name {name}: a name, not a path (the study's folder is {outputs}/sweeps/NAME); give one "
+        "such as penguins-2"
+    )
+    assert sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*")) == [
+        "bad.yaml", "mine", "mine/best.yaml", "mine/trial-0", "mine/trial-0/notes.txt", "outputs", "outputs/sweeps"
+    ]  # fmt: skip
+
+
 def test_the_shipped_sweep_files_are_valid_and_their_options_exist():
     from scripts.sweeps.space import check_options
 
