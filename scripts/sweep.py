@@ -479,6 +479,11 @@ def sweep(
             f"--study_name {study_name}: a name, not a path (the study's folder is {Path(outputs) / SWEEPS}/NAME); "
             "give one such as penguins-2"
         )
+    for folder in (Path(outputs), *Path(outputs).parents):  # the first that exists must be a folder
+        if folder.exists():
+            if not folder.is_dir():
+                raise SweepError(f"--outputs {outputs}: {folder} is a file, not a folder; give a folder")
+            break
     # Started first: its imports run while this process checks the file. The trial's own variables are not its own.
     env = {key: value for key, value in os.environ.items() if key not in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID")}
     launcher = Launcher(env, config_modules(list(spec.configs)), parsed_ahead(spec)) if available() else None
@@ -495,7 +500,10 @@ def run_study(
     rdb = connect(storage) if storage else None  # a server's: checked before the slower checks below
     check_options(spec)
     outputs_path = Path(outputs)
-    outputs_path.mkdir(parents=True, exist_ok=True)
+    try:
+        outputs_path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise SweepError(f"--outputs {outputs}: cannot write there ({error.strerror}); give a folder") from None
     check_metric(spec, outputs_path)
     name = study_name or spec.name
     folder = outputs_path / SWEEPS / name

@@ -176,6 +176,16 @@ def test_a_study_name_that_is_a_path_is_one_line_and_nothing_of_the_users_is_rep
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize("outputs", ["notes.txt", "notes.txt/outputs"])
+def test_outputs_under_a_file_is_one_line_and_the_file_stays(tmp_path, outputs):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    with pytest.raises(SystemExit) as exit:
+        main([str(write(tmp_path, GOOD)), "--outputs", str(tmp_path / outputs)])
+    assert exit.value.code == f"error: --outputs {tmp_path / outputs}: {notes} is a file, not a folder; give a folder"
+    assert notes.read_text() == "mine"
+
+
 def test_the_shipped_sweep_files_are_valid_and_their_options_exist():
     from scripts.sweeps.space import check_options
 
