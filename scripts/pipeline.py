@@ -109,6 +109,11 @@ def pipeline(
         raise SubmitError("give the compute cluster to run on: --compute NAME (or --local true to run it here)")
     if local and (dry_run or components or stream):
         raise SubmitError("--local true runs the pipeline here: leave out --dry_run, --components and --stream")
+    for folder in (Path(local_dir), *Path(local_dir).parents) if local else ():  # the first that exists: a folder
+        if folder.exists():
+            if not folder.is_dir():
+                raise SubmitError(f"--local_dir {local_dir}: {folder} is a file, not a folder; give a folder")
+            break
     if stream and dry_run:
         raise SubmitError("--stream follows a submitted pipeline: leave out --dry_run")
     if yaml_file and not dry_run:

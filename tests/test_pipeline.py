@@ -192,6 +192,8 @@ def test_the_components_are_registered_in_the_workspace(monkeypatch, capsys):
         (["configs/penguins.yaml", "--compute", "c", "--components", "true"], "--version '': give a number"),
         (["configs/penguins.yaml", "--compute", "c", "--version", "2"], "--version is the components' version"),
         (["configs/penguins.yaml", "--local", "true", "--dry_run", "true"], "--local true runs the pipeline here"),
+        (["configs/penguins.yaml", "--local", "true", "--local_dir", "README.md/runs", "--score_data", str(PENGUINS)],
+         "--local_dir README.md/runs: README.md is a file, not a folder; give a folder"),
         (["configs/penguins.yaml", "--compute", "c", "--data", "configs"], "--data configs: a folder; this task reads"),
         (["configs/birds.yaml", "--compute", "c", "--data", "configs/birds.yaml"],
          "--data configs/birds.yaml: a file; this task reads a folder"),
