@@ -166,6 +166,15 @@ def sweep_file(tmp_path, **sections):
         ),
         ({"search_space": {"model.optimiser.init_args.lr": {"uniform": [0.1, 1]}}}, "no such option"),
         ({"objective": None}, "objective is missing"),
+        (
+            {"config": "configs/mnist.yaml"},  # the job is penguins': a sweep file of another task
+            "config configs/mnist.yaml is not the job's task, configs/penguins.yaml (its trials would train that); "
+            "give the job configs/mnist.yaml, or a sweep file of configs/penguins.yaml",
+        ),
+        (
+            {"config": ["configs/penguins.yaml", "configs/trainer/gpu.yaml"]},
+            "config configs/trainer/gpu.yaml is not among the job's; add --presets+ configs/trainer/gpu.yaml",
+        ),
     ],
 )
 def test_a_bad_sweep_file_is_one_line_before_the_azure_sdk_is_imported(tmp_path, sections, line):

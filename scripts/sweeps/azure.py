@@ -199,6 +199,23 @@ def load_for_azure(path: str, configs: list[str]) -> Sweep:
     from scripts.sweeps.space import check_options, load_sweep
 
     sweep = load_sweep(path)
+    check_configs(sweep, configs)
     check_for_azure(sweep)
     check_options(sweep, configs)
     return sweep
+
+
+def check_configs(sweep: Sweep, configs: list[str]) -> None:
+    """The job's configs are the file's (its trials train them, as scripts.sweep's do), presets after them allowed."""
+
+    def among(config: str, given: list[str]) -> bool:
+        return any(Path(config).resolve() == Path(other).resolve() for other in given)
+
+    if not among(sweep.configs[0], configs[:1]):
+        raise SweepError(
+            f"{sweep.path}: config {sweep.configs[0]} is not the job's task, {configs[0]} (its trials would train "
+            f"that); give the job {sweep.configs[0]}, or a sweep file of {configs[0]}"
+        )
+    for config in sweep.configs[1:]:
+        if not among(config, configs):
+            raise SweepError(f"{sweep.path}: config {config} is not among the job's; add --presets+ {config}")
