@@ -261,6 +261,23 @@ def test_a_data_file_whose_name_the_steps_shell_would_split_is_one_line_here_too
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+def test_a_local_run_started_in_the_same_second_as_another_gets_a_folder_of_its_own(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from scripts.azure_ml import local_pipeline
+    from scripts.azure_ml.jobs import SubmitError
+    from scripts.azure_ml.pipelines import plan_pipeline
+
+    monkeypatch.setattr(local_pipeline, "time", SimpleNamespace(strftime=lambda form: "20260101-120000"))
+    taken = tmp_path / "pipelines" / "penguins-20260101-120000"
+    (taken / "train").mkdir(parents=True)  # the other run's
+    plan = plan_pipeline(["configs/penguins.yaml"], "", train_args="--trainer.max_epochs 0", score_data=str(PENGUINS))
+    with pytest.raises(SubmitError) as error:  # a fit of 0 epochs: its train step fails at once
+        local_pipeline.run_local(plan, tmp_path)
+    assert str(error.value).endswith(f"its folders in {taken}-2")
+    assert sorted(path.name for path in taken.iterdir()) == ["train"]
+
+
 def registered_versions(store: Path, name: str) -> list[str]:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException

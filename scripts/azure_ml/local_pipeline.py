@@ -12,6 +12,7 @@ status, naming the step.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shlex
@@ -92,8 +93,13 @@ def run_local(plan: PipelinePlan, local_dir: Path) -> Path:
                          ("--score_data", plan.score_data)):  # fmt: skip
         if data is not None and not Path(data.path).exists():
             raise SubmitError(f"--local true {option} {data.path}: runs on local files; give a folder or file here")
-    folder = local_dir / "pipelines" / f"{plan.components.task}-{time.strftime('%Y%m%d-%H%M%S')}"
-    folder.mkdir(parents=True, exist_ok=False)
+    folder = first = local_dir / "pipelines" / f"{plan.components.task}-{time.strftime('%Y%m%d-%H%M%S')}"
+    for n in itertools.count(2):  # another run of the task started in the same second has the name: -2, -3, ...
+        try:
+            folder.mkdir(parents=True)
+            break
+        except FileExistsError:
+            folder = first.with_name(f"{first.name}-{n}")
     environment = {**os.environ, **tracking_environment(local_dir, plan.experiment)}
     done: dict[str, dict[str, Path]] = {}
     for step in ("train", "evaluate", "register", "score"):
