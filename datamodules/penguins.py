@@ -13,6 +13,7 @@ is stratified, seeded and made before anything else, so no test row is ever seen
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import Literal
 
@@ -50,11 +51,45 @@ def read_penguins(path: str | Path | None, need_species: bool = True):
         where = str(path)
         if not Path(path).is_file():
             raise DataError(f"{where}: no such file; give an existing CSV")
+        columns = check_row_lengths(path, where)
         try:
-            frame = pd.read_csv(path, keep_default_na=False, na_values=MISSING)
+            # Only the header's columns: a row's empty fields past them (a spreadsheet's trailing commas) are dropped,
+            # rather than its first field taken as the row's index; pandas' warning of it is no news (checked).
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", pd.errors.ParserWarning)
+                frame = pd.read_csv(path, keep_default_na=False, na_values=MISSING, index_col=False,
+                                    usecols=range(columns) if columns else None)  # fmt: skip
         except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as error:
-            raise DataError(f"{where}: not a readable CSV ({error})") from None
+            raise DataError(f"{where}: not a readable CSV ({str(error).strip()})") from None
     return penguin_table(frame, where, need_species)
+
+
+def check_row_lengths(path: str | Path, where: str) -> int | None:
+    """How many columns the header names (None when it cannot tell). Refuses a row with more values than that (`5,000`
+    for 5000, or a stray value): pandas would take the first field of every row as its index and shift the rest one
+    column left (the island read from CulmenLength), or stop in a parser error of two lines. Empty fields past the
+    header's are a spreadsheet's trailing commas, and fine. The scoring script's CSV reader (scripts/score.py) says
+    the same."""
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as file:
+        reader = csv.reader(file)
+        try:
+            header = next((record for record in reader if record), [])  # pandas' header: the first line not empty
+            while header and not header[-1].strip():  # a trailing comma on the header too
+                header = header[:-1]
+            for record in reader:
+                extra = [cell for cell in record[len(header) :] if cell.strip()]
+                if header and extra:
+                    names = ", ".join(name.lstrip("\ufeff") for name in header)
+                    raise DataError(
+                        f"{where}: line {reader.line_num} has {len(header) + len(extra)} values, the header names "
+                        f"{len(header)} columns ({names}); remove the extra values (a thousands separator: 5000, not "
+                        "5,000) or name their columns"
+                    )
+        except (csv.Error, UnicodeDecodeError):
+            return None  # not a CSV of text: pandas says what is wrong
+    return len(header)
 
 
 def check_plausible(table, where: str) -> None:

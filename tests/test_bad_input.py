@@ -54,6 +54,7 @@ USER_FILES = {  # what the user owns: must be byte-identical afterwards
     "predict_infinite.csv": "Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass\nBiscoe,50.4,15.3,200,-inf\n",
     # A spreadsheet's row with a value past the header's: pandas would take the first as the index, shifting the rest.
     "extra_values.csv": "Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass\nBiscoe,50.4,15.3,200,5000,7\n",
+    "thousands.csv": PENGUIN_CSV + ROWS.replace(",3400,", ",3,400,"),  # line 6: a thousands separator splits a cell
 }
 
 
@@ -311,6 +312,15 @@ CASES = [
                               "{user}/predict_infinite.csv"],
          "error: {user}/predict_infinite.csv: line 2, column BodyMass: '-inf' is not a finite number; give the "
          "measurement, or leave the cell empty to drop the row"),
+    Case("csv-thousands-separator", ["fit", "--data.init_args.csv_path", "{user}/thousands.csv"],
+         "error: {user}/thousands.csv: line 6 has 7 values, the header names 6 columns (Island, CulmenLength, "
+         "CulmenDepth, FlipperLength, BodyMass, Species); remove the extra values (a thousands separator: 5000, not "
+         "5,000) or name their columns"),
+    Case("predict-extra-values", ["predict", "--ckpt_path", "{penguins_ckpt}", "--data.init_args.predict_path",
+                                  "{user}/extra_values.csv"],
+         "error: {user}/extra_values.csv: line 2 has 6 values, the header names 5 columns (Island, CulmenLength, "
+         "CulmenDepth, FlipperLength, BodyMass); remove the extra values (a thousands separator: 5000, not 5,000) or "
+         "name their columns"),
     Case("fractions-leave-nothing", ["fit", "--data.init_args.val_fraction", "0.6",
                                      "--data.init_args.test_fraction", "0.5"],
          "error: data.init_args.val_fraction 0.6 + test_fraction 0.5: give fractions of 0 or more that leave rows to "

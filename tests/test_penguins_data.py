@@ -165,6 +165,36 @@ def test_a_value_no_penguin_has_is_refused_by_file_line_and_column(tmp_path, row
     assert str(error.value).startswith(f"{path}: ") and "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize(
+    ("rows", "line"),
+    [
+        ("Dream,39.1,18.7,181,3,750,0\n" * 2, 3),  # every row: pandas took each row's island as its index
+        (GOOD + "Dream,39.1,18.7,181,3,750,0\n", 4),  # one row: pandas' parser error, on two lines
+    ],
+)
+def test_a_row_of_more_values_than_the_header_is_refused_by_its_line(tmp_path, rows, line):
+    """`3,750` for 3750 splits a cell in two: every value after it would shift a column, or pandas' error would end in
+    a line of its own."""
+    path = tmp_path / "thousands.csv"
+    path.write_text(HEADER + GOOD + rows)
+    with pytest.raises(DataError) as error:
+        read_penguins(path)
+    assert str(error.value) == (
+        f"{path}: line {line} has 7 values, the header names 6 columns (Island, CulmenLength, CulmenDepth, "
+        "FlipperLength, BodyMass, Species); remove the extra values (a thousands separator: 5000, not 5,000) or name "
+        "their columns"
+    )
+
+
+def test_a_spreadsheets_trailing_commas_read_as_the_rows_they_end(tmp_path):
+    """Empty fields past the header's, as spreadsheets write them, are no values: the rows read in their columns."""
+    path = tmp_path / "exported.csv"
+    path.write_text(HEADER + (GOOD.strip() + ",\n") * 2 + "Dream,39.1,,181,3750,0,,\n")
+    table = read_penguins(path)
+    assert list(table.index) == [0, 1]
+    assert table.loc[1].tolist() == [ISLANDS.index("Dream"), 39.1, 18.7, 181, 3750, 0]
+
+
 def test_missing_cells_still_drop_their_row(tmp_path):
     """palmerpenguins' own NA and empty cells are missing measurements: the course drops those rows."""
     path = tmp_path / "gaps.csv"
