@@ -55,3 +55,23 @@ def test_a_folder_mixing_8_and_16_bit_images_batches(tmp_path: Path):
     data.setup("fit")
     images, labels = next(iter(data.train_dataloader()))
     assert images.dtype == torch.uint8 and images.shape == (8, 3, 32, 32) and labels.shape == (8,)
+
+
+def test_a_transparent_image_decodes_as_laid_on_white(tmp_path: Path):
+    """A digit drawn in black on a web canvas is exported with its background transparent *black* (0, 0, 0, 0):
+    dropping the alpha made the whole image black, the digit gone, and the network answered a blank. Laid on white, as
+    a page shows it, it decodes as the same digit drawn on white, whatever colour its invisible pixels store."""
+    canvas = np.zeros((28, 28, 4), np.uint8)  # transparent black
+    canvas[6:22, 12:16] = (0, 0, 0, 255)  # a "1" in opaque black
+    drawn = np.full((28, 28), 255, np.uint8)
+    drawn[6:22, 12:16] = 0
+    Image.fromarray(drawn).save(tmp_path / "on-white.png")
+    rgba = Image.fromarray(canvas, "RGBA")
+    rgba.save(tmp_path / "canvas.png")
+    rgba.convert("LA").save(tmp_path / "grey-alpha.png")
+    rgba.convert("P").save(tmp_path / "palette.png")  # a palette with a transparent index (Pillow keeps it: tRNS)
+    rgba.save(tmp_path / "palette.gif")
+    for name in ("canvas.png", "grey-alpha.png", "palette.png", "palette.gif"):
+        for grey in (False, True):
+            expected = read_image(tmp_path / "on-white.png", grey=grey)
+            assert torch.equal(read_image(tmp_path / name, grey=grey), expected), (name, grey)

@@ -28,7 +28,9 @@ class OversizeImage(DataError):
 def open_image(source: bytes | str | Path, grey: bool = False):
     """`source` (a file or its bytes) as an upright Pillow image, 8-bit "RGB" or "L" (`grey`); (None, why) when it is
     not one readable image. Upright: a JPEG's EXIF orientation applied (phones store photos sideways). A 16-bit image
-    is scaled to 8 bits as its 8-bit version holds it (65535 -> 255)."""
+    is scaled to 8 bits as its 8-bit version holds it (65535 -> 255). A transparent image (RGBA, LA, a palette or a
+    colour marked transparent) is laid on white, as a page shows it: dropping the alpha would show the colour its
+    invisible pixels happen to store, black in a web canvas's export, where a digit drawn in black then vanishes."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     try:
@@ -38,6 +40,8 @@ def open_image(source: bytes | str | Path, grey: bool = False):
             if image.mode in ("I;16", "I;16B", "I;16L", "I"):
                 wide = np.asarray(image, dtype=np.int64)
                 image = Image.fromarray(((wide.clip(0, 65535) * 255 + 32767) // 65535).astype(np.uint8), "L")
+            if image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in image.info:
+                image = Image.alpha_composite(Image.new("RGBA", image.size, "white"), image.convert("RGBA"))
             mode = "L" if grey else "RGB"
             if image.mode != mode:  # convert() copies even an image already in the mode
                 image = image.convert(mode)
