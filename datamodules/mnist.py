@@ -56,7 +56,9 @@ def unzip(raw: bytes, where: Path | str) -> bytes:
 
 
 def parse_idx(data: bytes, magic: int, where: Path | str) -> torch.Tensor:
-    """An idx array of unsigned bytes (`magic` 2049: labels, 2051: images) as a uint8 tensor."""
+    """An idx array of unsigned bytes (`magic` 2049: labels, 2051: images) as a uint8 tensor. A header cut short, or
+    one announcing no values at all (0 images), is a DataError naming the file: struct and torch.frombuffer would
+    otherwise end in a traceback."""
     found = struct.unpack(">I", data[:4])[0] if len(data) >= 4 else None
     if found != magic:
         raise DataError(
@@ -64,9 +66,14 @@ def parse_idx(data: bytes, magic: int, where: Path | str) -> torch.Tensor:
             "use the original files from http://yann.lecun.com/exdb/mnist/ or a mirror"
         )
     ndim = magic & 0xFF
+    if len(data) < 4 + 4 * ndim:
+        raise DataError(f"{where}: {len(data)} bytes do not hold an idx header of {ndim} dimensions (truncated?)")
     shape = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
     if len(data) != 4 + 4 * ndim + math.prod(shape):
         raise DataError(f"{where}: {len(data)} bytes do not hold the {shape} array its header announces (truncated?)")
+    if math.prod(shape) == 0:
+        what = "images" if ndim > 1 else "labels"
+        raise DataError(f"{where}: its header announces a {shape} array, which holds no {what}; give a file of some")
     return torch.frombuffer(bytearray(data[4 + 4 * ndim :]), dtype=torch.uint8).reshape(shape)
 
 

@@ -122,6 +122,9 @@ def make_user_folder(user: Path) -> None:
     bird_folders(user / "birds-dangling", count=2)
     (user / "birds-dangling" / "val" / "turkeys" / "gone.jpg").symlink_to("../../../deleted.jpg")
     mnist_files(user / "mnist-test-truncated", **{"t10k-images-idx3-ubyte": idx(2051, (10, 28, 28), cut=100)})
+    header_cut = gzip.compress(struct.pack(">II", 2051, 10), mtime=0)  # the magic number, one of three dimensions
+    mnist_files(user / "mnist-header-cut-short", **{"train-images-idx3-ubyte": header_cut})
+    (user / "no-digits.idx").write_bytes(gzip.decompress(idx(2051, (0, 28, 28))))  # an idx file of 0 images
     for name, channel in (("ducks", 2), ("geese", 0), ("turkeys", 1)):
         for split in ("train", "val"):
             write_images(user / "other-birds" / split / name, 2, channel)
@@ -357,6 +360,13 @@ CASES = [
     Case("mnist-test-file-truncated", ["fit", *MNIST, "--data.init_args.data_dir", "{user}/mnist-test-truncated"],
          "error: {user}/mnist-test-truncated/t10k-images-idx3-ubyte.gz: 7756 bytes do not hold the (10, 28, 28) array "
          "its header announces (truncated?)"),  # found before the first step: no run, no checkpoint left
+    Case("mnist-header-cut-short", ["fit", *MNIST, "--data.init_args.data_dir", "{user}/mnist-header-cut-short"],
+         "error: {user}/mnist-header-cut-short/train-images-idx3-ubyte.gz: 8 bytes do not hold an idx header of 3 "
+         "dimensions (truncated?)"),
+    Case("mnist-predict-idx-of-no-images", ["predict", *MNIST, "--ckpt_path", "{mnist_ckpt}",
+                                            "--data.init_args.predict_path", "{user}/no-digits.idx"],
+         "error: {user}/no-digits.idx: its header announces a (0, 28, 28) array, which holds no images; give a file of "
+         "some"),
     Case("mnist-val-size-0", ["fit", *MNIST, "--data.init_args.val_size", "0"],
          "error: data.init_args.val_size 0: give 1 to 59999 (MNIST has 60000 training images)"),
     Case("mnist-predict-no-images", ["predict", *MNIST, "--ckpt_path", "{mnist_ckpt}",
