@@ -47,7 +47,11 @@ class ImageFiles(Dataset):
         return len(self.files)
 
     def __getitem__(self, index: int) -> tuple:
-        image = self.transform(read_image(self.files[index]))
+        path = self.files[index]
+        if isinstance(self.transform, EvaluationCrop):  # its refusal of a picture too narrow to resize names the file
+            image = self.transform(read_image(path), str(path))
+        else:
+            image = self.transform(read_image(path))
         return (image,) if self.labels is None else (image, self.labels[index])
 
 
@@ -236,16 +240,17 @@ class BirdsDataModule(ClassificationDataModule):
 class EvaluationCrop:
     """ImageNet's evaluation recipe on a uint8 (3, H, W) image: shorter side to 256/224 of the crop, the centre crop;
     the serving code's own (datamodules/preprocessing/birds.py), so evaluation, predict and the registered model crop
-    a photo alike."""
+    a photo alike. `name` (the file's path) names the image in the DataError for one too narrow to resize (a strip of
+    60,000 x 1 pixels), so that the run's one line says which of the folder's files it is."""
 
     def __init__(self, image_size: int) -> None:
         self.image_size = image_size
 
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+    def __call__(self, image: torch.Tensor, name: str = "an image") -> torch.Tensor:
         from PIL import Image
 
         picture = Image.fromarray(image.permute(1, 2, 0).numpy())
-        return torch.from_numpy(preprocessing.centre_crop(picture, self.image_size).transpose(2, 0, 1).copy())
+        return torch.from_numpy(preprocessing.centre_crop(picture, self.image_size, name).transpose(2, 0, 1).copy())
 
 
 def eval_transform(image_size: int) -> EvaluationCrop:

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
+from torchvision.io import write_png
 
 from tests import warm_launcher
 from tests.conftest import REPO, bird_folders, free_port, write_images
@@ -119,6 +121,9 @@ def make_user_folder(user: Path) -> None:
     write_images(user / "birds-no-train" / "val" / "chickens", 2, 0)
     bird_folders(user / "birds", count=2)
     archives(user)
+    bird_folders(user / "birds-strip", count=2)
+    strip = torch.full((3, 1, 60_000), 200, dtype=torch.uint8)  # a readable picture the centre crop cannot resize
+    write_png(strip, str(user / "birds-strip" / "val" / "turkeys" / "strip.png"))
     bird_folders(user / "birds-dangling", count=2)
     (user / "birds-dangling" / "val" / "turkeys" / "gone.jpg").symlink_to("../../../deleted.jpg")
     mnist_files(user / "mnist-test-truncated", **{"t10k-images-idx3-ubyte": idx(2051, (10, 28, 28), cut=100)})
@@ -397,6 +402,10 @@ CASES = [
                                                 "--data.init_args.num_workers", "1"],
          f"error: {{user}}/birds-broken-late/train/turkeys/broken.jpg: not a readable image ({NOT_AN_IMAGE}); remove "
          "or replace it"),
+    Case("birds-image-too-narrow-to-crop", ["fit", *BIRDS, "--data.init_args.data_dir", "{user}/birds-strip"],
+         "error: {user}/birds-strip/val/turkeys/strip.png: 60000x1 pixels, which the centre crop would resize to "
+         "2220000x37; send a picture whose sides are nearer alike (resized, at most 40000000 pixels: "
+         "SCORE_MAX_IMAGE_PIXELS)"),
     Case("birds-val-fraction-0", ["fit", *BIRDS, "--data.init_args.val_fraction", "0"],
          "error: data.init_args.val_fraction 0.0: give a fraction between 0 and 1 (exclusive)"),
     Case("birds-weights-missing", ["fit", *BIRDS, "--data.init_args.data_dir", "{user}/birds",
