@@ -195,6 +195,20 @@ def test_a_spreadsheets_trailing_commas_read_as_the_rows_they_end(tmp_path):
     assert table.loc[1].tolist() == [ISLANDS.index("Dream"), 39.1, 18.7, 181, 3750, 0]
 
 
+def test_a_csv_typed_with_a_space_after_each_comma_reads_as_without(tmp_path):
+    """`Island, CulmenLength, ...` was refused as missing the columns it names."""
+    plain, spaced = tmp_path / "plain.csv", tmp_path / "spaced.csv"
+    plain.write_text(HEADER + GOOD + "Biscoe,50.4,15.3,200,5000,1\n")
+    spaced.write_text(plain.read_text().replace(",", ", ").replace("Biscoe", " Biscoe "))
+    pd.testing.assert_frame_equal(read_penguins(spaced), read_penguins(plain))
+    predict = tmp_path / "new.csv"
+    predict.write_text(
+        "island , bill_length_mm, bill_depth_mm, flipper_length_mm, body_mass_g\nDream , 39.1, 18.7, 181, 3750\n"
+    )
+    row = read_penguins(predict, need_species=False).iloc[0].tolist()
+    assert row == [ISLANDS.index("Dream"), 39.1, 18.7, 181, 3750]
+
+
 def test_missing_cells_still_drop_their_row(tmp_path):
     """palmerpenguins' own NA and empty cells are missing measurements: the course drops those rows."""
     path = tmp_path / "gaps.csv"

@@ -70,6 +70,11 @@ def penguin_table(
     `needs` what the message says a row needs."""
     import pandas as pd
 
+    # A header typed "Island, CulmenLength, ..." (a space after each comma) names the columns a penguin CSV needs:
+    # read with its spaces, it was refused as lacking them. Kept as given where stripping would make two columns one.
+    stripped = [column.strip() if isinstance(column, str) else column for column in frame.columns]
+    if len(set(stripped)) == len(stripped):
+        frame = frame.set_axis(stripped, axis=1)
     wanted = [name for name in SCHEMAS["course"] if need_species or name != "species"]
     schema = next((s for s in SCHEMAS.values() if all(s[name] in frame.columns for name in wanted)), None)
     if schema is None:
@@ -109,7 +114,8 @@ def penguin_table(
     if table.empty:
         raise DataError(f"{where}: no row has all of {', '.join(schema[n] for n in wanted)}")
 
-    unknown = ~table["island"].isin(ISLANDS)
+    table["island"] = table["island"].map(lambda island: island.strip() if isinstance(island, str) else island)
+    unknown = ~table["island"].isin(ISLANDS)  # an exact match, as the species: "dream" is no island of the model's
     if unknown.any():
         row = unknown.idxmax()
         raise DataError(
