@@ -36,13 +36,20 @@ def hidden(path: Path, root: Path) -> bool:
 def files_below(folder: Path) -> list[Path]:
     """The files at any depth below `folder`, sorted, hidden ones left out. Links are followed, to folders too
     (`Path.rglob` skips linked folders without a word); a folder reached twice through links is read once; a link
-    to nothing is a DataError naming it."""
-    files, seen = [], set()
+    to nothing is a DataError naming it, and so is a link to a folder above `folder` (a loop through its parent):
+    the folders beside `folder` would be read as part of it, a class folder's link to its split labelling every
+    other class's images as its own."""
+    root, files, seen = os.path.realpath(folder), [], set()
     for top, folders, names in os.walk(folder, followlinks=True):
         real = os.path.realpath(top)
-        if real in seen:  # a link back up the tree, or a second link to one folder
+        if real in seen:  # a link back to a folder already read, or a second link to one folder
             folders.clear()
             continue
+        if real != root and os.path.commonpath([real, root]) == real:
+            raise DataError(
+                f"{top}: a link to {os.readlink(top)}, a folder holding {folder} itself (a loop): what lies beside "
+                f"{folder.name} would be read as in it; remove the link"
+            )
         seen.add(real)
         folders[:] = [name for name in folders if not name.startswith(".") and name != "__MACOSX"]
         for name in names:

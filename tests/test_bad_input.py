@@ -125,6 +125,8 @@ def make_user_folder(user: Path) -> None:
     strip = torch.full((3, 1, 60_000), 200, dtype=torch.uint8)  # a readable picture the centre crop cannot resize
     write_png(strip, str(user / "birds-strip" / "val" / "turkeys" / "strip.png"))
     bird_folders(user / "birds-dangling", count=2)
+    bird_folders(user / "birds-loop", count=2)
+    (user / "birds-loop" / "train" / "chickens" / "loop").symlink_to("..")  # the turkeys would be read as chickens
     (user / "birds-dangling" / "val" / "turkeys" / "gone.jpg").symlink_to("../../../deleted.jpg")
     mnist_files(user / "mnist-test-truncated", **{"t10k-images-idx3-ubyte": idx(2051, (10, 28, 28), cut=100)})
     header_cut = gzip.compress(struct.pack(">II", 2051, 10), mtime=0)  # the magic number, one of three dimensions
@@ -422,6 +424,10 @@ CASES = [
     Case("birds-dangling-link", ["fit", *BIRDS, "--data.init_args.data_dir", "{user}/birds-dangling"],
          "error: {user}/birds-dangling/val/turkeys/gone.jpg: a link to ../../../deleted.jpg, which does not exist; "
          "remove it or restore its target"),
+    Case("birds-link-above-its-class", ["fit", *BIRDS, "--data.init_args.data_dir", "{user}/birds-loop"],
+         "error: {user}/birds-loop/train/chickens/loop: a link to .., a folder holding "
+         "{user}/birds-loop/train/chickens itself (a loop): what lies beside chickens would be read as in it; remove "
+         "the link"),
     Case("birds-predict-nothing-there", ["predict", *BIRDS, "--ckpt_path", "{birds_ckpt}",
                                          "--data.init_args.predict_path", "{user}/nope"],
          "error: {user}/nope: no such file or folder; give predict_path a folder of images or one image"),
