@@ -64,12 +64,16 @@ def read_penguins(path: str | Path | None, need_species: bool = True):
     return penguin_table(frame, where, need_species)
 
 
+SAVE_AS = 'save it as a comma-separated CSV in UTF-8 (a spreadsheet\'s "CSV UTF-8 (Comma delimited)")'
+
+
 def check_row_lengths(path: str | Path, where: str) -> int | None:
     """How many columns the header names (None when it cannot tell). Refuses a row with more values than that (`5,000`
     for 5000, or a stray value): pandas would take the first field of every row as its index and shift the rest one
     column left (the island read from CulmenLength), or stop in a parser error of two lines. Empty fields past the
     header's are a spreadsheet's trailing commas, and fine. The scoring script's CSV reader (scripts/score.py) says
-    the same."""
+    the same. A header of one column holding semicolons (a spreadsheet in a language whose decimal mark is a comma)
+    or tabs is refused as such: read as one column, it was refused as missing the columns it names."""
     import csv
 
     with open(path, newline="", encoding="utf-8") as file:
@@ -78,6 +82,9 @@ def check_row_lengths(path: str | Path, where: str) -> int | None:
             header = next((record for record in reader if record), [])  # pandas' header: the first line not empty
             while header and not header[-1].strip():  # a trailing comma on the header too
                 header = header[:-1]
+            separator = next((s for s in ";\t|" if len(header) == 1 and s in header[0]), None)
+            if separator is not None:  # a spreadsheet set to another language's list separator
+                raise DataError(f"{where}: its columns are separated by {separator!r}, not commas; {SAVE_AS}")
             for record in reader:
                 extra = [cell for cell in record[len(header) :] if cell.strip()]
                 if header and extra:

@@ -57,6 +57,7 @@ USER_FILES = {  # what the user owns: must be byte-identical afterwards
     # A spreadsheet's row with a value past the header's: pandas would take the first as the index, shifting the rest.
     "extra_values.csv": "Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass\nBiscoe,50.4,15.3,200,5000,7\n",
     "thousands.csv": PENGUIN_CSV + ROWS.replace(",3400,", ",3,400,"),  # line 6: a thousands separator splits a cell
+    "semicolons.csv": (PENGUIN_CSV + ROWS).replace(",", ";").replace(".", ","),  # a spreadsheet in German
 }
 
 
@@ -326,6 +327,9 @@ CASES = [
          "error: {user}/thousands.csv: line 6 has 7 values, the header names 6 columns (Island, CulmenLength, "
          "CulmenDepth, FlipperLength, BodyMass, Species); remove the extra values (a thousands separator: 5000, not "
          "5,000) or name their columns"),
+    Case("csv-semicolons", ["fit", "--data.init_args.csv_path", "{user}/semicolons.csv"],
+         "error: {user}/semicolons.csv: its columns are separated by ';', not commas; save it as a comma-separated CSV "
+         "in UTF-8 (a spreadsheet's \"CSV UTF-8 (Comma delimited)\")"),
     Case("predict-extra-values", ["predict", "--ckpt_path", "{penguins_ckpt}", "--data.init_args.predict_path",
                                   "{user}/extra_values.csv"],
          "error: {user}/extra_values.csv: line 2 has 6 values, the header names 5 columns (Island, CulmenLength, "
