@@ -158,7 +158,14 @@ class MNISTDataModule(InMemoryDataModule):
 
             mirrors = MNIST.mirrors
         folder = Path(self.hparams.data_dir)
-        folder.mkdir(parents=True, exist_ok=True)
+        try:  # a data_dir that is a file (an idx file, a zip of them) ended in FileExistsError's traceback
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            why = "a file, not a folder" if folder.is_file() else f"cannot be made: {error.strerror}"
+            raise DataError(
+                f"{folder}: {why}; give data.init_args.data_dir the folder holding the four MNIST files (or one to "
+                "download them to)"
+            ) from None
         for name in missing:
             self.download(name, mirrors, folder)
 

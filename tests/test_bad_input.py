@@ -382,6 +382,10 @@ CASES = [
                                             "--data.init_args.predict_path", "{user}/no-digits.idx"],
          "error: {user}/no-digits.idx: its header announces a (0, 28, 28) array, which holds no images; give a file of "
          "some"),
+    Case("mnist-data-dir-is-a-file", ["fit", *MNIST, "--data.init_args.data_dir", "{user}/notes.txt",
+                                      "--data.init_args.mirrors", "[http://127.0.0.1:{port}]"],
+         "error: {user}/notes.txt: a file, not a folder; give data.init_args.data_dir the folder holding the four "
+         "MNIST files (or one to download them to)"),
     Case("mnist-val-size-0", ["fit", *MNIST, "--data.init_args.val_size", "0"],
          "error: data.init_args.val_size 0: give 1 to 59999 (MNIST has 60000 training images)"),
     Case("mnist-predict-no-images", ["predict", *MNIST, "--ckpt_path", "{mnist_ckpt}",
