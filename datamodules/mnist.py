@@ -214,9 +214,19 @@ class MNISTDataModule(InMemoryDataModule):
             raise DataError("predict needs data.init_args.predict_path: a folder of digit images or an idx file")
         path = Path(self.hparams.predict_path)
         if path.is_dir():
-            files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and not hidden(p, path))
+            entries = sorted(p for p in path.iterdir() if not hidden(p, path))
+            files = [p for p in entries if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()]
             if not files:
                 raise DataError(f"{path}: no {', '.join(IMAGE_SUFFIXES)} image in this folder")
+            # What is not read is named, as penguins' rows skipped are: a GIF or BMP digit, or a subfolder of digits,
+            # got no answer, and the answers were fewer than the files without a word.
+            if skipped := [p for p in entries if p not in files]:
+                more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+                print(
+                    f"{skipped[0]}{more}: not a {', '.join(IMAGE_SUFFIXES)} file directly in {path}: skipped, no "
+                    "answer for it",
+                    file=sys.stderr,
+                )
             return torch.stack([read_digit(p) for p in files]), [str(p) for p in files]
         if not path.is_file():
             raise DataError(f"{path}: no such file or folder; give predict_path a folder of images or an idx file")

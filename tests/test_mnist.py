@@ -146,6 +146,22 @@ def test_predict_inverts_dark_digits_on_white_saying_so_and_skips_dot_files(tmp_
     assert torch.equal(served[0], served[1])  # the scoring script answers as predict does
 
 
+def test_predict_names_what_in_its_folder_it_does_not_read(tmp_path: Path, capsys) -> None:
+    """A GIF or BMP digit, or a subfolder of them, got no answer, without a word: fewer answers than files."""
+    from PIL import Image
+
+    for name in ("0.png", "1.JPG", "2.gif", "3.bmp", "sub/4.png"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        Image.new("L", (28, 28)).save(tmp_path / name)
+    data = MNISTDataModule(predict_path=str(tmp_path))
+    data.setup("predict")
+    assert data.predict_names == [str(tmp_path / "0.png"), str(tmp_path / "1.JPG")]
+    assert capsys.readouterr().err == (
+        f"{tmp_path / '2.gif'} and 2 more: not a .jpg, .jpeg, .png, .webp file directly in {tmp_path}: skipped, no "
+        "answer for it\n"
+    )
+
+
 @needs_mnist
 def test_split_is_disjoint_and_seeded() -> None:
     def split(seed: int) -> dict[str, torch.Tensor]:
