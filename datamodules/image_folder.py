@@ -167,6 +167,13 @@ def fetch_archive(archive: str, target: Path) -> None:
     """
     if target.is_dir() and any(target.iterdir()):
         return
+    # A target that is a file (or lies below one) ended, after the whole extraction, in the rename's traceback.
+    blocked = next((path for path in (target, *target.parents) if path.exists() and not path.is_dir()), None)
+    if blocked is not None:
+        raise DataError(
+            f"{target}: {'' if blocked == target else f'{blocked} is '}a file, not a folder; give "
+            f"data.init_args.data_dir a folder to extract {archive} into"
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as temp:
         temp = Path(temp)

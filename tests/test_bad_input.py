@@ -88,6 +88,8 @@ def archives(user: Path) -> None:
     data = bytearray((user / "damaged.zip").read_bytes())
     data[member.header_offset + 30 + len(member.filename.encode()) + len(member.extra)] |= 0x06
     (user / "damaged.zip").write_bytes(data)
+    with tarfile.open(user / "fowl.tar.gz", "w:gz") as tar:  # a good one
+        tar.add(source, "fowl_data")
     with tarfile.open(user / "cut.tar.gz", "w:gz") as tar:
         tar.add(source, "fowl_data")
     data = (user / "cut.tar.gz").read_bytes()
@@ -433,6 +435,10 @@ CASES = [
                                     "--data.init_args.archive", "{user}/cut.tar.gz"],
          "error: {user}/cut.tar.gz: damaged or cut short (Compressed file ended before the end-of-stream marker was "
          "reached); download it again"),
+    Case("birds-extract-into-a-file", ["fit", *BIRDS, "--data.init_args.data_dir", "{user}/notes.txt",
+                                       "--data.init_args.archive", "{user}/fowl.tar.gz"],
+         "error: {user}/notes.txt: a file, not a folder; give data.init_args.data_dir a folder to extract "
+         "{user}/fowl.tar.gz into"),
     Case("birds-dangling-link", ["fit", *BIRDS, "--data.init_args.data_dir", "{user}/birds-dangling"],
          "error: {user}/birds-dangling/val/turkeys/gone.jpg: a link to ../../../deleted.jpg, which does not exist; "
          "remove it or restore its target"),
