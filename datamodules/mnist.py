@@ -81,6 +81,22 @@ def read_idx(path: Path, magic: int) -> torch.Tensor:
     return parse_idx(unzip(path.read_bytes(), path), magic, path)
 
 
+def read_mnist_file(path: Path, name: str) -> torch.Tensor:
+    """`path`, the file of FILES' `name`, as read_idx reads it; a DataError when its data is another of the four files
+    (by FILES' MD5s): the test files copied in as the training files were trained on, and their test accuracy, a
+    measure of what the network had seen, came out with no word. Other data in MNIST's format (Fashion-MNIST) is not
+    judged."""
+    data = unzip(path.read_bytes(), path)
+    digest = hashlib.md5(data).hexdigest()
+    other = next((other for other, (_, md5) in FILES.items() if md5 == digest and other != name), None)
+    if other is not None:
+        raise DataError(
+            f"{path}: holds MNIST's {other} (by the MD5 of its data), not {name}; put {name} there (training and "
+            "test on the same images, the test accuracy would measure nothing)"
+        )
+    return parse_idx(data, FILES[name][0], path)
+
+
 def read_digit(path: Path) -> torch.Tensor:
     """One image file as a grey uint8 (1, 28, 28) tensor, as the registered model reads one
     (datamodules/preprocessing/digits.py)."""
@@ -197,11 +213,12 @@ class MNISTDataModule(InMemoryDataModule):
         raise self.missing_error(f"the download failed ({'; '.join(failures)})")
 
     def load(self, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
-        paths = {kind: self.path(f"{prefix}-{kind}-idx{dims}-ubyte") for kind, dims in (("images", 3), ("labels", 1))}
+        names = {kind: f"{prefix}-{kind}-idx{dims}-ubyte" for kind, dims in (("images", 3), ("labels", 1))}
+        paths = {kind: self.path(name) for kind, name in names.items()}
         if None in paths.values():
             raise self.missing_error("this run does not download (prepare_data did not run)")
-        images = read_idx(paths["images"], 2051)
-        labels = read_idx(paths["labels"], 2049)
+        images = read_mnist_file(paths["images"], names["images"])
+        labels = read_mnist_file(paths["labels"], names["labels"])
         if images.shape[1:] != (28, 28) or len(images) != len(labels) or labels.max() > 9:
             raise DataError(
                 f"{paths['images']}, {paths['labels']}: expected N 28x28 images and N labels 0-9, "

@@ -163,6 +163,28 @@ def test_predict_names_what_in_its_folder_it_does_not_read(tmp_path: Path, capsy
 
 
 @needs_mnist
+def test_the_test_files_copied_in_as_the_training_files_are_refused(tmp_path: Path) -> None:
+    """Trained on the test images and tested on them again, the fit ended with exit 0 and a test accuracy that
+    measured nothing; so with the training files as the test files."""
+    for prefix, source in (("train", "t10k"), ("t10k", "t10k")):
+        for kind in ("images-idx3", "labels-idx1"):
+            shutil.copy(MNIST / f"{source}-{kind}-ubyte.gz", tmp_path / f"{prefix}-{kind}-ubyte.gz")
+    data = MNISTDataModule(data_dir=str(tmp_path))
+    with pytest.raises(DataError) as error:
+        data.setup("fit")
+    assert str(error.value) == (
+        f"{tmp_path / 'train-images-idx3-ubyte.gz'}: holds MNIST's t10k-images-idx3-ubyte (by the MD5 of its data), "
+        "not train-images-idx3-ubyte; put train-images-idx3-ubyte there (training and test on the same images, the "
+        "test accuracy would measure nothing)"
+    )
+    data.setup("test")  # the test files are where they belong
+    (tmp_path / "t10k-labels-idx1-ubyte.gz").unlink()
+    shutil.copy(MNIST / "train-labels-idx1-ubyte.gz", tmp_path / "t10k-labels-idx1-ubyte.gz")
+    with pytest.raises(DataError, match="t10k-labels-idx1-ubyte.gz: holds MNIST's train-labels-idx1-ubyte"):
+        data.setup("test")
+
+
+@needs_mnist
 def test_split_is_disjoint_and_seeded() -> None:
     def split(seed: int) -> dict[str, torch.Tensor]:
         data = MNISTDataModule(data_dir=str(SHARED), seed=seed)
