@@ -60,9 +60,12 @@ def read_penguins(path: str | Path | None, need_species: bool = True):
                 frame = pd.read_csv(path, keep_default_na=False, na_values=MISSING, index_col=False,
                                     usecols=range(columns) if columns else None)  # fmt: skip
         except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as error:
-            with open(path, "rb") as file:  # UTF-16's byte order mark: a spreadsheet's "Unicode Text"
-                if file.read(2) in (b"\xff\xfe", b"\xfe\xff"):
-                    raise DataError(f"{where}: UTF-16 text, not UTF-8; {SAVE_AS}") from None
+            with open(path, "rb") as file:
+                start = file.read(4)
+            if start[:2] in (b"\xff\xfe", b"\xfe\xff"):  # UTF-16's byte order mark: a spreadsheet's "Unicode Text"
+                raise DataError(f"{where}: UTF-16 text, not UTF-8; {SAVE_AS}") from None
+            if start == b"PK\x03\x04":  # a zip: an Excel workbook (.xlsx) itself, most likely
+                raise DataError(f"{where}: a zip archive (an Excel workbook?), not a CSV; {SAVE_AS}") from None
             raise DataError(f"{where}: not a readable CSV ({str(error).strip()})") from None
     return penguin_table(frame, where, need_species)
 

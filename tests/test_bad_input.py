@@ -101,6 +101,8 @@ def make_user_folder(user: Path) -> None:
     for name, text in USER_FILES.items():
         (user / name).write_text(text)
     (user / "garbage.csv").write_bytes(bytes(range(256)) * 4)
+    with zipfile.ZipFile(user / "penguins.xlsx", "w", zipfile.ZIP_DEFLATED) as workbook:  # what Excel saves
+        workbook.writestr("xl/worksheets/sheet1.xml", "<worksheet>" + "<row/>" * 500 + "</worksheet>")
     (user / "unicode_text.csv").write_bytes((PENGUIN_CSV + ROWS).replace(",", "\t").encode("utf-16"))  # a BOM first
     (user / "cut_short.ckpt").write_bytes(b"PK\x03\x04" + bytes(100))  # a zip's first bytes, then nothing
     damaged = idx(2051, (10, 28, 28))
@@ -336,6 +338,9 @@ CASES = [
     Case("csv-utf-16", ["fit", "--data.init_args.csv_path", "{user}/unicode_text.csv"],
          "error: {user}/unicode_text.csv: UTF-16 text, not UTF-8; save it as a comma-separated CSV in UTF-8 (a "
          "spreadsheet's \"CSV UTF-8 (Comma delimited)\")"),
+    Case("csv-excel-workbook", ["fit", "--data.init_args.csv_path", "{user}/penguins.xlsx"],
+         "error: {user}/penguins.xlsx: a zip archive (an Excel workbook?), not a CSV; save it as a comma-separated CSV "
+         "in UTF-8 (a spreadsheet's \"CSV UTF-8 (Comma delimited)\")"),
     Case("predict-extra-values", ["predict", "--ckpt_path", "{penguins_ckpt}", "--data.init_args.predict_path",
                                   "{user}/extra_values.csv"],
          "error: {user}/extra_values.csv: line 2 has 6 values, the header names 5 columns (Island, CulmenLength, "
