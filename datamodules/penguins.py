@@ -70,6 +70,7 @@ def read_penguins(path: str | Path | None, need_species: bool = True):
     return penguin_table(frame, where, need_species)
 
 
+SCHEMA_COLUMNS = {column for schema in SCHEMAS.values() for column in schema.values()}  # every column a model reads
 SAVE_AS = 'save it as a comma-separated CSV in UTF-8 (a spreadsheet\'s "CSV UTF-8 (Comma delimited)")'
 
 
@@ -79,7 +80,9 @@ def check_row_lengths(path: str | Path, where: str) -> int | None:
     column left (the island read from CulmenLength), or stop in a parser error of two lines. Empty fields past the
     header's are a spreadsheet's trailing commas, and fine. The scoring script's CSV reader (scripts/score.py) says
     the same. A header of one column holding semicolons (a spreadsheet in a language whose decimal mark is a comma)
-    or tabs is refused as such: read as one column, it was refused as missing the columns it names."""
+    or tabs is refused as such: read as one column, it was refused as missing the columns it names. So is a column
+    the model reads named twice (two BodyMass columns): pandas renamed the second `BodyMass.1`, and the first was read
+    without a word, whichever the user meant."""
     import csv
 
     with open(path, newline="", encoding="utf-8") as file:
@@ -91,6 +94,13 @@ def check_row_lengths(path: str | Path, where: str) -> int | None:
             separator = next((s for s in ";\t|" if len(header) == 1 and s in header[0]), None)
             if separator is not None:  # a spreadsheet set to another language's list separator
                 raise DataError(f"{where}: its columns are separated by {separator!r}, not commas; {SAVE_AS}")
+            names = [name.lstrip("\ufeff").strip() for name in header]  # as penguin_table matches them
+            if twice := next((name for name in names if name in SCHEMA_COLUMNS and names.count(name) > 1), None):
+                where_named = " and ".join(str(i + 1) for i, name in enumerate(names) if name == twice)
+                raise DataError(
+                    f"{where}: column {twice} is named {names.count(twice)} times (columns {where_named}); keep one, "
+                    "or rename the others"
+                )
             for record in reader:
                 extra = [cell for cell in record[len(header) :] if cell.strip()]
                 if header and extra:

@@ -57,6 +57,9 @@ USER_FILES = {  # what the user owns: must be byte-identical afterwards
     # A spreadsheet's row with a value past the header's: pandas would take the first as the index, shifting the rest.
     "extra_values.csv": "Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass\nBiscoe,50.4,15.3,200,5000,7\n",
     "thousands.csv": PENGUIN_CSV + ROWS.replace(",3400,", ",3,400,"),  # line 6: a thousands separator splits a cell
+    # Two BodyMass columns: the first was read without a word, whichever was meant.
+    "two_masses.csv": "Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass,BodyMass\n"
+    "Biscoe,50.4,15.3,200,4000,5000\n",
     "semicolons.csv": (PENGUIN_CSV + ROWS).replace(",", ";").replace(".", ","),  # a spreadsheet in German
 }
 
@@ -341,6 +344,10 @@ CASES = [
     Case("csv-excel-workbook", ["fit", "--data.init_args.csv_path", "{user}/penguins.xlsx"],
          "error: {user}/penguins.xlsx: a zip archive (an Excel workbook?), not a CSV; save it as a comma-separated CSV "
          "in UTF-8 (a spreadsheet's \"CSV UTF-8 (Comma delimited)\")"),
+    Case("predict-column-twice", ["predict", "--ckpt_path", "{penguins_ckpt}", "--data.init_args.predict_path",
+                                  "{user}/two_masses.csv"],
+         "error: {user}/two_masses.csv: column BodyMass is named 2 times (columns 5 and 6); keep one, or rename the "
+         "others"),
     Case("predict-extra-values", ["predict", "--ckpt_path", "{penguins_ckpt}", "--data.init_args.predict_path",
                                   "{user}/extra_values.csv"],
          "error: {user}/extra_values.csv: line 2 has 6 values, the header names 5 columns (Island, CulmenLength, "
