@@ -249,7 +249,13 @@ class MNISTDataModule(InMemoryDataModule):
             raise DataError(f"{path}: no such file or folder; give predict_path a folder of images or an idx file")
         if path.suffix.lower() in IMAGE_SUFFIXES:
             return read_digit(path).unsqueeze(0), [str(path)]
-        images = read_idx(path, 2051).unsqueeze(1)
+        data = unzip(path.read_bytes(), path)
+        if data[:4] != struct.pack(">I", 2051):  # a GIF digit, a zip of PNGs: the training files' advice misled
+            raise DataError(
+                f"{path}: neither a {', '.join(IMAGE_SUFFIXES)} image nor an idx file of images; give predict_path a "
+                "folder of images, one image, or an idx file of images"
+            )
+        images = parse_idx(data, 2051, path).unsqueeze(1)
         if images.shape[2:] != (28, 28):
             images = F.interpolate(images.float(), size=(28, 28), mode="area").round().to(torch.uint8)
         return images, [f"{path}[{i}]" for i in range(len(images))]

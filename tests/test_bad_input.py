@@ -118,6 +118,7 @@ def make_user_folder(user: Path) -> None:
     (user / "digits-none" / "readme.txt").write_text("no digits here\n")
     (user / "digits-broken").mkdir()
     (user / "digits-broken" / "7.png").write_bytes(b"\x89PNG not really")
+    (user / "7.gif").write_bytes(b"GIF89a" + bytes(40))  # one digit, in a format predict's files are not
     bird_folders(user / "birds-broken", count=2)
     (user / "birds-broken" / "val" / "turkeys" / "broken.jpg").write_bytes(b"\xff\xd8 not really")
     bird_folders(user / "birds-broken-late", count=2)
@@ -400,6 +401,10 @@ CASES = [
                                       "--data.init_args.mirrors", "[http://127.0.0.1:{port}]"],
          "error: {user}/notes.txt: a file, not a folder; give data.init_args.data_dir the folder holding the four "
          "MNIST files (or one to download them to)"),
+    Case("mnist-predict-a-gif", ["predict", *MNIST, "--ckpt_path", "{mnist_ckpt}", "--data.init_args.predict_path",
+                                 "{user}/7.gif"],
+         "error: {user}/7.gif: neither a .jpg, .jpeg, .png, .webp image nor an idx file of images; give predict_path a "
+         "folder of images, one image, or an idx file of images"),
     Case("mnist-val-size-0", ["fit", *MNIST, "--data.init_args.val_size", "0"],
          "error: data.init_args.val_size 0: give 1 to 59999 (MNIST has 60000 training images)"),
     Case("mnist-predict-no-images", ["predict", *MNIST, "--ckpt_path", "{mnist_ckpt}",
