@@ -51,14 +51,20 @@ def read_penguins(path: str | Path | None, need_species: bool = True):
         where = str(path)
         if not Path(path).is_file():
             raise DataError(f"{where}: no such file; give an existing CSV")
-        columns = check_row_lengths(path, where)
+        columns, header_line = check_row_lengths(path, where)
         try:
             # Only the header's columns: a row's empty fields past them (a spreadsheet's trailing commas) are dropped,
             # rather than its first field taken as the row's index; pandas' warning of it is no news (checked).
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", pd.errors.ParserWarning)
                 frame = pd.read_csv(path, keep_default_na=False, na_values=MISSING, index_col=False,
-                                    usecols=range(columns) if columns else None)  # fmt: skip
+                                    usecols=range(columns) if columns else None, skip_blank_lines=False,
+                                    skiprows=header_line - 1)  # fmt: skip
+            # A blank line is a row of nothing, dropped here rather than by pandas, which numbered the rows after it one
+            # line too early: predict answered the penguin of line 4 as "line 3", and messages named the wrong line.
+            # Row i is line i + 2 of the file, blank lines before the header counted too.
+            blank = frame.apply(lambda column: column.map(lambda cell: cell != cell or str(cell).strip() == ""))
+            frame = frame.set_axis(frame.index + header_line - 1)[~blank.all(axis=1).to_numpy()]
         except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as error:
             with open(path, "rb") as file:
                 start = file.read(4)
@@ -74,10 +80,11 @@ SCHEMA_COLUMNS = {column for schema in SCHEMAS.values() for column in schema.val
 SAVE_AS = 'save it as a comma-separated CSV in UTF-8 (a spreadsheet\'s "CSV UTF-8 (Comma delimited)")'
 
 
-def check_row_lengths(path: str | Path, where: str) -> int | None:
-    """How many columns the header names (None when it cannot tell). Refuses a row with more values than that (`5,000`
-    for 5000, or a stray value): pandas would take the first field of every row as its index and shift the rest one
-    column left (the island read from CulmenLength), or stop in a parser error of two lines. Empty fields past the
+def check_row_lengths(path: str | Path, where: str) -> tuple[int | None, int]:
+    """How many columns the header names (None when it cannot tell), and the line it is on (the first not blank).
+    Refuses a row with more values than that (`5,000` for 5000, or a stray value): pandas would take the first field
+    of every row as its index and shift the rest one column left (the island read from CulmenLength), or stop in a
+    parser error of two lines. Empty fields past the
     header's are a spreadsheet's trailing commas, and fine. The scoring script's CSV reader (scripts/score.py) says
     the same. A header of one column holding semicolons (a spreadsheet in a language whose decimal mark is a comma)
     or tabs is refused as such: read as one column, it was refused as missing the columns it names. So is a column
@@ -88,7 +95,8 @@ def check_row_lengths(path: str | Path, where: str) -> int | None:
     with open(path, newline="", encoding="utf-8") as file:
         reader = csv.reader(file)
         try:
-            header = next((record for record in reader if record), [])  # pandas' header: the first line not empty
+            header = next((record for record in reader if any(cell.strip() for cell in record)), [])  # not blank
+            header_line = reader.line_num
             while header and not header[-1].strip():  # a trailing comma on the header too
                 header = header[:-1]
             separator = next((s for s in ";\t|" if len(header) == 1 and s in header[0]), None)
@@ -111,8 +119,8 @@ def check_row_lengths(path: str | Path, where: str) -> int | None:
                         "5,000) or name their columns"
                     )
         except (csv.Error, UnicodeDecodeError):
-            return None  # not a CSV of text: pandas says what is wrong
-    return len(header)
+            return None, 1  # not a CSV of text: pandas says what is wrong
+    return len(header), max(header_line, 1)
 
 
 def check_plausible(table, where: str) -> None:

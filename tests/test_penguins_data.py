@@ -209,6 +209,22 @@ def test_a_csv_typed_with_a_space_after_each_comma_reads_as_without(tmp_path):
     assert row == [ISLANDS.index("Dream"), 39.1, 18.7, 181, 3750]
 
 
+def test_rows_are_named_by_their_line_in_the_file_blank_lines_counted(tmp_path, capsys):
+    """pandas skipped blank lines and numbered the rows after them as if they were not there: predict answered the
+    penguin of line 6 as "line 4", a blank line, and a refusal named a line above the culprit."""
+    path = tmp_path / "new.csv"
+    path.write_text(
+        "\nIsland,CulmenLength,CulmenDepth,FlipperLength,BodyMass\nBiscoe,50.4,15.3,200,5000\n\n   \n"
+        "Biscoe,50.4,15.3,200,5000\n,,,,\nDream,,1,2,\n"
+    )
+    data = setup("predict", predict_path=str(path))
+    assert data.predict_names == ["line 3", "line 6"]
+    assert capsys.readouterr().err == f"{path}: line 8 has no CulmenLength, BodyMass: skipped, no answer for it\n"
+    path.write_text(HEADER + GOOD + "\n" + GOOD.replace("39.1", "abc"))
+    with pytest.raises(DataError, match="column CulmenLength has a non-numeric value 'abc' on line 4;"):
+        read_penguins(path)
+
+
 def test_missing_cells_still_drop_their_row(tmp_path):
     """palmerpenguins' own NA and empty cells are missing measurements: the course drops those rows."""
     path = tmp_path / "gaps.csv"
