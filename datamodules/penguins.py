@@ -29,6 +29,8 @@ from datamodules.preprocessing.penguins import (  # noqa: F401 (names of this mo
     ISLANDS,
     MISSING,
     PLAUSIBLE,
+    SAVE_AS,
+    SCHEMA_COLUMNS,
     SCHEMAS,
     SPECIES,
     UNITS,
@@ -63,61 +65,26 @@ def read_penguins(path: str | Path | None, need_species: bool = True):
             # A blank line is a row of nothing, dropped here rather than by pandas, which numbered the rows after it one
             # line too early: predict answered the penguin of line 4 as "line 3", and messages named the wrong line.
             # Row i is line i + 2 of the file, blank lines before the header counted too.
-            blank = frame.apply(lambda column: column.map(lambda cell: cell != cell or str(cell).strip() == ""))
-            frame = frame.set_axis(frame.index + header_line - 1)[~blank.all(axis=1).to_numpy()]
+            frame = preprocessing.drop_blank_rows(frame, header_line)
         except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as error:
             with open(path, "rb") as file:
                 start = file.read(4)
-            if start[:2] in (b"\xff\xfe", b"\xfe\xff"):  # UTF-16's byte order mark: a spreadsheet's "Unicode Text"
-                raise DataError(f"{where}: UTF-16 text, not UTF-8; {SAVE_AS}") from None
-            if start == b"PK\x03\x04":  # a zip: an Excel workbook (.xlsx) itself, most likely
-                raise DataError(f"{where}: a zip archive (an Excel workbook?), not a CSV; {SAVE_AS}") from None
+            if what := preprocessing.not_utf8(start):  # UTF-16 (a spreadsheet's "Unicode Text"), or a workbook
+                raise DataError(f"{where}: {what}") from None
             raise DataError(f"{where}: not a readable CSV ({str(error).strip()})") from None
     return penguin_table(frame, where, need_species)
 
 
-SCHEMA_COLUMNS = {column for schema in SCHEMAS.values() for column in schema.values()}  # every column a model reads
-SAVE_AS = 'save it as a comma-separated CSV in UTF-8 (a spreadsheet\'s "CSV UTF-8 (Comma delimited)")'
-
-
 def check_row_lengths(path: str | Path, where: str) -> tuple[int | None, int]:
     """How many columns the header names (None when it cannot tell), and the line it is on (the first not blank).
-    Refuses a row with more values than that (`5,000` for 5000, or a stray value): pandas would take the first field
-    of every row as its index and shift the rest one column left (the island read from CulmenLength), or stop in a
-    parser error of two lines. Empty fields past the
-    header's are a spreadsheet's trailing commas, and fine. The scoring script's CSV reader (scripts/score.py) says
-    the same. A header of one column holding semicolons (a spreadsheet in a language whose decimal mark is a comma)
-    or tabs is refused as such: read as one column, it was refused as missing the columns it names. So is a column
-    the model reads named twice (two BodyMass columns): pandas renamed the second `BodyMass.1`, and the first was read
-    without a word, whichever the user meant."""
+    The layout checks themselves (columns separated by semicolons, a column the model reads named twice, a row with
+    more values than the header) are preprocessing's check_csv_layout, which the scoring script's CSV reader
+    (scripts/score.py) runs too."""
     import csv
 
     with open(path, newline="", encoding="utf-8") as file:
-        reader = csv.reader(file)
         try:
-            header = next((record for record in reader if any(cell.strip() for cell in record)), [])  # not blank
-            header_line = reader.line_num
-            while header and not header[-1].strip():  # a trailing comma on the header too
-                header = header[:-1]
-            separator = next((s for s in ";\t|" if len(header) == 1 and s in header[0]), None)
-            if separator is not None:  # a spreadsheet set to another language's list separator
-                raise DataError(f"{where}: its columns are separated by {separator!r}, not commas; {SAVE_AS}")
-            names = [name.lstrip("\ufeff").strip() for name in header]  # as penguin_table matches them
-            if twice := next((name for name in names if name in SCHEMA_COLUMNS and names.count(name) > 1), None):
-                where_named = " and ".join(str(i + 1) for i, name in enumerate(names) if name == twice)
-                raise DataError(
-                    f"{where}: column {twice} is named {names.count(twice)} times (columns {where_named}); keep one, "
-                    "or rename the others"
-                )
-            for record in reader:
-                extra = [cell for cell in record[len(header) :] if cell.strip()]
-                if header and extra:
-                    names = ", ".join(name.lstrip("\ufeff") for name in header)
-                    raise DataError(
-                        f"{where}: line {reader.line_num} has {len(header) + len(extra)} values, the header names "
-                        f"{len(header)} columns ({names}); remove the extra values (a thousands separator: 5000, not "
-                        "5,000) or name their columns"
-                    )
+            header, header_line, _ = preprocessing.check_csv_layout(csv.reader(file), where)
         except (csv.Error, UnicodeDecodeError):
             return None, 1  # not a CSV of text: pandas says what is wrong
     return len(header), max(header_line, 1)

@@ -355,44 +355,59 @@ def json_rows(body: bytes):
     return rows
 
 
+def csv_checks():
+    """datamodules/preprocessing/penguins.py as deployed with this script, loaded by its path (once): the server puts
+    the model's own code first on sys.path (MLflow's code_paths), and a model registered before the CSV checks were
+    shared ships a copy without them, so `import datamodules.preprocessing.penguins` failed every CSV request."""
+    import importlib.util
+
+    name = "_score_penguin_csv_checks"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "datamodules" / "preprocessing" / "penguins.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
 def csv_rows(body: bytes, where: str = "request body", max_rows: int | None = MAX_ROWS):
-    """A CSV's rows as a DataFrame of text cells, read as spreadsheets write them: empty fields past the header's
-    (a trailing comma on each row) are dropped; a row with more values than the header has names is refused rather
-    than shifted (pandas would take its first field as the row's index). At most `max_rows` rows (None: no limit)."""
+    """A CSV's rows as a DataFrame, read as predict reads a CSV: its layout checked by the same code
+    (datamodules/preprocessing/penguins.py, which the model ships: columns separated by semicolons, a column the model
+    reads named twice, a row with more values than the header; UTF-16 and a workbook named as such), so that the
+    endpoint refuses what predict refuses, in the same words, rather than as 'missing columns' or a parser's reason.
+    Empty fields past the header's (a trailing comma on each row) are dropped; row i is line i + 2 of the body, blank
+    lines counted. At most `max_rows` rows (None: no limit). The checks are loaded here, not at the top: this script
+    imports nothing of the model's code until a CSV comes."""
     import warnings
 
     import pandas as pd
 
+    checks = csv_checks()
+    check_csv_layout, drop_blank_rows, not_utf8 = checks.check_csv_layout, checks.drop_blank_rows, checks.not_utf8
+    if what := not_utf8(body[:4]):
+        raise RequestError(f"{where} is not a readable CSV (not UTF-8 text): {what}")
     try:
         text = body.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise RequestError(f"{where} is not a readable CSV (not UTF-8 text); send a CSV of penguin rows") from None
     try:
-        records = list(csv.reader(io.StringIO(text, newline="")))
+        header, header_line, rows = check_csv_layout(csv.reader(io.StringIO(text, newline="")), where)
     except csv.Error as error:
         raise RequestError(f"{where} is not a readable CSV ({error}); send a CSV of penguin rows") from None
-    records = [record for record in records if any(cell.strip() for cell in record)]
-    if not records:
+    except checks.DataError as error:
+        raise RequestError(str(error)) from None
+    if not header:
         raise RequestError(f"{where} is empty: send a CSV whose first line names the columns, one penguin a line")
-    header, rows = records[0], records[1:]
-    if max_rows is not None and len(rows) > max_rows:
-        raise RequestError(f"{len(rows)} rows in one request; send at most {max_rows} (SCORE_MAX_ROWS)", 413)
-    while header and not header[-1].strip():  # a trailing comma on the header too
-        header = header[:-1]
-    for line, record in enumerate(rows, 2):
-        extra = [cell for cell in record[len(header) :] if cell.strip()]
-        if extra:
-            raise RequestError(
-                f"{where}: line {line} has {len(header) + len(extra)} values, the header names {len(header)} "
-                f"columns ({', '.join(header)}); remove the extra values or name their columns"
-            )
+    if max_rows is not None and rows > max_rows:
+        raise RequestError(f"{rows} rows in one request; send at most {max_rows} (SCORE_MAX_ROWS)", 413)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Length of header ... does not match": the empty trailing fields, checked
         try:
-            return pd.read_csv(io.StringIO(text), index_col=False, usecols=range(len(header)), header=0,
-                               names=header, skip_blank_lines=True)  # fmt: skip
+            frame = pd.read_csv(io.StringIO(text), index_col=False, usecols=range(len(header)), header=0,
+                                skip_blank_lines=False, skiprows=header_line - 1)  # fmt: skip
         except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as error:
             raise RequestError(f"{where} is not a readable CSV ({error}); send a CSV of penguin rows") from None
+    return drop_blank_rows(frame, header_line)
 
 
 def row_inputs(model: Model, rows, row_name, max_rows: int = MAX_ROWS) -> tuple[object, list[str]]:

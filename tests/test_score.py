@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 from datamodules.mnist import MNISTDataModule
+from datamodules.preprocessing.penguins import SAVE_AS
 from scripts.score import Model, ModelError, load_model
 from scripts.serving.mlflow_model import ExportError, save_model, serving_inputs
 from scripts.serving.pyfunc_model import InputError
@@ -142,6 +143,11 @@ NO_MASS = {key: value for key, value in PENGUIN.items() if key != "body_mass_g"}
 HUGE_SPLIT = {"input_data": {"columns": list(PENGUIN), "data": [["Biscoe", 50.4, 15.3, 200, -(10**400)]]}}
 TWICE_SPLIT = {"input_data": {"columns": ["island", *PENGUIN], "data": [["Dream", *PENGUIN.values()]]}}
 LIST_SPLIT = {"input_data": {"columns": [["island"], *list(PENGUIN)[1:]], "data": [list(PENGUIN.values())]}}
+ROW = "Biscoe,50.4,15.3,200,5000\n"
+SEMICOLONS = HEADER.replace(",", ";") + "Biscoe;50,4;15,3;200;5000\n"  # a spreadsheet in German or French
+UTF_16 = (HEADER + ROW).encode("utf-16")  # a spreadsheet's "Unicode Text": a byte order mark first
+WORKBOOK = b"PK\x03\x04\x14\x00\x06\x00\x08\x00" + bytes(range(256))  # an .xlsx: a zip
+MASS_TWICE = HEADER.replace("\n", ",body_mass_g\n") + ROW.replace("\n", ",5100\n")
 BAD_ROWS = [  # (body, content type, status, the message's start)
     ("[" * 100_000 + "]" * 100_000, "application/json", 400, "request body is JSON nested deeper than 32 levels"),
     ('{"island": ' + "[" * 40 + "]" * 40 + "}", "application/json", 400, "request body is JSON nested deeper"),
@@ -162,6 +168,13 @@ BAD_ROWS = [  # (body, content type, status, the message's start)
     (HUGE_SPLIT, "application/json", 400, "request: row 1, column body_mass_g: '-inf' is not a finite number"),
     (TWICE_SPLIT, "application/json", 400, "input_data: column 'island' named twice in \"columns\"; name each once"),
     (LIST_SPLIT, "application/json", 400, "input_data: send a DataFrame in pandas' split orientation"),
+    # What predict's reader refuses (datamodules/preprocessing/penguins.py), refused alike: not as 'missing columns',
+    # a parser's reason or the wrong line.
+    (SEMICOLONS, "text/csv", 400, f"request body: its columns are separated by ';', not commas; {SAVE_AS}"),
+    (UTF_16, "text/csv", 400, "request body is not a readable CSV (not UTF-8 text): UTF-16 text, not UTF-8; save"),
+    (WORKBOOK, "text/csv", 400, "request body is not a readable CSV (not UTF-8 text): a zip archive (an Excel"),
+    (MASS_TWICE, "text/csv", 400, "request body: column body_mass_g is named 2 times (columns 5 and 6); keep one, or"),
+    (HEADER + "\n" + ROW + "\n" + ROW[:-1] + ",7\n", "text/csv", 400, "request body: line 5 has 6 values, the header"),
 ]
 
 
@@ -193,6 +206,47 @@ def test_a_spreadsheets_csv_is_answered_as_its_rows(penguins, monkeypatch):
                  HEADER.replace("\n", ",\n") + "Biscoe,50.4,15.3,200,5000,\r\nDream,40,18,190,3800,\r\n"):  # fmt: skip
         assert post(penguins, body, "text/csv", monkeypatch) == plain
     assert plain[0] == 200 and [a["input"] for a in plain[1]["predictions"]] == ["line 2", "line 3"]
+
+
+def test_csv_rows_are_named_by_their_line_in_the_body_blank_lines_counted(penguins, monkeypatch, tmp_path, capsys):
+    """As predict names them: pandas skipped blank lines and the row after one was answered as the line above it."""
+    from scripts.score import main
+
+    body = "\n" + HEADER + ROW + "\n \n,,,,\n" + ROW.replace("Biscoe", "Dream")
+    status, answer = post(penguins, body, "text/csv", monkeypatch)
+    assert status == 200 and [a["input"] for a in answer["predictions"]] == ["line 3", "line 7"], answer
+    (tmp_path / "blank.csv").write_text(body)
+    main([str(penguins), str(tmp_path / "blank.csv")])
+    assert [line.split(",")[0] for line in capsys.readouterr().out.splitlines()] == ["input", "line 3", "line 7"]
+
+
+def test_the_csv_checks_are_the_scripts_own_not_an_older_models(penguins, monkeypatch):
+    """The server puts the model's code first on sys.path: a model registered before the checks were shared ships a
+    datamodules/preprocessing/penguins.py without them, and importing them from there failed every CSV request."""
+    import datamodules.preprocessing.penguins as shipped
+
+    monkeypatch.delattr(shipped, "check_csv_layout")
+    status, answer = post(penguins, MASS_TWICE, "text/csv", monkeypatch)
+    assert status == 400 and answer["message"].startswith("request body: column body_mass_g is named 2 times"), answer
+
+
+def test_batch_scoring_refuses_a_csv_predict_refuses_in_one_line(penguins, tmp_path):
+    """A semicolon CSV, UTF-16 text, a workbook, a column named twice: one line naming the file and the fix, as
+    predict says it (datamodules/preprocessing/penguins.py), not 'missing columns' or a decoder's reason."""
+    from scripts.score import main
+
+    cases = {
+        "semicolons.csv": (SEMICOLONS.encode(), f": its columns are separated by ';', not commas; {SAVE_AS}"),
+        "unicode.csv": (UTF_16, " is not a readable CSV (not UTF-8 text): UTF-16 text, "),
+        "penguins.xlsx": (WORKBOOK, " is not a readable CSV (not UTF-8 text): a zip archive (an Excel workbook?)"),
+        "twice.csv": (MASS_TWICE.encode(), ": column body_mass_g is named 2 times (columns 5 and 6); keep one, or "),
+    }
+    for name, (data, message) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(SystemExit) as exit:
+            main([str(penguins), str(tmp_path / name)])
+        line = str(exit.value.code)
+        assert line.startswith(f"error: {tmp_path / name}{message}") and "\n" not in line, line
 
 
 class Endless(io.RawIOBase):

@@ -199,6 +199,8 @@ BAD_PENGUIN_REQUESTS = [
     (b"island=Biscoe", "application/x-www-form-urlencoded", 400, "request body is not valid JSON"),  # curl -d
     (b"\x89PNG", "image/png", 415, "Content-Type image/png: send rows as application/json (or text/csv)"),
     (b"a,b\n1,2\n", "text/csv", 400, "request: missing columns"),
+    # as predict refuses it (its columns were named as missing): the shared check, in the server's own environment
+    (b"island;bill_length_mm\nBiscoe;50,4\n", "text/csv", 400, "request body: its columns are separated by ';'"),
 ]
 
 

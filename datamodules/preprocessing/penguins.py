@@ -52,6 +52,70 @@ UNITS = {"culmen_length": "mm", "culmen_depth": "mm", "flipper_length": "mm", "b
 MISSING = ["", "NA", "N/A", "n/a", "#N/A", "#NA", "<NA>", "NULL", "null", "None"]
 
 
+SCHEMA_COLUMNS = {column for schema in SCHEMAS.values() for column in schema.values()}  # every column a model reads
+SAVE_AS = 'save it as a comma-separated CSV in UTF-8 (a spreadsheet\'s "CSV UTF-8 (Comma delimited)")'
+
+
+def not_utf8(start: bytes) -> str | None:
+    """What a CSV that is not UTF-8 is, by its first bytes, and the fix (None: no telling): a spreadsheet's "Unicode
+    Text" (UTF-16) or its workbook itself (a zip). Predict's reader and the scoring script's say it alike; the
+    decoder's own reason ('invalid start byte') tells neither what the file is nor what to give."""
+    if start[:2] in (b"\xff\xfe", b"\xfe\xff"):  # UTF-16's byte order mark
+        return f"UTF-16 text, not UTF-8; {SAVE_AS}"
+    if start[:4] == b"PK\x03\x04":  # a zip: an Excel workbook (.xlsx) itself, most likely
+        return f"a zip archive (an Excel workbook?), not a CSV; {SAVE_AS}"
+    return None
+
+
+def check_csv_layout(reader, where: str) -> tuple[list[str], int, int]:
+    """The header of a CSV (`reader`: a csv.reader of it), the line it is on (the first not blank; 0 for none) and
+    how many rows follow it (blank ones not counted). Predict's reader (datamodules/penguins.py) and the scoring
+    script's (scripts/score.py) both check a CSV's layout here, so that a file refused by one is refused alike by the
+    other. Refuses, as DataError naming `where`:
+    - a header of one column holding semicolons (a spreadsheet in a language whose decimal mark is a comma), tabs or
+      '|': read as one column, it was refused as missing the columns it names;
+    - a column the model reads named twice (two BodyMass columns): pandas renamed the second `BodyMass.1`, and the
+      first was read without a word, whichever the user meant (other columns may repeat);
+    - a row with more values than the header names (`5,000` for 5000, or a stray value): pandas would take the first
+      field of every row as its index and shift the rest one column left. Empty fields past the header's are a
+      spreadsheet's trailing commas, and fine; the header's own are dropped from it.
+    Lines are the file's own (reader.line_num), blank lines counted."""
+    header = next((record for record in reader if any(cell.strip() for cell in record)), [])  # not blank
+    header_line = reader.line_num
+    while header and not header[-1].strip():  # a trailing comma on the header too
+        header = header[:-1]
+    separator = next((s for s in ";\t|" if len(header) == 1 and s in header[0]), None)
+    if separator is not None:  # a spreadsheet set to another language's list separator
+        raise DataError(f"{where}: its columns are separated by {separator!r}, not commas; {SAVE_AS}")
+    names = [name.lstrip("\ufeff").strip() for name in header]  # as penguin_table matches them
+    if twice := next((name for name in names if name in SCHEMA_COLUMNS and names.count(name) > 1), None):
+        where_named = " and ".join(str(i + 1) for i, name in enumerate(names) if name == twice)
+        raise DataError(
+            f"{where}: column {twice} is named {names.count(twice)} times (columns {where_named}); keep one, or "
+            "rename the others"
+        )
+    rows = 0
+    for record in reader:
+        extra = [cell for cell in record[len(header) :] if cell.strip()]
+        if header and extra:
+            listed = ", ".join(name.lstrip("\ufeff") for name in header)
+            raise DataError(
+                f"{where}: line {reader.line_num} has {len(header) + len(extra)} values, the header names "
+                f"{len(header)} columns ({listed}); remove the extra values (a thousands separator: 5000, not 5,000) "
+                "or name their columns"
+            )
+        rows += any(cell.strip() for cell in record)
+    return header, header_line, rows
+
+
+def drop_blank_rows(frame, header_line: int):
+    """`frame` (a CSV read by pandas from its header's line, blank lines kept as rows) less its rows of nothing
+    (blank, spaces, or commas only), indexed so that row i is line i + 2 of the file: pandas' own skipping of blank
+    lines numbered the rows after one a line too early, and predict and the scoring script named the wrong line."""
+    blank = frame.apply(lambda column: column.map(lambda cell: cell != cell or str(cell).strip() == ""))
+    return frame.set_axis(frame.index + header_line - 1)[~blank.all(axis=1).to_numpy()]
+
+
 # The course's example penguin (a Gentoo), in palmerpenguins' schema: the registered model's input example.
 EXAMPLE = {"island": ["Biscoe"], "bill_length_mm": [50.4], "bill_depth_mm": [15.3], "flipper_length_mm": [200.0],
            "body_mass_g": [5000.0]}  # fmt: skip
