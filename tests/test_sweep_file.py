@@ -131,6 +131,53 @@ def test_an_option_the_cli_does_not_have_or_a_value_it_refuses_is_one_line(tmp_p
     assert not (tmp_path / "outputs").exists()
 
 
+NEVER = "the trials would never validate, so none would log val_loss"
+
+
+@pytest.mark.parametrize(
+    ("fixed", "space", "line"),
+    [
+        (
+            {"trainer.limit_val_batches": 0},
+            {},
+            f"fixed.trainer.limit_val_batches 0.0: {NEVER}; give it above 0 (or leave it out)",
+        ),
+        (
+            {"trainer.max_epochs": 4, "trainer.check_val_every_n_epoch": 5},
+            {},
+            f"fixed.trainer.check_val_every_n_epoch 5 with fixed.trainer.max_epochs 4: {NEVER}; give "
+            "check_val_every_n_epoch 4 or less",
+        ),
+        (
+            {"trainer.check_val_every_n_epoch": 150},  # above the config's own 100 epochs
+            {},
+            "fixed.trainer.check_val_every_n_epoch 150 with trainer.max_epochs 100 (in configs/penguins.yaml): "
+            f"{NEVER}; give check_val_every_n_epoch 100 or less",
+        ),
+        (
+            {"trainer.check_val_every_n_epoch": 3},
+            {"trainer.max_epochs": {"int": [2, 6]}},  # its low end never validates
+            f"fixed.trainer.check_val_every_n_epoch 3 with search_space.trainer.max_epochs 2: {NEVER}; give "
+            "check_val_every_n_epoch 2 or less",
+        ),
+    ],
+)
+def test_trials_that_would_never_validate_are_one_line_before_any_trial(tmp_path, fixed, space, line):
+    # Else the objective check (whose one epoch validates) passed and every trial failed, 'logged no val_loss'.
+    path = write(tmp_path, changed(fixed=fixed, search_space={**GOOD["search_space"], **space}))
+    with pytest.raises(SystemExit) as exit:
+        main([str(path), "--outputs", str(tmp_path / "outputs")])
+    assert exit.value.code == f"error: {path}: {line}"
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_trials_that_validate_every_few_epochs_are_not_refused(tmp_path):
+    from scripts.sweeps.space import check_options
+
+    fixed = {"trainer.max_epochs": 10, "trainer.check_val_every_n_epoch": 2, "trainer.limit_val_batches": 0.5}
+    check_options(load_sweep(str(write(tmp_path, changed(fixed=fixed)))))
+
+
 @pytest.mark.slow
 def test_an_objective_the_module_does_not_log_is_one_line_before_any_trial(tmp_path):
     path = write(tmp_path, changed(objective={"metric": "val_accuracy", "goal": "maximize"}))

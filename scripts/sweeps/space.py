@@ -385,6 +385,9 @@ def check_options(sweep: Sweep, configs: list[str] | None = None) -> None:
                     values = {**(first if i else {}), option: value}
                     parse({**sweep.fixed, **values}, f"search_space.{option} = {cli_value(value)}")
             raise
+        problem = never_validates(sweep, parsed, combined, configs)
+        if problem:
+            raise SweepError(f"{sweep.path}: {problem}")
         # Two choices the CLI takes as one value (10 and '10', true and 'true') would be one trial's config twice.
         for option, values in taken.items():
             if i < len(representatives[option]):
@@ -396,6 +399,29 @@ def check_options(sweep: Sweep, configs: list[str] | None = None) -> None:
                         "give each once"
                     )
                 values[value] = representatives[option][i]
+
+
+def never_validates(sweep: Sweep, config: dict, values: dict, configs: list[str]) -> str | None:
+    """Why trials of this (flattened) config would never validate, or None. The objective is reported at
+    validation's end, so such trials all fail ('logged no val_loss') one after the other; check_metric cannot see it,
+    as its one epoch validates whatever the trials do (check_val_every_n_epoch 2 of 10 epochs is fine)."""
+
+    def named(option: str) -> str:
+        where = "fixed." if option in sweep.fixed else "search_space." if option in values else ""
+        origin = "" if where else f" (in {' + '.join(configs)})"
+        return f"{where}{option} {cli_value(config.get(option))}{origin}"
+
+    never = f"the trials would never validate, so none would log {sweep.metric}"
+    limit, every, epochs = (config.get(f"trainer.{key}") for key in ("limit_val_batches", "check_val_every_n_epoch",
+                                                                       "max_epochs"))  # fmt: skip
+    if is_number(limit) and limit == 0:
+        return f"{named('trainer.limit_val_batches')}: {never}; give it above 0 (or leave it out)"
+    if is_int(every) and is_int(epochs) and 0 < epochs < every:
+        return (
+            f"{named('trainer.check_val_every_n_epoch')} with {named('trainer.max_epochs')}: {never}; give "
+            f"check_val_every_n_epoch {epochs} or less"
+        )
+    return None
 
 
 def check_metric(sweep: Sweep, outputs: Path) -> None:
