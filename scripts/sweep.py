@@ -498,13 +498,13 @@ def run_study(
     spec: Sweep, sweep_file: str, study_name: str | None, storage: str | None, n_jobs: int, outputs: str, launcher
 ) -> int:
     rdb = connect(storage) if storage else None  # a server's: checked before the slower checks below
-    check_options(spec)
+    first_config = check_options(spec)
     outputs_path = Path(outputs)
     try:
         outputs_path.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise SweepError(f"--outputs {outputs}: cannot write there ({error.strerror}); give a folder") from None
-    check_metric(spec, outputs_path)
+    check_metric(spec, outputs_path, first_config)
     name = study_name or spec.name
     folder = outputs_path / SWEEPS / name
     folder.mkdir(parents=True, exist_ok=True)

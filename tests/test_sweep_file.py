@@ -202,6 +202,18 @@ def test_the_objective_check_validates_though_the_trials_validate_every_few_epoc
     check_metric(load_sweep(str(write(tmp_path, changed(fixed=fixed)))), tmp_path)
 
 
+def test_the_objective_check_takes_the_batches_an_integer_val_check_interval_needs(tmp_path):
+    from scripts.sweeps.space import SweepError, check_metric, check_options
+
+    # A penguin epoch has 12 batches of 20: validating every 3 is a valid sweep (refused as 'above 2 batches' before).
+    sweep = load_sweep(str(write(tmp_path, changed(fixed={"trainer.val_check_interval": 3}))))
+    check_metric(sweep, tmp_path, check_options(sweep))
+    # Every 100 batches is above an epoch's: refused by the epoch's real batches, not the check's.
+    sweep = load_sweep(str(write(tmp_path, changed(fixed={"trainer.val_check_interval": 100}))))
+    with pytest.raises(SweepError, match=r"val_check_interval` \(100\) must be .* training batches \(12\)"):
+        check_metric(sweep, tmp_path, check_options(sweep))
+
+
 @pytest.mark.parametrize("name", ["{user}", "../mine", "penguins/v2", ".."])
 def test_a_study_name_that_is_a_path_is_one_line_and_nothing_of_the_users_is_replaced(tmp_path, name):
     # The study's folder, outputs/sweeps/NAME, has its trial-N folders and best.yaml replaced by the study's.

@@ -332,10 +332,11 @@ def option_args(values: dict) -> list[str]:
     return [item for option in ordered for item in (f"--{option}", cli_value(values[option]))]
 
 
-def check_options(sweep: Sweep, configs: list[str] | None = None) -> None:
+def check_options(sweep: Sweep, configs: list[str] | None = None) -> dict:
     """Asks the training CLI (scripts.train's parser, in this process) whether every option of the search space and
     of `fixed` exists in `configs` (default: the sweep's) and takes every value the sweep may give it; raises
-    SweepError naming the first that does not. Imports Lightning (a few seconds, once)."""
+    SweepError naming the first that does not. Imports Lightning (a few seconds, once). Returns the first trial's
+    config, flattened, which check_metric's short fit follows where it must."""
     from jsonargparse import ArgumentError
 
     from scripts.training.cli import cli_main, flatten
@@ -375,6 +376,7 @@ def check_options(sweep: Sweep, configs: list[str] | None = None) -> None:
     # at a time, to name the culprit.
     representatives = {param.option: param.representatives() for param in sweep.params}
     taken: dict[str, dict[str, object]] = {param.option: {} for param in sweep.params if param.kind == "choice"}
+    first_config: dict = {}
     for i in range(max(map(len, representatives.values()), default=0)):
         combined = {option: values[i] if i < len(values) else values[0] for option, values in representatives.items()}
         try:
@@ -385,6 +387,7 @@ def check_options(sweep: Sweep, configs: list[str] | None = None) -> None:
                     values = {**(first if i else {}), option: value}
                     parse({**sweep.fixed, **values}, f"search_space.{option} = {cli_value(value)}")
             raise
+        first_config = first_config or parsed
         problem = never_validates(sweep, parsed, combined, configs)
         if problem:
             raise SweepError(f"{sweep.path}: {problem}")
@@ -399,6 +402,7 @@ def check_options(sweep: Sweep, configs: list[str] | None = None) -> None:
                         "give each once"
                     )
                 values[value] = representatives[option][i]
+    return first_config
 
 
 def never_validates(sweep: Sweep, config: dict, values: dict, configs: list[str]) -> str | None:
@@ -424,23 +428,28 @@ def never_validates(sweep: Sweep, config: dict, values: dict, configs: list[str]
     return None
 
 
-def check_metric(sweep: Sweep, outputs: Path) -> None:
+def check_metric(sweep: Sweep, outputs: Path, config: dict | None = None) -> None:
     """Runs one epoch of two batches of the first trial's fit in this process, without tracking, and checks that the
     objective is among the metrics logged when validation ends (where trials report it: an epoch's train metrics come
-    after); a fit that cannot start is reported as its one line."""
+    after); a fit that cannot start is reported as its one line. `config` is the first trial's (check_options's): an
+    integer val_check_interval there takes that many batches (at most the epoch's), as two would be refused by
+    Lightning as above an epoch's batches where the trials' epochs have enough, and one above the epoch's still is."""
     import logging
     import tempfile
 
     from scripts.train import main as train_main
 
     first = {param.option: param.representatives()[0] for param in sweep.params}
+    interval = (config or {**sweep.fixed, **first}).get("trainer.val_check_interval")
+    batches = max(2, interval) if is_int(interval) else 2
     with tempfile.TemporaryDirectory(dir=outputs, prefix=".sweep-check-") as folder:
         names = Path(folder) / "metrics.txt"
         callback = {"class_path": "scripts.sweeps.trial.MetricNames", "init_args": {"path": str(names)}}
         args = [
             "fit", *(item for config in sweep.configs for item in ("--config", config)),
             *option_args({**sweep.fixed, **first}),
-            "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2",
+            "--trainer.max_epochs", "1", "--trainer.limit_train_batches", str(batches), "--trainer.limit_val_batches",
+            "2",
             "--trainer.check_val_every_n_epoch", "1",  # its one epoch validates, whichever epochs the trials do
             "--trainer.num_sanity_val_steps", "0", "--trainer.logger", "false", "--trainer.enable_progress_bar",
             "false", "--trainer.enable_model_summary", "false", "--trainer.default_root_dir", folder,
