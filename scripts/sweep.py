@@ -432,15 +432,16 @@ def open_study(sweep: Sweep, study_name: str, storage, folder: Path):
                 f"{storage.url}; give --study_name NEW (or --outputs another folder) to keep them"
             )
         study = optuna.create_study(study_name=study_name, storage=storage, direction=sweep.goal, load_if_exists=True)
-        fingerprint = json.dumps(sweep.fingerprint(), sort_keys=True)
+        fingerprint = json.loads(json.dumps(sweep.fingerprint(), sort_keys=True))  # as stored: lists, str keys
         given = study.user_attrs.get(FINGERPRINT)
-        if given is None:
-            study.set_user_attr(FINGERPRINT, fingerprint)
-        elif given != fingerprint:
-            raise SweepError(
-                f"{sweep.path}: study {study_name} in {storage.url} was started with another config, objective or "
-                f"search space; give --study_name NEW for a new study (or delete that study to start over)"
-            )
+        before = json.loads(given) if given is not None else None
+        if before is not None:
+            # A study started before config files were fingerprinted by their contents has no "contents".
+            now = {key: value for key, value in fingerprint.items() if key in before}
+            if now != before:
+                raise SweepError(changed_since(sweep, study_name, storage.url, before, now))
+        if before is None or before.keys() != fingerprint.keys():
+            study.set_user_attr(FINGERPRINT, json.dumps(fingerprint, sort_keys=True))
         starts = study.user_attrs.get(STARTS, 0)
         study.set_user_attr(STARTS, starts + 1)
         owner.write_text(database + "\n")
@@ -450,6 +451,22 @@ def open_study(sweep: Sweep, study_name: str, storage, folder: Path):
         study_name=study_name, storage=storage, sampler=make_sampler(sweep, seed), pruner=make_pruner(sweep.termination)
     )
     return study
+
+
+def changed_since(sweep: Sweep, study_name: str, url: str, before: dict, now: dict) -> str:
+    """Why a study cannot be resumed from this file: a config file edited since it started is named (its trials
+    trained on the file as it was, the next ones would train on it as it is, and best.yaml goes with the file)."""
+    rest = [key for key in now if key != "contents" and now[key] != before[key]]
+    edited = [config for config, digest in before.get("contents", {}).items() if now["contents"].get(config) != digest]
+    if edited and not rest:
+        return (
+            f"{sweep.path}: {edited[0]} changed since study {study_name} in {url} started (its trials trained on it "
+            f"as it was); restore it, or give --study_name NEW for a new study"
+        )
+    return (
+        f"{sweep.path}: study {study_name} in {url} was started with another config, objective or search space; give "
+        f"--study_name NEW for a new study (or delete that study to start over)"
+    )
 
 
 def sweep(

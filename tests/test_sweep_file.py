@@ -284,6 +284,52 @@ def test_a_study_started_from_another_search_space_is_refused_not_mixed(tmp_path
     assert len(study.trials) == 0  # no trial ran
 
 
+def test_a_study_resumed_after_its_config_file_was_edited_is_refused_naming_the_file(tmp_path):
+    import json
+    import shutil
+
+    import optuna
+
+    from scripts.sweep import connect, open_study
+
+    config = tmp_path / "penguins.yaml"
+    shutil.copy(REPO / "configs/penguins.yaml", config)
+    path = write(tmp_path, changed(config=str(config)), name="penguins-study.yaml")
+    outputs = tmp_path / "outputs"
+    (outputs / "sweeps" / "penguins-study").mkdir(parents=True)
+    url = f"sqlite:///{outputs}/sweeps/optuna.db"
+    study = optuna.create_study(study_name="penguins-study", storage=url)
+    study.set_user_attr("sweep_file", json.dumps(load_sweep(str(path)).fingerprint(), sort_keys=True))
+    open_study(load_sweep(str(path)), "penguins-study", connect(url), outputs / "sweeps" / "penguins-study")  # resumes
+    # Its trials trained on a batch of 20: the next would on 40, best.yaml would say 40 of the best's 20.
+    config.write_text(config.read_text().replace("batch_size: 20", "batch_size: 40"))
+    with pytest.raises(SystemExit) as exit:
+        main([str(path), "--outputs", str(outputs)])
+    assert exit.value.code == (
+        f"error: {path}: {config} changed since study penguins-study in {url} started (its trials trained on it as it "
+        "was); restore it, or give --study_name NEW for a new study"
+    )
+    assert len(study.trials) == 0  # no trial ran
+
+
+def test_a_study_started_before_configs_were_fingerprinted_by_contents_resumes(tmp_path):
+    import json
+
+    import optuna
+
+    from scripts.sweep import connect, open_study
+
+    path = write(tmp_path, GOOD, name="penguins-study.yaml")
+    folder, url = tmp_path / "penguins-study", f"sqlite:///{tmp_path}/optuna.db"
+    folder.mkdir()
+    study = optuna.create_study(study_name="penguins-study", storage=url)
+    old = {key: value for key, value in load_sweep(str(path)).fingerprint().items() if key != "contents"}
+    study.set_user_attr("sweep_file", json.dumps(old, sort_keys=True))
+    open_study(load_sweep(str(path)), "penguins-study", connect(url), folder)
+    stored = optuna.load_study(study_name="penguins-study", storage=url).user_attrs["sweep_file"]
+    assert "contents" in json.loads(stored)  # and from now on checked
+
+
 HEAVY = ("torch", "lightning", "mlflow", "optuna", "sqlalchemy")
 
 

@@ -22,6 +22,7 @@ the objective of a short fit of two batches (`check_metric`), both before any tr
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import math
@@ -111,9 +112,11 @@ class Sweep:
         return Path(self.path).stem
 
     def fingerprint(self) -> dict:
-        """What makes two runs of a file the same study: the configs, the objective, the fixed options, the space."""
+        """What makes two runs of a file the same study: the configs, the objective, the fixed options, the space.
+        The configs by their contents too: trials trained on a config file since edited are not comparable."""
         return {
             "configs": list(self.configs),
+            "contents": {config: hashlib.sha256(Path(config).read_bytes()).hexdigest() for config in self.configs},
             "objective": [self.metric, self.goal],
             "fixed": {key: self.fixed[key] for key in sorted(self.fixed)},
             "search_space": {p.option: [p.kind, list(p.args)] for p in self.params},
