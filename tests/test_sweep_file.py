@@ -44,6 +44,14 @@ def changed(**sections):
         (changed(objective=None), "objective is missing; give objective: {metric: val_acc, goal: maximize}"),
         (changed(objective={"metric": "val_acc", "goal": "max"}), "objective.goal: 'max'; give maximize or minimize"),
         (changed(objective={"goal": "maximize"}), "objective.metric: missing; give the epoch metric to optimise"),
+        (
+            changed(objective={"metric": "val_acc", "goal": "minimize"}),  # else the worst trial's values in best.yaml
+            "objective.goal: minimize of val_acc, an accuracy, picks the worst trial as the best; give maximize",
+        ),
+        (
+            changed(objective={"metric": "val_loss", "goal": "maximize"}),
+            "objective.goal: maximize of val_loss, a loss, picks the worst trial as the best; give minimize",
+        ),
         (changed(search_space=None), "search_space is missing; give search_space: {model.optimizer.init_args.lr:"),
         (changed(search_spaces={}), "unknown key 'search_spaces'; the keys are config, objective, sampling,"),
         (changed(config="configs/nope.yaml"), "config: 'configs/nope.yaml' is not a config file here"),

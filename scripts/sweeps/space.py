@@ -157,6 +157,14 @@ def load_sweep(path: str) -> Sweep:
         fail("objective.metric", "missing; give the epoch metric to optimise, e.g. val_acc or val_loss")
     if goal not in GOALS:
         fail("objective.goal", f"{goal!r}; give maximize or minimize")
+    # The modules log <split>_loss and <split>_acc (the register step compares them so too): the other goal of one of
+    # them makes the worst trial the best, and best.yaml its values, without a word.
+    natural = next((v for end, v in (("_loss", ("a loss", "minimize")), ("_acc", ("an accuracy", "maximize")))
+                    if metric.endswith(end)), None)  # fmt: skip
+    if natural and goal != natural[1]:
+        fail(
+            "objective.goal", f"{goal} of {metric}, {natural[0]}, picks the worst trial as the best; give {natural[1]}"
+        )
 
     sampling = section(data, "sampling", ("algorithm", "seed"), fail)
     algorithm = sampling.get("algorithm", "random")
