@@ -587,7 +587,8 @@ CASES = [
          module="scripts.score"),
     Case("score-extra-values", ["{penguins_model}", "{user}/extra_values.csv"],
          "error: {user}/extra_values.csv: line 2 has 6 values, the header names 5 columns (Island, CulmenLength, "
-         "CulmenDepth, FlipperLength, BodyMass); remove the extra values or name their columns",
+         "CulmenDepth, FlipperLength, BodyMass); remove the extra values (a thousands separator: 5000, not 5,000) or "
+         "name their columns",
          module="scripts.score"),
     Case("score-a-folder-for-rows", ["{penguins_model}", "{user}/digits-broken"],
          "error: {user}/digits-broken: a folder; this model scores rows: give a CSV file of them",
