@@ -33,6 +33,20 @@ def horovod():
     return hvd
 
 
+class ContiguousGradients:
+    """Horovod's Compressor interface (its DistributedOptimizer's `compression`): a gradient is averaged as a
+    contiguous tensor, which Horovod's collectives require, and becomes the parameter's gradient. A channels-last
+    weight's gradient is so a contiguous copy; the optimizer's arithmetic takes the two layouts together."""
+
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return tensor.contiguous(), None
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, context: None) -> torch.Tensor:
+        return tensor
+
+
 class HorovodStrategy(ParallelStrategy):
     strategy_name = "horovod"
 
@@ -98,12 +112,14 @@ class HorovodStrategy(ParallelStrategy):
         if not trainer.training:
             return
         optimizers = [o.optimizer if isinstance(o, LightningOptimizer) else o for o in self.optimizers]
-        # Every process starts from rank 0's weights and optimizer state (a resumed run's included).
-        self.hvd.broadcast_parameters(self.lightning_module.state_dict(), root_rank=0)
-        for optimizer in optimizers:
-            self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        self._broadcast_weights()
+        # No hvd.broadcast_optimizer_state: Lightning restores a resumed run's optimizer state after this hook, the
+        # same file on every process, and an optimizer not stepped yet has no state to send (Horovod's helper would
+        # make some with a step of zero gradients: Adam would count a step, weight decay shrink the weights once).
         self.optimizers = [
-            self.hvd.DistributedOptimizer(optimizer, named_parameters=self._named_parameters_of(optimizer))
+            self.hvd.DistributedOptimizer(
+                optimizer, named_parameters=self._named_parameters_of(optimizer), compression=ContiguousGradients
+            )
             for optimizer in optimizers
         ]
         # Gradients are averaged right after each backward (post_backward), so that gradient clipping sees them
@@ -112,6 +128,16 @@ class HorovodStrategy(ParallelStrategy):
         self._synchronize_skipped = ExitStack()
         for optimizer in self.optimizers:
             self._synchronize_skipped.enter_context(optimizer.skip_synchronize())
+
+    def _broadcast_weights(self) -> None:
+        """Every process starts from rank 0's weights (and buffers). Horovod broadcasts contiguous tensors only: a
+        channels-last weight (configs/mnist.yaml) travels as a contiguous copy and keeps its layout."""
+        tensors = self.lightning_module.state_dict()
+        sent = {name: tensor.contiguous() for name, tensor in tensors.items()}
+        self.hvd.broadcast_parameters(sent, root_rank=0)
+        for name, tensor in tensors.items():
+            if sent[name] is not tensor:
+                tensor.copy_(sent[name])
 
     def _named_parameters_of(self, optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.nn.Parameter]]:
         """Horovod names each allreduce; a frozen backbone's parameters are in no optimizer and stay out."""

@@ -263,6 +263,23 @@ def test_birds_dataloaders_are_sharded_under_horovod(tmp_path):
     assert last_checkpoint(tmp_path / "outputs")["global_step"] == 2
 
 
+@needs_mnist
+def test_horovod_trains_mnist_s_channels_last_network(tmp_path):
+    """configs/mnist.yaml keeps its network channels-last; Horovod broadcasts and averages contiguous tensors only."""
+    args = [
+        "fit", "--config", "configs/mnist.yaml", *HOROVOD, "--trainer.devices", "2", "--trainer.max_epochs", "1",
+        "--trainer.default_root_dir", str(tmp_path), "--data.init_args.data_dir", str(MNIST),
+        "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "2", "--trainer.limit_test_batches", "2",
+    ]  # fmt: skip
+    result = horovodrun(*args)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert len(re.findall(r"test_acc: ", result.stdout)) == 1
+    checkpoint = last_checkpoint(tmp_path)
+    assert checkpoint["global_step"] == 4
+    weights = [w for w in checkpoint["state_dict"].values() if w.dim() == 4 and w.shape[1] > 1]
+    assert weights and all(w.is_contiguous(memory_format=torch.channels_last) for w in weights)  # trained as it is
+
+
 def validation_metrics(outputs: Path) -> dict[str, float]:
     """val_loss and val_acc of the one `validate` run under `outputs`."""
     client = MlflowClient(f"sqlite:///{outputs / 'mlflow.db'}")
