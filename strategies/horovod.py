@@ -2,7 +2,7 @@
 
 horovodrun (or mpirun, or Azure ML's `mpi` distribution) starts one process per device; this strategy joins
 them: gradients are averaged by Horovod's DistributedOptimizer (allreduce during backward, synchronized
-before each step), the initial weights and optimizer state are rank 0's, and Lightning's collectives
+before each step), the initial weights are rank 0's, and Lightning's collectives
 (metric sync, early-stopping and checkpoint decisions) run as Horovod allreduce / allgather / broadcast.
 The learning rate is left as configured: `--model.scale_lr_by_world_size true` scales it, as with DDP.
 
