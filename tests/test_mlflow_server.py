@@ -127,6 +127,7 @@ class OutageProxy:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.mode = "up"
+        self.held = 0  # requests taken while hung (a connection opened, or bytes that were not passed on)
         self.sockets: list[socket.socket] = []
         self.listener: socket.socket | None = None
         self.up()
@@ -165,6 +166,7 @@ class OutageProxy:
             except OSError:
                 return
             self.sockets.append(client)
+            self.held += self.mode == "hang"
             if self.mode == "up":
                 server = socket.create_connection(self.upstream)
                 self.sockets.append(server)
@@ -174,6 +176,7 @@ class OutageProxy:
     def pump(self, source: socket.socket, target: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
+                self.held += self.mode == "hang"
                 while self.mode == "hang":  # a hung server: bytes in, nothing out
                     time.sleep(0.1)
                 if self.mode == "down":
@@ -224,6 +227,33 @@ def test_a_tracking_outage_mid_fit_costs_training_no_wait_and_no_metric(mlflow_s
     (run,) = client.search_runs([client.get_experiment_by_name(tmp_path.name).experiment_id])
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == list(range(8))
     assert run.info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_sigterm_cuts_a_checkpoint_s_wait_for_a_hung_tracking_server_short(mlflow_server, tmp_path):
+    """A checkpoint waits up to CHECKPOINT_WAIT_S (10 s) for the server to take the metrics so far; SIGTERM ends the
+    wait at once, not after it."""
+    proxy = OutageProxy(mlflow_server)
+    fit = held_fit(proxy.url, tmp_path, epochs=10_000, held_at=[1])
+    try:
+        wait_for(tmp_path / "at-1", fit)
+        proxy.hang()
+        (tmp_path / "go-1").touch()
+        deadline = time.monotonic() + 60
+        while not proxy.held:  # epoch 2's metrics: sent, not answered; its checkpoint waits for them next
+            assert fit.poll() is None and time.monotonic() < deadline, "no request reached the hung server"
+            time.sleep(0.05)
+        time.sleep(1.5)
+        fit.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        stdout, stderr = fit.communicate(timeout=120)
+        stopped_in = time.monotonic() - started
+    finally:
+        fit.kill()
+        proxy.down()
+    assert fit.returncode == 143, stderr[-3000:]
+    # ~3 s: the run's end waits 2 s for the server. Had the checkpoint waited its 10 s, ~8.5 s more.
+    assert stopped_in < 7, stopped_in
 
 
 @pytest.mark.slow

@@ -48,7 +48,7 @@ from scripts.training.checkpoints import (
     saved_run_id,
 )
 from scripts.training.progress_bar import ThrottledProgressBar
-from scripts.training.sigterm import StopTogether
+from scripts.training.sigterm import StopTogether, sigterm_received
 from scripts.training.throughput import EpochThroughput
 from scripts.training.tracking import (
     HTTP_LIMITS,
@@ -119,7 +119,7 @@ class TrackConfig(SaveConfigCallback):
         if isinstance(logger, BufferedMLFlowLogger) and logger.sender is None:
             checkpoint[UNSENT_KEY] = logger.unsent()
         elif isinstance(logger, BufferedMLFlowLogger):
-            logger.flush(wait=True, stop=lambda: trainer.received_sigterm)
+            logger.flush(wait=True, stop=lambda: sigterm_received(trainer))
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         if isinstance(trainer.logger, BufferedMLFlowLogger) and UNSENT_KEY in checkpoint:
