@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import lightning as L
 import pytest
@@ -10,7 +12,7 @@ import torch
 from mlflow import MlflowClient
 from torch.utils.data import DataLoader, TensorDataset
 
-from scripts.training.tracking import BufferedMLFlowLogger
+from scripts.training.tracking import BufferedMLFlowLogger, Sender
 
 
 @pytest.fixture
@@ -157,3 +159,14 @@ def test_a_new_store_is_what_mlflow_makes_in_place_wherever_it_is_built(tmp_path
     run = client.create_run(client.create_experiment("penguins"))
     client.log_metric(run.info.run_id, "val_loss", 0.5)
     assert [m.value for m in client.get_metric_history(run.info.run_id, "val_loss")] == [0.5]
+
+
+def test_a_wait_times_a_call_from_its_start_not_from_the_call_before():
+    """A checkpoint's wait gives up on a call older than its timeout (the server hangs). A call the sender thread has
+    not picked up yet is new, however long ago the one before it started (an epoch of minutes)."""
+    sender = Sender()
+    sender.call_started = time.monotonic() - 60  # the last call began a minute ago
+    sent = threading.Event()
+    sender.put(lambda: (time.sleep(0.3), sent.set()), "metrics", 1)
+    assert sender.wait(10)
+    assert sent.is_set()

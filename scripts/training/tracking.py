@@ -77,6 +77,8 @@ class Sender:
 
     def put(self, call: Callable[[], object], what: str, metrics: int = 0) -> None:
         with self.changed:
+            if not self.calls:  # it starts next: a wait must not time it from the last call (an epoch ago, maybe)
+                self.call_started = time.monotonic()
             self.calls.append((call, what, metrics))
             self.changed.notify_all()
 
@@ -252,9 +254,13 @@ class BufferedMLFlowLogger(MLFlowLogger):
         """One line on stderr, when the process ends, for what the tracking server never took."""
         if self.sender is None or not (unsent := self.sender.unsent()):
             return
-        since = time.strftime("%H:%M:%S", time.localtime(self.sender.failing_since or time.time()))
+        failing_since, reason = self.sender.failing_since, self.sender.reason
+        if failing_since is None:  # no request failed yet: the first one is still unanswered
+            failing_since = time.time() - (time.monotonic() - self.sender.call_started)
+            reason = "a request still unanswered"
+        since = time.strftime("%H:%M:%S", time.localtime(failing_since))
         print(
-            f"warning: the tracking server {self.store} has not answered since {since} ({self.sender.reason}): "
+            f"warning: the tracking server {self.store} has not answered since {since} ({reason}): "
             f"{', '.join(unsent)} of run {self.run_id} were not recorded there and are lost; the checkpoints are on "
             "disk",
             file=sys.stderr,
