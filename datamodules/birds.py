@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from datamodules.base import ClassificationDataModule, EvaluationShard
-from datamodules.errors import DataError
+from datamodules.errors import DataError, ImageError
 from datamodules.image_folder import (
     check_readable,
     check_same_classes,
@@ -48,10 +48,11 @@ class ImageFiles(Dataset):
 
     def __getitem__(self, index: int) -> tuple:
         path = self.files[index]
-        if isinstance(self.transform, EvaluationCrop):  # its refusal of a picture too narrow to resize names the file
-            image = self.transform(read_image(path), str(path))
-        else:
-            image = self.transform(read_image(path))
+        image = read_image(path)  # its DataError names the path already
+        try:
+            image = self.transform(image)
+        except DataError as error:  # the transform has the pixels only: the run's one line must say which file
+            raise DataError(f"{path}: {error.reason if isinstance(error, ImageError) else error}") from None
         return (image,) if self.labels is None else (image, self.labels[index])
 
 
@@ -240,17 +241,17 @@ class BirdsDataModule(ClassificationDataModule):
 class EvaluationCrop:
     """ImageNet's evaluation recipe on a uint8 (3, H, W) image: shorter side to 256/224 of the crop, the centre crop;
     the serving code's own (datamodules/preprocessing/birds.py), so evaluation, predict and the registered model crop
-    a photo alike. `name` (the file's path) names the image in the DataError for one too narrow to resize (a strip of
-    60,000 x 1 pixels), so that the run's one line says which of the folder's files it is."""
+    a photo alike. An image too narrow to resize (a strip of 60,000 x 1 pixels) is an ImageError about "an image":
+    ImageFiles names its file."""
 
     def __init__(self, image_size: int) -> None:
         self.image_size = image_size
 
-    def __call__(self, image: torch.Tensor, name: str = "an image") -> torch.Tensor:
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
         from PIL import Image
 
         picture = Image.fromarray(image.permute(1, 2, 0).numpy())
-        return torch.from_numpy(preprocessing.centre_crop(picture, self.image_size, name).transpose(2, 0, 1).copy())
+        return torch.from_numpy(preprocessing.centre_crop(picture, self.image_size).transpose(2, 0, 1).copy())
 
 
 def eval_transform(image_size: int) -> EvaluationCrop:

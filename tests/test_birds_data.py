@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torchvision.io import write_png
 
 from datamodules.birds import BirdsDataModule
 from datamodules.errors import DataError
@@ -329,3 +330,31 @@ def test_evaluation_and_predict_refuse_a_strip_of_a_picture_before_resizing_it()
     with pytest.raises(DataError, match=r"^an image: 1x150000 pixels, which the centre crop would resize to 37x555"):
         eval_transform(32)(torch.zeros(3, 150_000, 1, dtype=torch.uint8))
     assert eval_transform(32)(torch.zeros(3, 20, 300, dtype=torch.uint8)).shape == (3, 32, 32)
+
+
+def test_a_transform_s_refusal_of_an_image_names_its_file(tmp_path, monkeypatch):
+    """Evaluation's crop refuses a strip about "an image" (it has the pixels only) and any transform's DataError
+    says nothing of the file: ImageFiles names it, so the run's one line says which of the folder's files it is."""
+    import pickle
+
+    from datamodules.birds import ImageFiles, eval_transform
+    from datamodules.errors import ImageError
+
+    root = bird_folders(tmp_path / "birds", count=2)
+    strip = root / "val" / "turkeys" / "strip.png"
+    write_png(torch.full((3, 1, 60_000), 200, dtype=torch.uint8), str(strip))
+    with pytest.raises(DataError) as error:
+        ImageFiles([strip], [1], eval_transform(32))[0]
+    assert str(error.value).startswith(f"{strip}: 60000x1 pixels, which the centre crop would resize to 2220000x37;")
+    refused = ImageError("1x2 pixels; send more", "an image")
+    assert str(pickle.loads(pickle.dumps(refused))) == "an image: 1x2 pixels; send more"
+
+    def too_dark(image: torch.Tensor) -> torch.Tensor:
+        raise DataError("too dark to see; give it some light")
+
+    dm = birds_data(root)
+    dm.setup("fit")
+    monkeypatch.setattr(dm, "transform", lambda train: too_dark)
+    with pytest.raises(DataError) as error:
+        next(iter(dm.val_dataloader()))
+    assert str(error.value) == f"{dm.splits['val'][0][0]}: too dark to see; give it some light"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from datamodules.errors import DataError
+from datamodules.errors import ImageError
 from datamodules.preprocessing.images import MAX_IMAGE_PIXELS, pixels, read
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # what every ImageNet-pretrained backbone expects
@@ -19,16 +19,17 @@ def centre_crop(image, image_size: int, name: str = "an image") -> np.ndarray:
     """ImageNet's evaluation recipe on a Pillow RGB image: shorter side to round(image_size * 256 / 224) (bilinear,
     antialiased), the centre image_size x image_size; uint8 (H, W, 3). A strip of a picture (1 x 10,000 pixels: 126
     bytes of PNG, within the pixel limit) that the resize would make a picture over MAX_IMAGE_PIXELS (256 x 2,560,000:
-    2.6 GB at image_size 224) is a DataError naming `name`, before any of it is made."""
+    2.6 GB at image_size 224) is an ImageError naming `name`, before any of it is made."""
     from PIL import Image
 
     width, height = image.size
     short = round(image_size * 256 / 224)
     size = (short, int(short * height / width)) if width <= height else (int(short * width / height), short)
     if size[0] * size[1] > MAX_IMAGE_PIXELS:
-        raise DataError(
-            f"{name}: {width}x{height} pixels, which the centre crop would resize to {size[0]}x{size[1]}; send a "
-            f"picture whose sides are nearer alike (resized, at most {MAX_IMAGE_PIXELS} pixels: SCORE_MAX_IMAGE_PIXELS)"
+        raise ImageError(
+            f"{width}x{height} pixels, which the centre crop would resize to {size[0]}x{size[1]}; send a picture "
+            f"whose sides are nearer alike (resized, at most {MAX_IMAGE_PIXELS} pixels: SCORE_MAX_IMAGE_PIXELS)",
+            name,
         )
     if size != image.size:
         image = image.resize(size, Image.Resampling.BILINEAR)
