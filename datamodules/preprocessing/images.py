@@ -9,10 +9,14 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from datamodules.errors import DataError
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
 
 # What one image to serve may be: encoded size, and decoded size read from its header before decoding (a small file
 # can announce a huge picture). The scoring script (scripts/score.py) and the registered model check both.
@@ -27,19 +31,20 @@ class OversizeImage(DataError):
 
 def open_image(source: bytes | str | Path, grey: bool = False):
     """`source` (a file or its bytes) as an upright Pillow image, 8-bit "RGB" or "L" (`grey`); (None, why) when it is
-    not one readable image. Upright: a JPEG's EXIF orientation applied (phones store photos sideways). A 16-bit image
-    is scaled to 8 bits as its 8-bit version holds it (65535 -> 255). A transparent image (RGBA, LA, a palette or a
-    colour marked transparent) is laid on white, as a page shows it: dropping the alpha would show the colour its
-    invisible pixels happen to store, black in a web canvas's export, where a digit drawn in black then vanishes."""
+    not one readable image. Upright: a JPEG's EXIF orientation applied (phones store photos sideways). Grey pixels of
+    more than 8 bits are scaled to 8 (`eight_bits`). A transparent image (RGBA, LA, a palette or a colour marked
+    transparent) is laid on white, as a page shows it: dropping the alpha would show the colour its invisible pixels
+    happen to store, black in a web canvas's export, where a digit drawn in black then vanishes."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     try:
         with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
             image.load()
             ImageOps.exif_transpose(image, in_place=True)  # in place: no copy of an upright photo
-            if image.mode in ("I;16", "I;16B", "I;16L", "I"):
-                wide = np.asarray(image, dtype=np.int64)
-                image = Image.fromarray(((wide.clip(0, 65535) * 255 + 32767) // 65535).astype(np.uint8), "L")
+            if image.mode in ("F", "I") or image.mode.startswith("I;16"):
+                image, reason = eight_bits(image)
+                if image is None:
+                    return None, reason
             if image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in image.info:
                 image = Image.alpha_composite(Image.new("RGBA", image.size, "white"), image.convert("RGBA"))
             mode = "L" if grey else "RGB"
@@ -55,6 +60,36 @@ def open_image(source: bytes | str | Path, grey: bool = False):
     if min(image.size) == 0:
         return None, f"decodes to {image.size[0]}x{image.size[1]} pixels, not one image"
     return image, None
+
+
+def eight_bits(image: Image) -> tuple[Image | None, str | None]:
+    """A grey Pillow image of wider pixels as 8-bit "L" ("LA" where a colour is marked transparent), or (None, why).
+    16 bits ("I;16", a 16-bit PNG or TIFF): 65535 -> 255, as its 8-bit version holds it. 32-bit integers ("I", a TIFF)
+    and floats ("F", a TIFF or PFM) carry no scale of their own: their values are read on the narrowest scale that
+    holds them all: integers 0-255 or else 0-65535, floats 0-1 (numpy's and most tools' floating-point pictures) or
+    else 0-255 (Pillow's convert("F")). A picture on the wider scale whose every pixel fits the narrower one would be
+    all but black (at most 1/255 or 1/257 of white). Values beyond both have no brightness one can tell: refused."""
+    from PIL import Image
+
+    values = np.asarray(image)
+    if values.size == 0:  # open_image refuses it for its size
+        return image, None
+    if image.mode == "F" and not np.isfinite(values).all():
+        return None, "floating-point pixels that are not numbers (NaN or infinite): save it as an 8-bit PNG"
+    low, high = values.min().item(), values.max().item()
+    scales = [65535] if image.mode.startswith("I;16") else [1, 255] if image.mode == "F" else [255, 65535]
+    scale = next((scale for scale in scales if low >= 0 and high <= scale), None)
+    if scale is None:
+        kind, number = ("floating-point", "{:g}") if image.mode == "F" else ("32-bit integer", "{}")
+        return None, (
+            f"{kind} pixels from {number.format(low)} to {number.format(high)}, in neither 0-{scales[0]} nor "
+            f"0-{scales[1]}, so how bright each is cannot be told: save it as an 8-bit PNG"
+        )
+    grey = Image.fromarray(np.rint(values * (255 / scale)).astype(np.uint8), "L")
+    if "transparency" in image.info:  # a 16-bit PNG's colour marked transparent, in 16-bit units
+        alpha = np.where(values == image.info["transparency"], 0, 255).astype(np.uint8)
+        grey = Image.merge("LA", (grey, Image.fromarray(alpha, "L")))
+    return grey, None
 
 
 def read(source: bytes | str | Path, name: str, grey: bool = False, fix: str = "send a JPEG, PNG or WebP file"):
