@@ -63,7 +63,10 @@ def files_below(folder: Path) -> list[Path]:
 
 
 def class_folders(split_dir: Path) -> list[Path]:
-    """The class subfolders of a split, sorted by name (their index is the label)."""
+    """The class subfolders of a split, sorted by name (their index is the label). A class folder may be a link to a
+    folder of images elsewhere (a dataset assembled from folders kept apart); a link to the split folder or a folder
+    holding it (`train/loop -> ..`) is a DataError naming it: every image of the split, or of the whole dataset, would
+    be read again as a class named after the link."""
     if not split_dir.is_dir():
         raise DataError(f"{split_dir}: no such folder; give data_dir a folder of class subfolders of images")
     loose = sorted(
@@ -81,6 +84,15 @@ def class_folders(split_dir: Path) -> list[Path]:
         if path.is_symlink() and not path.exists():
             raise dangling_link(path)
     folders = sorted(p for p in split_dir.iterdir() if p.is_dir() and not hidden(p, split_dir))
+    real = os.path.realpath(split_dir)
+    for folder in folders:
+        target = os.path.realpath(folder)
+        if folder.is_symlink() and os.path.commonpath([target, real]) == target:
+            holding = f"{split_dir} itself" if target == real else f"a folder holding {split_dir}"
+            raise DataError(
+                f"{folder}: a link to {os.readlink(folder)}, {holding} (a loop): every image below it would be read "
+                f"as class {folder.name!r}; remove the link"
+            )
     if not folders:
         raise DataError(f"{split_dir}: no class subfolders; put the images of each class in a folder named after it")
     return folders

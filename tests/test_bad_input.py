@@ -137,6 +137,8 @@ def make_user_folder(user: Path) -> None:
     bird_folders(user / "birds-dangling", count=2)
     bird_folders(user / "birds-loop", count=2)
     (user / "birds-loop" / "train" / "chickens" / "loop").symlink_to("..")  # the turkeys would be read as chickens
+    bird_folders(user / "birds-split-loop", count=2)
+    (user / "birds-split-loop" / "train" / "loop").symlink_to("..")  # every image would be read as a class 'loop'
     (user / "birds-dangling" / "val" / "turkeys" / "gone.jpg").symlink_to("../../../deleted.jpg")
     mnist_files(user / "mnist-test-truncated", **{"t10k-images-idx3-ubyte": idx(2051, (10, 28, 28), cut=100)})
     header_cut = gzip.compress(struct.pack(">II", 2051, 10), mtime=0)  # the magic number, one of three dimensions
@@ -463,6 +465,9 @@ CASES = [
          "error: {user}/birds-loop/train/chickens/loop: a link to .., a folder holding "
          "{user}/birds-loop/train/chickens itself (a loop): what lies beside chickens would be read as in it; remove "
          "the link"),
+    Case("birds-class-link-above-its-split", ["fit", *BIRDS, "--data.init_args.data_dir", "{user}/birds-split-loop"],
+         "error: {user}/birds-split-loop/train/loop: a link to .., a folder holding {user}/birds-split-loop/train (a "
+         "loop): every image below it would be read as class 'loop'; remove the link"),
     Case("birds-predict-nothing-there", ["predict", *BIRDS, "--ckpt_path", "{birds_ckpt}",
                                          "--data.init_args.predict_path", "{user}/nope"],
          "error: {user}/nope: no such file or folder; give predict_path a folder of images or one image"),

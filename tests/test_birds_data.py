@@ -162,6 +162,33 @@ def test_linked_folders_are_followed_and_a_dangling_link_is_named(tmp_path):
     )
 
 
+def test_a_class_folder_may_be_a_link_but_not_one_to_its_split_or_above(tmp_path):
+    """A class linked in from elsewhere is a class; `train/loop -> ..` made a class 'loop' of every image of the
+    dataset (`-> .`: of the split), trained on under two labels without a word."""
+    root = bird_folders(tmp_path / "birds", count=2)
+    for split in ("train", "val"):
+        write_images(tmp_path / "elsewhere" / split / "geese", 2, 2)
+        (root / split / "geese").symlink_to(tmp_path / "elsewhere" / split / "geese")
+    dm = birds_data(root)
+    assert dm.class_names == ["chickens", "geese", "turkeys"]
+    dm.setup("fit")
+    files, labels = dm.splits["train"]
+    assert sorted(str(f) for f, label in zip(files, labels) if label == 1) == [
+        str(root / "train" / "geese" / name) for name in ("0.png", "1.jpg")
+    ]
+    train, loop = root / "train", root / "train" / "loop"
+    for target, holding in (("..", f"a folder holding {train}"), (".", f"{train} itself"),
+                            (train, f"{train} itself"), (tmp_path, f"a folder holding {train}")):  # fmt: skip
+        loop.symlink_to(target)
+        with pytest.raises(DataError) as error:
+            _ = birds_data(root).class_names
+        assert str(error.value) == (
+            f"{loop}: a link to {target}, {holding} (a loop): every image below it would be read as class 'loop'; "
+            "remove the link"
+        )
+        loop.unlink()
+
+
 # ---- archives -----------------------------------------------------------------------------------------------------
 
 
