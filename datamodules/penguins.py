@@ -12,6 +12,7 @@ is stratified, seeded and made before anything else, so no test row is ever seen
 
 from __future__ import annotations
 
+import io
 import sys
 import warnings
 from pathlib import Path
@@ -53,13 +54,14 @@ def read_penguins(path: str | Path | None, need_species: bool = True):
         where = str(path)
         if not Path(path).is_file():
             raise DataError(f"{where}: no such file; give an existing CSV")
-        columns, header_line = check_row_lengths(path, where)
+        data = Path(path).read_bytes()  # read once: the layout checks and pandas both read these bytes
+        columns, header_line = check_row_lengths(data, where)
         try:
             # Only the header's columns: a row's empty fields past them (a spreadsheet's trailing commas) are dropped,
             # rather than its first field taken as the row's index; pandas' warning of it is no news (checked).
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", pd.errors.ParserWarning)
-                frame = pd.read_csv(path, keep_default_na=False, na_values=MISSING, index_col=False,
+                frame = pd.read_csv(io.BytesIO(data), keep_default_na=False, na_values=MISSING, index_col=False,
                                     usecols=range(columns) if columns else None, skip_blank_lines=False,
                                     skiprows=header_line - 1)  # fmt: skip
             # A blank line is a row of nothing, dropped here rather than by pandas, which numbered the rows after it one
@@ -67,22 +69,21 @@ def read_penguins(path: str | Path | None, need_species: bool = True):
             # Row i is line i + 2 of the file, blank lines before the header counted too.
             frame = preprocessing.drop_blank_rows(frame, header_line)
         except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as error:
-            with open(path, "rb") as file:
-                start = file.read(4)
-            if what := preprocessing.not_utf8(start):  # UTF-16 (a spreadsheet's "Unicode Text"), or a workbook
+            if what := preprocessing.not_utf8(data[:4]):  # UTF-16 (a spreadsheet's "Unicode Text"), or a workbook
                 raise DataError(f"{where}: {what}") from None
             raise DataError(f"{where}: not a readable CSV ({str(error).strip()})") from None
     return penguin_table(frame, where, need_species)
 
 
-def check_row_lengths(path: str | Path, where: str) -> tuple[int | None, int]:
-    """How many columns the header names (None when it cannot tell), and the line it is on (the first not blank).
-    The layout checks themselves (columns separated by semicolons, a column the model reads named twice, a row with
-    more values than the header) are preprocessing's check_csv_layout, which the scoring script's CSV reader
-    (scripts/score.py) runs too."""
+def check_row_lengths(data: bytes, where: str) -> tuple[int | None, int]:
+    """How many columns the header of a CSV (`data`: the file's bytes) names (None when it cannot tell), and the line
+    it is on (the first not blank). The layout checks themselves (columns separated by semicolons, a column the model
+    reads named twice, a row with more values than the header) are preprocessing's check_csv_layout, which the scoring
+    script's CSV reader (scripts/score.py) runs too."""
     import csv
 
-    with open(path, newline="", encoding="utf-8") as file:
+    # Decoded as it is read, as the file was: a layout mistake before a byte that is not UTF-8 is still the one named.
+    with io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", newline="") as file:
         try:
             header, header_line, _ = preprocessing.check_csv_layout(csv.reader(file), where)
         except (csv.Error, UnicodeDecodeError):
