@@ -358,7 +358,9 @@ def json_rows(body: bytes):
 def csv_checks():
     """datamodules/preprocessing/penguins.py as deployed with this script, loaded by its path (once): the server puts
     the model's own code first on sys.path (MLflow's code_paths), and a model registered before the CSV checks were
-    shared ships a copy without them, so `import datamodules.preprocessing.penguins` failed every CSV request."""
+    shared ships a copy without them, so `import datamodules.preprocessing.penguins` failed every CSV request. A module
+    of another name in datamodules/ would not help: the package is the model's copy there, which has no such module
+    (and a model registered with one would ship it, and shadow this script's again)."""
     import importlib.util
 
     name = "_score_penguin_csv_checks"

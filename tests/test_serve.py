@@ -10,6 +10,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -213,6 +214,36 @@ def test_a_bad_penguin_request_is_a_4xx_with_one_message_and_the_next_request_is
     assert got[0] == status and list(got[1]) == ["message"], got
     assert got[1]["message"].startswith(message) and "\n" not in got[1]["message"], got
     assert server.post_json(PENGUIN)[0] == 200
+
+
+def test_a_model_registered_before_the_shared_csv_checks_answers_csv_requests(penguins, tmp_path):
+    """The server puts the model's code first on sys.path (code/datamodules, code/scripts), and a model registered
+    before the CSV checks were shared ships a datamodules/preprocessing/penguins.py without them: the scoring script
+    must still find its own. Only a server shows it: in the test process the repository's datamodules is imported
+    already, and a checks module the server would look for in the model's copy of the package is found there."""
+    folder, _, _ = penguins
+    (served,) = {path.parent for path in (folder / "serving").rglob("MLmodel")}
+    older = tmp_path / "older"
+    shutil.copytree(served, older)
+    # What such a model shipped: these files (a module added to the packages since is not among them), and its
+    # penguins.py without the checks.
+    packages = {"datamodules": "__init__ errors", "datamodules/preprocessing": "__init__ birds digits images penguins",
+                "scripts": "__init__", "scripts/serving": "__init__ pyfunc_model"}  # fmt: skip
+    shipped = {f"{package}/{name}.py" for package, names in packages.items() for name in names.split()}
+    for path in (older / "code").rglob("*.py"):
+        if path.relative_to(older / "code").as_posix() not in shipped:
+            path.unlink()
+    module = older / "code" / "datamodules" / "preprocessing" / "penguins.py"
+    module.write_text(module.read_text() + "\ndel check_csv_layout, drop_blank_rows, not_utf8, SCHEMA_COLUMNS\n")
+    server = Server(older, tmp_path)
+    try:
+        header = ",".join(PENGUIN).encode()
+        status, answer = server.post(header + b"\n\n" + b"Biscoe,50.4,15.3,200,5000\n", "text/csv")
+        assert status == 200 and [a["input"] for a in answer["predictions"]] == ["line 3"], answer
+        status, answer = server.post(header + b",body_mass_g\nBiscoe,50.4,15.3,200,5000,5100\n", "text/csv")
+        assert status == 400 and answer["message"].startswith("request body: column body_mass_g is named 2 times")
+    finally:
+        server.stop()
 
 
 # Birds: a checkpoint, served as the registered model would be (pt2, ONNX, preprocessing in the metadata).
