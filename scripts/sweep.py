@@ -436,7 +436,8 @@ def open_study(sweep: Sweep, study_name: str, storage, folder: Path):
         given = study.user_attrs.get(FINGERPRINT)
         before = json.loads(given) if given is not None else None
         if before is not None:
-            # A study started before config files were fingerprinted by their contents has no "contents".
+            # A study started before config files were fingerprinted by their contents has no "contents" (nor
+            # "nested", before the files they point to were).
             now = {key: value for key, value in fingerprint.items() if key in before}
             if now != before:
                 raise SweepError(changed_since(sweep, study_name, storage.url, before, now))
@@ -456,8 +457,9 @@ def open_study(sweep: Sweep, study_name: str, storage, folder: Path):
 def changed_since(sweep: Sweep, study_name: str, url: str, before: dict, now: dict) -> str:
     """Why a study cannot be resumed from this file: a config file edited since it started is named (its trials
     trained on the file as it was, the next ones would train on it as it is, and best.yaml goes with the file)."""
-    rest = [key for key in now if key != "contents" and now[key] != before[key]]
-    edited = [config for config, digest in before.get("contents", {}).items() if now["contents"].get(config) != digest]
+    files = ("contents", "nested")  # digests of the configs, then of the config files they point to
+    rest = [key for key in now if key not in files and now[key] != before[key]]
+    edited = [path for key in files for path, digest in before.get(key, {}).items() if now[key].get(path) != digest]
     if edited and not rest:
         return (
             f"{sweep.path}: {edited[0]} changed since study {study_name} in {url} started (its trials trained on it "

@@ -320,6 +320,60 @@ def test_a_study_resumed_after_its_config_file_was_edited_is_refused_naming_the_
     assert len(study.trials) == 0  # no trial ran
 
 
+def test_a_study_resumed_after_a_config_file_its_config_points_to_was_edited_is_refused_naming_it(tmp_path):
+    import json
+
+    import optuna
+
+    from scripts.sweep import connect, open_study
+
+    # jsonargparse reads data: data.yaml as that file (relative to the config's folder): part of the config.
+    head = (REPO / "configs/penguins.yaml").read_text().split("\ndata:\n")[0]
+    (tmp_path / "configs").mkdir()
+    config = tmp_path / "configs" / "penguins.yaml"
+    config.write_text(head + "\ndata: data/penguins.yaml\n")
+    nested = tmp_path / "configs" / "data" / "penguins.yaml"
+    nested.parent.mkdir()
+    nested.write_text("class_path: datamodules.penguins.PenguinDataModule\ninit_args:\n  batch_size: 20\n  seed: 42\n")
+    path = write(tmp_path, changed(config=str(config)), name="penguins-study.yaml")
+    outputs = tmp_path / "outputs"
+    (outputs / "sweeps" / "penguins-study").mkdir(parents=True)
+    url = f"sqlite:///{outputs}/sweeps/optuna.db"
+    study = optuna.create_study(study_name="penguins-study", storage=url)
+    study.set_user_attr("sweep_file", json.dumps(load_sweep(str(path)).fingerprint(), sort_keys=True))
+    open_study(load_sweep(str(path)), "penguins-study", connect(url), outputs / "sweeps" / "penguins-study")  # resumes
+    nested.write_text(nested.read_text().replace("batch_size: 20", "batch_size: 40"))
+    with pytest.raises(SystemExit) as exit:
+        main([str(path), "--outputs", str(outputs)])
+    assert exit.value.code == (
+        f"error: {path}: {nested} changed since study penguins-study in {url} started (its trials trained on it as it "
+        "was); restore it, or give --study_name NEW for a new study"
+    )
+    assert len(study.trials) == 0  # no trial ran
+
+
+def test_the_config_files_a_sweep_points_to_are_those_jsonargparse_reads(tmp_path, monkeypatch):
+    from scripts.sweeps.space import nested_configs
+
+    monkeypatch.chdir(tmp_path)
+    files = {
+        "configs/task.yaml": "config: base.yaml\nmodel:\n  network: nets/net.yaml\ndata:\n  init_args:\n"
+        "    csv_path: data/penguins.csv\n    predict_path: configs/new.yaml\n",  # relative to configs/: none
+        "configs/base.yaml": "trainer: trainer/cpu.yaml\n",
+        "configs/nets/net.yaml": "class_path: x.Net\n",
+        "configs/trainer/cpu.yaml": "callbacks:\n  - ../base.yaml\n  - ../task.yaml\n",  # met before: once
+        "configs/new.yaml": "max_epochs: 3\n",
+        "nets/other.yaml": "class_path: x.Other\n",
+        "data/penguins.csv": "a,b\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    # An option's value is relative to the working folder, as the CLI reads --model.network nets/other.yaml.
+    found = nested_configs(["configs/task.yaml"], [{"x": "nets/other.yaml"}, ("configs/missing.yaml", 3)])
+    assert found == ["configs/base.yaml", "configs/trainer/cpu.yaml", "configs/nets/net.yaml", "nets/other.yaml"]
+
+
 def test_a_study_started_before_configs_were_fingerprinted_by_contents_resumes(tmp_path):
     import json
 

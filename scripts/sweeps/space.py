@@ -26,6 +26,7 @@ import hashlib
 import io
 import json
 import math
+import os
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -113,14 +114,58 @@ class Sweep:
 
     def fingerprint(self) -> dict:
         """What makes two runs of a file the same study: the configs, the objective, the fixed options, the space.
-        The configs by their contents too: trials trained on a config file since edited are not comparable."""
+        The configs by their contents too, and the config files they or the options point to (`nested`): trials
+        trained on a config file since edited are not comparable. Not the data a config points to (a dataset may
+        be gigabytes, read at every start): a dataset changed in place is the user's to give a new study."""
+        values = [*self.fixed.values(), *(p.args for p in self.params if p.kind == "choice")]
         return {
             "configs": list(self.configs),
-            "contents": {config: hashlib.sha256(Path(config).read_bytes()).hexdigest() for config in self.configs},
+            "contents": {config: digest(config) for config in self.configs},
+            "nested": {path: digest(path) for path in nested_configs(self.configs, values)},
             "objective": [self.metric, self.goal],
             "fixed": {key: self.fixed[key] for key in sorted(self.fixed)},
             "search_space": {p.option: [p.kind, list(p.args)] for p in self.params},
         }
+
+
+def digest(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def nested_configs(configs: tuple[str, ...] | list[str], values: list) -> list[str]:
+    """The YAML files that `configs`, and then those files, point to, and those that option `values` (fixed, choices)
+    name, each once: jsonargparse reads a value that names a file as that file's contents where it takes a config
+    (`config: base.yaml`, `model: model.yaml`, `data: data.yaml`, `model.network: net.yaml`, a callback), a file's
+    path relative to the folder of the file naming it, an option's relative to this one. YAML only: the data files
+    a config names (a CSV, an idx file) are not its definition, and may be large."""
+    found: list[str] = []
+    seen = {os.path.normpath(config) for config in configs}
+
+    def walk(value, folder: Path) -> None:
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, list | tuple):
+            for item in value:
+                walk(item, folder)
+            return
+        if not isinstance(value, str) or not value.endswith((".yaml", ".yml")):
+            return
+        path = os.path.normpath(folder / value)
+        if path in seen or not Path(path).is_file():
+            return
+        seen.add(path)
+        found.append(path)
+        read(path)
+
+    def read(path: str) -> None:
+        # One the CLI cannot read, it says so itself; here only its digest counts.
+        with contextlib.suppress(OSError, UnicodeDecodeError, yaml.YAMLError):
+            walk(yaml.safe_load(Path(path).read_text()), Path(path).parent)
+
+    for config in configs:
+        read(config)
+    walk(values, Path("."))
+    return found
 
 
 def load_sweep(path: str) -> Sweep:
