@@ -154,6 +154,12 @@ def sweep_file(tmp_path, **sections):
             "early_termination.policy none",
         ),
         (
+            {"sampling": {"algorithm": "bayesian"}, "early_termination": {"policy": "none"}},  # the SDK sends it
+            "search_space.model.optimizer.init_args.lr: Azure ML's bayesian sampling takes choice, int, uniform and "
+            "quniform, not loguniform; give sampling.algorithm random, or model.optimizer.init_args.lr a uniform "
+            "range or a choice of values",
+        ),
+        (
             {"search_space": {"trainer.max_steps": {"int": [1, 5000]}}},
             "search_space.trainer.max_steps: int [1, 5000, 1] is 5000 values, more than Azure ML's choice takes here "
             "(1000); give a step, e.g. {int: [1, 5000, 5]}",

@@ -14,7 +14,8 @@ resolved config, the option's own name included, as its MLflow parameters). The 
 - distributions: choice -> Choice; uniform -> Uniform; loguniform [a, b] -> LogUniform(ln a, ln b) (Azure ML's
   bounds are the logarithms); quniform -> QUniform; int [a, b, step] -> Choice of a, a+step, ..., b (Azure ML's
   Randint starts at 0 and its QUniform gives 16.0, which an int option refuses);
-- sampling: random (seeded) / grid / bayesian as named;
+- sampling: random (seeded) / grid / bayesian as named (bayesian over choice, uniform and quniform only: a loguniform
+  is refused, as Azure ML documents);
 - objective: primary_metric = the metric as the trial logs it to MLflow (val_acc, val_loss), goal as given;
 - early_termination: median -> MedianStoppingPolicy, bandit -> BanditPolicy (delay and interval in epochs: the
   trial logs its metrics once an epoch); `startup_trials` is Optuna's alone;
@@ -37,6 +38,7 @@ from scripts.sweeps.space import Sweep, SweepError, cli_value, option_args
 
 MAX_AZURE_TRIALS = 1000  # Azure ML's limit on max_total_trials, used when the file gives only a time budget
 MAX_CHOICES = 1000  # an int range wider than this is a Choice too long to send: give quniform or a step
+BAYESIAN_KINDS = ("choice", "int", "uniform", "quniform")  # int goes as a Choice
 
 
 def search_space_names(sweep: Sweep) -> dict[str, str]:
@@ -67,6 +69,13 @@ def check_for_azure(sweep: Sweep) -> None:
             "or early_termination.policy none"
         )
     for param in sweep.params:
+        # Azure ML documents it so (Hyperparameter tuning a model (v2)); the SDK sends the job all the same.
+        if sweep.algorithm == "bayesian" and param.kind not in BAYESIAN_KINDS:
+            raise SweepError(
+                f"{sweep.path}: search_space.{param.option}: Azure ML's bayesian sampling takes choice, int, uniform "
+                f"and quniform, not {param.kind}; give sampling.algorithm random, or {param.option} a uniform range "
+                "or a choice of values"
+            )
         for value in param.grid_values() if param.kind == "choice" else ():
             # Azure ML writes the drawn value into the trial's command as it is, and a shell runs that command.
             if isinstance(value, str) and quote(value) != value:
