@@ -56,6 +56,15 @@ def run_module(
     return warm_launcher.run(module, [str(arg) for arg in args], REPO, env, timeout)
 
 
+def own_tmpdir(tmp_path: Path, env: dict | None = None) -> dict[str, str]:
+    """`env` (default: this process's) with TMPDIR a folder of the test's: what a launcher leaves in the temporary
+    folder (torchrun, TorchDistributor's too, makes a torchelastic_* log folder there and never removes it) goes with
+    tmp_path, not into the machine's /tmp."""
+    folder = tmp_path / "tmp"
+    folder.mkdir(exist_ok=True)
+    return {**(os.environ if env is None else env), "TMPDIR": str(folder)}
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 nothing listens on now."""
     with socket.socket() as sock:

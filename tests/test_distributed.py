@@ -30,6 +30,7 @@ from tests.conftest import (
     free_port,
     last_checkpoint,
     needs_mnist,
+    own_tmpdir,
     penguin_fit,
     run_module,
     write_images,
@@ -52,9 +53,10 @@ def test_two_processes_of_batch_10_train_the_weights_one_process_of_batch_20_doe
 def test_torchrun_starts_the_same_command_with_one_run_one_set_of_files_one_report(tmp_path):
     outputs = tmp_path / "outputs"
     args = ["--standalone", "--nproc_per_node", "2", "-m", "scripts.train", *penguin_fit(outputs, *DDP)]
-    result = run_module("torch.distributed.run", *args)
+    result = run_module("torch.distributed.run", *args, env=own_tmpdir(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in result.stderr
+    assert list((tmp_path / "tmp").glob("torchelastic_*"))  # torchrun's log folder: the test's, not left in /tmp
     assert "is deprecated" not in result.stderr  # torch's all_gather warning, once per process (metric syncs)
     assert len(re.findall(r"^test_acc: ", result.stdout, re.M)) == 1  # printed by rank 0 alone
     assert len(re.findall(r"^best checkpoint: ", result.stdout, re.M)) == 1
@@ -230,7 +232,11 @@ def test_two_nodes_under_torchrun_train_as_one_and_only_the_first_node_writes(tm
             "--trainer.devices", "1", "--trainer.num_nodes", "2",
         ]  # fmt: skip
         command = [sys.executable, "-m", "torch.distributed.run", *args]
-        nodes.append(subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        nodes.append(
+            subprocess.Popen(
+                command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=own_tmpdir(tmp_path)
+            )
+        )
     (out0, err0), (out1, err1) = (node.communicate(timeout=600) for node in nodes)
     assert nodes[0].returncode == nodes[1].returncode == 0, (err0 + err1)[-3000:]
     assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in err1
@@ -342,7 +348,8 @@ def preempt_launched(command: list[str], outputs: Path, rank_variable: str, sign
 @pytest.mark.parametrize("signalled", [[0, 1], [0]])
 def test_sigterm_under_torchrun_ends_every_process_with_143_at_an_epoch_end(tmp_path, signalled):
     args = ["--standalone", "--nproc_per_node", "2", "-m", "scripts.train", *preemptible_fit(tmp_path / "o", *DDP)]
-    output = preempt_launched([sys.executable, "-m", "torch.distributed.run", *args], tmp_path / "o", "RANK", signalled)
+    command = [sys.executable, "-m", "torch.distributed.run", *args]
+    output = preempt_launched(command, tmp_path / "o", "RANK", signalled, env=own_tmpdir(tmp_path))
     # torchrun reports each process that failed: both, each with 143, none killed by torchrun's own SIGTERM (-15).
     assert re.findall(r"^\s+exitcode\s+: (-?\d+)", output, re.M) == ["143", "143"], output[-3000:]
     assert output.endswith("status: 1")  # torchrun's, for failed processes

@@ -24,7 +24,7 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from tests.conftest import DDP_EPOCHS, assert_same_training, last_checkpoint, penguin_fit, run_module
+from tests.conftest import DDP_EPOCHS, assert_same_training, last_checkpoint, own_tmpdir, penguin_fit, run_module
 from tests.scored_models import scored_models
 from tests.test_own_datamodule import check_answers, fit_fruit
 
@@ -54,12 +54,13 @@ class KillOnRank(FailOnRank):
 
 
 @pytest.fixture(scope="module")
-def spark():
+def spark(tmp_path_factory):
     """One local-cluster session for the module, started as scripts.spark starts one; the environment it sets is
-    restored after."""
+    restored after. Its tasks' temporary folder is the module's (each task's torchrun leaves a log folder there)."""
     from scripts.spark import LocalSpark
 
-    saved = {name: os.environ.get(name) for name in ("SPARK_HOME", "PYSPARK_PYTHON", "SPARK_LOCAL_IP")}
+    saved = {name: os.environ.get(name) for name in ("SPARK_HOME", "PYSPARK_PYTHON", "SPARK_LOCAL_IP", "TMPDIR")}
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("spark-tmp"))
     local = LocalSpark(MASTER)
     yield local.session
     local.stop()
@@ -96,6 +97,7 @@ def test_two_spark_tasks_train_the_weights_one_process_does_into_one_run_with_on
     (checkpoints,) = outputs.glob("*/*/checkpoints")
     assert sorted(path.name for path in checkpoints.iterdir()) == ["best.ckpt", "last.ckpt"]
     assert not (outputs / "spark-logs").exists()  # a fit that finished keeps no log of its tasks' output
+    assert len(list(Path(os.environ["TMPDIR"]).glob("torchelastic_*"))) >= 2  # each task's torchrun's, not in /tmp
 
 
 @pytest.mark.slow
@@ -143,7 +145,8 @@ def test_a_task_that_fails_fails_the_command_with_its_error_in_one_line(tmp_path
     the console keeps the fit's progress and that line."""
     failing = '{"class_path": "tests.test_spark.FailOnRank", "init_args": {"rank": 1, "epoch": 1}}'
     args = penguin_fit(tmp_path / "outputs", "--trainer.callbacks+", failing)
-    result = run_module("scripts.spark", "fit", "--num_processes", "2", "--master", MASTER, *args[1:])
+    command = ["fit", "--num_processes", "2", "--master", MASTER, *args[1:]]
+    result = run_module("scripts.spark", *command, env=own_tmpdir(tmp_path))
     assert result.returncode == 1
     found = re.fullmatch(
         r"error: rank 1 of the Spark fit: RuntimeError: rank 1 lost its data in epoch 1 \(the tasks' whole output: "

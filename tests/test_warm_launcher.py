@@ -1,9 +1,10 @@
-"""The tests' warm launcher (tests/warm_launcher.py) leaves nothing behind in the temporary directory."""
+"""The tests' warm launcher (tests/warm_launcher.py) leaves nothing behind in the temporary directory, and gives a
+command the temporary directory its environment names."""
 
 from __future__ import annotations
 
 from tests import warm_launcher
-from tests.conftest import REPO
+from tests.conftest import REPO, own_tmpdir
 
 
 def test_a_command_only_waited_for_leaves_no_folder_and_still_gives_its_output():
@@ -19,3 +20,11 @@ def test_a_killed_command_leaves_no_folder():
     command.kill()
     assert command.wait(timeout=120) == -9
     assert not command.folder.exists()
+
+
+def test_a_command_s_temporary_folder_is_its_own_tmpdir_as_in_a_fresh_interpreter(tmp_path):
+    # A launcher such as torchrun leaves its log folder there: the tests give it theirs (tests/conftest.py own_tmpdir).
+    (tmp_path / "probe.py").write_text("import tempfile\nprint(tempfile.gettempdir())\n")
+    env = own_tmpdir(tmp_path)
+    result = warm_launcher.run("probe", [], tmp_path, env)
+    assert result.stdout == f"{env['TMPDIR']}\n", result.stderr

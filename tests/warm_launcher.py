@@ -211,6 +211,7 @@ def run_child(request: dict, forks) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    tempfile.tempdir = None  # the launcher's, read once; the command's TMPDIR is read anew, as `python -m` reads it
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     for fd, name in ((1, "stdout"), (2, "stderr")):
         os.dup2(os.open(Path(request["folder"]) / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
