@@ -66,6 +66,12 @@ class ClassificationModule(L.LightningModule):
         self.network = network(len(self.class_names))
         if channels_last:
             self.network.to(memory_format=torch.channels_last)  # moves to the GPU keep this order
+            for parameter in self.network.parameters():
+                # One input channel (MNIST's first convolution): both layouts order its elements alike, but autograd
+                # gives its gradient the default strides. With the weight's channels-last ones DDP warned, each run
+                # on a GPU, that the gradient does not match its bucket's layout and "may impair performance".
+                if parameter.dim() == 4 and parameter.shape[1] == 1:
+                    parameter.data = parameter.data.clone(memory_format=torch.contiguous_format)
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
         # Steps only collect their predicted classes and losses; the torchmetrics metrics get one

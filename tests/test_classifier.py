@@ -83,6 +83,17 @@ def test_channels_last_changes_memory_order_not_results():
     assert module(channels_last=True)(torch.randn(3, 5)).shape == (3, 3)  # tables pass through untouched
 
 
+def test_channels_last_leaves_a_weight_of_one_input_channel_in_the_default_strides():
+    """Its elements are in the same order either way, but cuDNN hands back its gradient in the default strides, and
+    DDP warned at every GPU run that the gradient does not match its bucket's layout (seen with NCCL on an H100)."""
+    from lightning_modules.mnist_net import MNISTNet
+
+    nhwc = ClassificationModule(MNISTNet, [str(d) for d in range(10)], channels_last=True)
+    conv1, conv2 = nhwc.network.conv1.weight, nhwc.network.conv2.weight
+    assert conv1.shape[1] == 1 and conv1.stride() == torch.empty(conv1.shape).stride()
+    assert conv2.is_contiguous(memory_format=torch.channels_last) and not conv2.is_contiguous()
+
+
 def test_log_every_n_steps_zero_turns_the_step_curve_off(tmp_path):
     import lightning as L
     from lightning.pytorch.loggers import CSVLogger
