@@ -29,6 +29,7 @@ from datamodules.image_folder import (
     files_below,
     list_images,
     read_image,
+    read_once,
     seeded_split,
 )
 from datamodules.preprocessing import birds as preprocessing
@@ -98,6 +99,7 @@ class BirdsDataModule(ClassificationDataModule):
         self.splits: dict[str, tuple[list[Path], list[int] | None]] = {}
         self.checked: set[Path] = set()
         self._class_names: list[str] | None = None
+        self._labelled: dict[str, dict[str, list[Path]]] | None = None
 
     def fetch(self) -> None:
         """Makes sure data_dir exists, extracting the archive when it does not (idempotent, atomic)."""
@@ -133,13 +135,19 @@ class BirdsDataModule(ClassificationDataModule):
                 self._class_names = [folder.name for folder in class_folders(self.split_dir("train"))]
         return self._class_names
 
-    def labelled(self, split_dir: Path) -> dict[str, list[Path]]:
-        """The split's images by class; its classes must be the model's."""
-        images = list_images(split_dir)
-        given = "data.init_args.classes (the checkpoint's, at validate, test and predict)"
-        reference = given if self.hparams.classes is not None else self.split_dir("train")
-        check_same_classes(reference, self.class_names, split_dir, sorted(images))
-        return images
+    def labelled(self) -> dict[str, dict[str, list[Path]]]:
+        """Every labelled split of data_dir (train, and val and test where present) by class, listed once: each real
+        file read once in all of them (a link that would read one under two labels or in two splits is a DataError
+        naming both paths), and each split's classes the model's."""
+        if self._labelled is None:
+            folders = {split: folder for split in SPLITS if (folder := self.split_dir(split)) is not None}
+            images = read_once({split: list_images(folder) for split, folder in folders.items()})
+            given = "data.init_args.classes (the checkpoint's, at validate, test and predict)"
+            reference = given if self.hparams.classes is not None else folders["train"]
+            for split, folder in folders.items():
+                check_same_classes(reference, self.class_names, folder, sorted(images[split]))
+            self._labelled = images
+        return self._labelled
 
     def flatten(self, images: dict[str, list[Path]]) -> tuple[list[Path], list[int]]:
         index = {name: i for i, name in enumerate(self.class_names)}
@@ -150,22 +158,21 @@ class BirdsDataModule(ClassificationDataModule):
         if stage != "predict":  # predicting needs no training data when `classes` names the labels
             self.fetch()
         if stage in ("fit", "validate") and "train" not in self.splits:
-            train_dir, val_dir = self.split_dir("train"), self.split_dir("val")
-            train = self.labelled(train_dir)
-            if val_dir is not None:
-                val = self.labelled(val_dir)
+            images = self.labelled()
+            train = images["train"]
+            if "val" in images:
+                val = images["val"]
             else:
                 parts = {
-                    name: seeded_split(paths, self.hparams.val_fraction, self.seed, train_dir / name)
+                    name: seeded_split(paths, self.hparams.val_fraction, self.seed, self.split_dir("train") / name)
                     for name, paths in train.items()
                 }
                 train = {name: kept for name, (kept, _) in parts.items()}
                 val = {name: held for name, (_, held) in parts.items()}
             self.splits["train"], self.splits["val"] = self.flatten(train), self.flatten(val)
         if stage == "test" and "test" not in self.splits:
-            test_dir = self.split_dir("test")
-            if test_dir is not None:
-                self.splits["test"] = self.flatten(self.labelled(test_dir))
+            if "test" in self.labelled():
+                self.splits["test"] = self.flatten(self.labelled()["test"])
             else:  # no test/: the validation images stand in
                 self.setup("validate")
                 self.splits["test"] = self.splits["val"]

@@ -3,7 +3,8 @@
 Used by `datamodules.birds` (`python -m scripts.train fit --config configs/birds.yaml`); any
 DataModule over a folder of class subfolders can use it. Every mistake is a `DataError` that
 names the path: images outside class folders, classes that differ between splits, empty
-classes, files that do not decode (all of them in one message, found before training starts).
+classes, a file that links would read under two labels or in two splits, files that do not decode (all of them in
+one message, found before training starts).
 """
 
 from __future__ import annotations
@@ -107,6 +108,55 @@ def list_images(split_dir: Path) -> dict[str, list[Path]]:
             raise DataError(f"{folder}: class {folder.name!r} has no images; add some or remove the folder")
         classes[folder.name] = files
     return classes
+
+
+def read_once(splits: dict[str, dict[str, list[Path]]]) -> dict[str, dict[str, list[Path]]]:
+    """`splits` (split -> class -> files) with each real file (links followed) once. A file reached twice within one
+    class is read once, as a folder is; one that two classes or two splits would read (a link to another class's or
+    split's folder or file) is a DataError naming both paths and the link: the model would be taught two answers for
+    one picture, or scored on pictures it was trained on. Costs a link check per file, reads no file."""
+    first: dict[str, tuple[Path, str, str]] = {}  # real path -> (path, split, class) that read it first
+    real_of: dict[Path, str] = {}
+    kept: dict[str, dict[str, list[Path]]] = {split: {} for split in splits}
+    for split, classes in splits.items():
+        for name, files in classes.items():
+            kept[split][name] = []
+            for path in files:
+                if path.parent not in real_of:  # a folder's real path found once, not once per file in it
+                    real_of[path.parent] = os.path.realpath(path.parent)
+                real = os.path.realpath(path) if path.is_symlink() else os.path.join(real_of[path.parent], path.name)
+                seen = first.setdefault(real, (path, split, name))
+                if seen[0] == path:
+                    kept[split][name].append(path)
+                elif seen[1:] != (split, name):
+                    raise read_twice(seen, (path, split, name))
+    return kept
+
+
+def read_twice(earlier: tuple[Path, str, str], later: tuple[Path, str, str]) -> DataError:
+    """The one line for a file read under two labels or in two splits. It blames the path through the link nearest
+    the file (a link inside a class folder, not the class folder linked in from elsewhere that it points into)."""
+    common = Path(os.path.commonpath([earlier[0], later[0]]))
+
+    def nearest_link(path: Path) -> Path:  # `common` when there is none below it
+        return next(p for p in (path, *path.parents) if p == common or p.is_symlink())
+
+    deeper = len(nearest_link(earlier[0]).parts) > len(nearest_link(later[0]).parts)
+    (path, split, name), (other, other_split, other_name) = (earlier, later) if deeper else (later, earlier)
+    link = nearest_link(path)
+    if link == common:  # no link between them that realpath sees: not met in folders os.walk lists
+        via = ""
+    elif link == path:
+        via = f" (a link to {os.readlink(link)})"
+    else:
+        via = f" (through {link}, a link to {os.readlink(link)})"
+    if split == other_split:
+        what = f"one picture labelled both {other_name!r} and {name!r}"
+    elif "train" in (split, other_split):
+        what = f"one picture both trained on and scored in {({split, other_split} - {'train'}).pop()}"
+    else:
+        what = f"one picture in both {earlier[1]} and {later[1]}"
+    return DataError(f"{path}: the same file as {other}{via}: {what}; remove the link")
 
 
 def check_same_classes(reference: str | Path, names: list[str], other: str | Path, other_names: list[str]) -> None:

@@ -139,6 +139,10 @@ def make_user_folder(user: Path) -> None:
     (user / "birds-loop" / "train" / "chickens" / "loop").symlink_to("..")  # the turkeys would be read as chickens
     bird_folders(user / "birds-split-loop", count=2)
     (user / "birds-split-loop" / "train" / "loop").symlink_to("..")  # every image would be read as a class 'loop'
+    bird_folders(user / "birds-class-twice", count=2)
+    (user / "birds-class-twice" / "train" / "hens").symlink_to("chickens")  # the chickens, also labelled hens
+    bird_folders(user / "birds-val-in-train", count=2)
+    (user / "birds-val-in-train" / "train" / "chickens" / "extra").symlink_to("../../val/chickens")  # scored as unseen
     (user / "birds-dangling" / "val" / "turkeys" / "gone.jpg").symlink_to("../../../deleted.jpg")
     mnist_files(user / "mnist-test-truncated", **{"t10k-images-idx3-ubyte": idx(2051, (10, 28, 28), cut=100)})
     header_cut = gzip.compress(struct.pack(">II", 2051, 10), mtime=0)  # the magic number, one of three dimensions
@@ -468,6 +472,15 @@ CASES = [
     Case("birds-class-link-above-its-split", ["fit", *BIRDS, "--data.init_args.data_dir", "{user}/birds-split-loop"],
          "error: {user}/birds-split-loop/train/loop: a link to .., a folder holding {user}/birds-split-loop/train (a "
          "loop): every image below it would be read as class 'loop'; remove the link"),
+    Case("birds-class-linked-to-another", ["fit", *BIRDS, "--data.init_args.data_dir", "{user}/birds-class-twice"],
+         "error: {user}/birds-class-twice/train/hens/0.png: the same file as {user}/birds-class-twice/train/chickens/"
+         "0.png (through {user}/birds-class-twice/train/hens, a link to chickens): one picture labelled both "
+         "'chickens' and 'hens'; remove the link"),
+    Case("birds-validation-linked-into-training", ["fit", *BIRDS, "--data.init_args.data_dir",
+                                                   "{user}/birds-val-in-train"],
+         "error: {user}/birds-val-in-train/train/chickens/extra/0.png: the same file as {user}/birds-val-in-train/val/"
+         "chickens/0.png (through {user}/birds-val-in-train/train/chickens/extra, a link to ../../val/chickens): one "
+         "picture both trained on and scored in val; remove the link"),
     Case("birds-predict-nothing-there", ["predict", *BIRDS, "--ckpt_path", "{birds_ckpt}",
                                          "--data.init_args.predict_path", "{user}/nope"],
          "error: {user}/nope: no such file or folder; give predict_path a folder of images or one image"),

@@ -189,6 +189,67 @@ def test_a_class_folder_may_be_a_link_but_not_one_to_its_split_or_above(tmp_path
         loop.unlink()
 
 
+TWICE = [  # (link, its target, the path blamed, the path spared, what is wrong), paths below the dataset
+    ("train/hens", "chickens", "train/hens/0.png", "train/chickens/0.png", "labelled both 'chickens' and 'hens'"),
+    ("train/chickens/more", "../turkeys", "train/chickens/more/0.png", "train/turkeys/0.png",
+     "labelled both 'turkeys' and 'chickens'"),
+    ("train/chickens/x.jpg", "../turkeys/1.jpg", "train/chickens/x.jpg", "train/turkeys/1.jpg",
+     "labelled both 'turkeys' and 'chickens'"),
+    ("train/chickens/more", "../geese", "train/chickens/more/0.png", "train/geese/0.png",
+     "labelled both 'geese' and 'chickens'"),  # the link into geese is blamed, not geese's own link from elsewhere
+    ("train/chickens/extra", "../../val/chickens", "train/chickens/extra/0.png", "val/chickens/0.png",
+     "both trained on and scored in val"),
+    ("train/turkeys/t.jpg", "../../test/chickens/1.jpg", "train/turkeys/t.jpg", "test/chickens/1.jpg",
+     "both trained on and scored in test"),
+    ("val/chickens/more", "../../test/chickens", "val/chickens/more/0.png", "test/chickens/0.png",
+     "in both val and test"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("link, target, blamed, spared, what", TWICE, ids=[" -> ".join(case[:2]) for case in TWICE])
+def test_a_file_read_under_two_labels_or_in_two_splits_is_one_line_naming_both(tmp_path, link, target, blamed, spared,
+                                                                               what):  # fmt: skip
+    """A link to another class's or split's folder or file read its pictures again: the model was taught two
+    answers to one picture, or validated (tested) on pictures it was trained on, without a word. A class folder
+    linked in from elsewhere stays a class."""
+    root = bird_folders(tmp_path / "birds", splits=("train", "val", "test"), count=2)
+    write_images(tmp_path / "elsewhere" / "geese", 2, 2)
+    (root / "train" / "geese").symlink_to(tmp_path / "elsewhere" / "geese")
+    for split in ("val", "test"):
+        write_images(root / split / "geese", 2, 2, start=2)
+    birds_data(root).setup("fit")
+    (root / link).symlink_to(target)
+    with pytest.raises(DataError) as error:  # at fit for test/ too: it is listed with the other splits
+        birds_data(root).setup("fit")
+    via = f"a link to {target}" if blamed == link else f"through {root / link}, a link to {target}"
+    assert str(error.value) == (
+        f"{root / blamed}: the same file as {root / spared} ({via}): one picture {what}; remove the link"
+    )
+
+
+def test_a_file_reached_twice_in_one_class_is_read_once_and_never_in_both_splits(tmp_path):
+    """One folder split by val_fraction put a file reached through two links in training and validation by chance."""
+    root = tmp_path / "birds"
+    for channel, name in enumerate(CLASSES):
+        write_images(root / name, 6, channel)
+        for i in range(6):
+            (root / name / f"again{i}.png").symlink_to(f"{i}.{'jpg' if i % 2 else 'png'}")
+    dm = birds_data(root, val_fraction=0.3)
+    dm.setup("fit")
+    train, val = dm.splits["train"][0], dm.splits["val"][0]
+    assert not {f.resolve() for f in train} & {f.resolve() for f in val}  # 4 of 12 were in both
+    assert (len(train), len(val)) == (8, 4)
+    (root / "hens").symlink_to("chickens")  # two labels are refused in this layout as in train/
+    with pytest.raises(DataError, match=re.escape(f"{root / 'hens' / '0.png'}: the same file as {root / 'chickens'}")):
+        birds_data(root, val_fraction=0.3).setup("fit")
+    (root / "hens").unlink()
+    bird_folders(tmp_path / "split", count=2)  # with train/ and val/: a class's file twice is read once
+    (tmp_path / "split" / "val" / "turkeys" / "again.jpg").symlink_to("1.jpg")
+    dm = birds_data(tmp_path / "split")
+    dm.setup("fit")
+    assert len(dm.splits["val"][0]) == 4
+
+
 # ---- archives -----------------------------------------------------------------------------------------------------
 
 
