@@ -136,7 +136,7 @@ bench: $(VENV)/installed ## time the template against plain PyTorch loops, a pen
 	$(PY) -m scripts.bench.birds
 	$(PY) -m scripts.bench.sweep
 
-bench-gpu: $(VENV)/installed ## on a machine with an NVIDIA GPU: birds and MNIST on it, a real fit, DDP with NCCL (logs: outputs/bench-gpu/)
+bench-gpu: $(VENV)/installed ## on a machine with an NVIDIA GPU: birds and MNIST on it, a real fit, DDP and Horovod with NCCL (logs: outputs/bench-gpu/)
 	PY=$(PY) MNIST_DIR=$(MNIST_DIR) bash scripts/bench/gpu.sh
 
 bench-spark: $(VENV)/installed ## time the penguin fit on Spark against torchrun, 2 processes each (needs Java 17)

@@ -5,7 +5,10 @@
 #    on the GPU (bf16, channels-last);
 # 2. MNIST with configs/trainer/gpu.yaml's recipe: the template against plain loops, samples/s;
 # 3. MNIST trained for real with configs/mnist.yaml + configs/trainer/gpu.yaml: its test accuracy;
-# 4. DDP with NCCL: the same fit under torchrun, one process per GPU (ddp.yaml).
+# 4. DDP with NCCL: the same fit under torchrun, one process per GPU (ddp.yaml);
+# 5. Horovod's NCCL build, where there is one (make horovod-gpu's .horovod-gpu/, or on PYTHONPATH): the same fit
+#    under horovodrun (Gloo starts the processes: no mpirun needed), one process per GPU, its collectives named by
+#    Horovod's timeline.
 # Each step's whole output goes to $LOGS/<step>.log; its last lines are printed. Needs data/mnist (MNIST_DIR).
 set -u
 PY=${PY:-.venv/bin/python}
@@ -49,4 +52,16 @@ step ddp-nccl 240 6 "$PY" -m torch.distributed.run --nproc_per_node "$GPUS" -m s
     --config configs/mnist.yaml --config configs/trainer/gpu.yaml --config configs/trainer/ddp.yaml \
     --trainer.devices "$GPUS" --trainer.max_epochs 2 --data.init_args.data_dir "$MNIST_DIR" \
     --trainer.enable_progress_bar false
+[ -d .horovod-gpu ] && export PYTHONPATH=.horovod-gpu${PYTHONPATH:+:$PYTHONPATH}  # make horovod-gpu's build
+if "$PY" -c 'import sys, horovod.torch as hvd; sys.exit(not hvd.nccl_built())' 2>/dev/null; then
+    export HOROVOD_TIMELINE="$LOGS/horovod-timeline.json"
+    step horovod-nccl 300 6 "$PY" -m horovod.runner.launch --gloo \
+        -np "$GPUS" "$PY" -m scripts.train fit --config configs/mnist.yaml --config configs/trainer/gpu.yaml \
+        --config configs/trainer/horovod.yaml --trainer.accelerator gpu --trainer.devices "$GPUS" \
+        --trainer.max_epochs 2 --data.init_args.data_dir "$MNIST_DIR" --trainer.enable_progress_bar false
+    unset HOROVOD_TIMELINE
+    echo "   Horovod's ops: $(grep -o '"name": "NCCL_[A-Z]*"' "$LOGS/horovod-timeline.json" | sort | uniq -c | xargs)"
+else
+    echo "== horovod-nccl: skipped, no Horovod built with NCCL here (make horovod-gpu builds one)"
+fi
 exit $failed
