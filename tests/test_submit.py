@@ -26,6 +26,7 @@ from tests.fake_azure import (
     FakeAzureML,
     FakeCredential,
     fake_client,
+    http_response,
 )
 
 HOROVOD = "configs/trainer/horovod.yaml"
@@ -281,6 +282,24 @@ def test_an_azure_login_that_fails_is_one_line(monkeypatch):
         "error: not signed in to Azure: run `az login` (or set AZURE_CLIENT_ID, AZURE_TENANT_ID and "
         "AZURE_CLIENT_SECRET for a service principal), then submit again"
     )
+
+
+def test_a_job_azure_ml_refuses_is_one_line_naming_why(monkeypatch, capsys):
+    class NoSuchCompute(FakeAzureML):
+        def request(self, method, url, data=None, **kwargs):
+            if method == "PUT" and re.search(r"/jobs/[^/]+$", url.split("?")[0]):
+                error = {"code": "UserError", "message": "Compute cpu-clustr not found in workspace ws.\nDetails"}
+                body = json.dumps({"error": error}).encode()
+                return http_response(method, url, 400, body, {"Content-Type": "application/json"})
+            return super().request(method, url, data, **kwargs)
+
+    client = fake_client(NoSuchCompute())
+    monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: client)
+    with pytest.raises(SystemExit) as exit:
+        main(["configs/penguins.yaml", "--compute", "cpu-clustr"])
+    refused = "error: Azure ML refused the job: (UserError) Compute cpu-clustr not found in workspace ws."
+    assert exit.value.code == refused
+    assert "submitted" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -521,7 +521,7 @@ def not_signed_in(again: str) -> str:
 def submit_job(client, job, code_holders: list, stream: bool) -> str:
     """Submits `job` with this folder's code snapshot as the code of each of `code_holders` (the job, a sweep's
     trial, a pipeline's components), prints where to see it, follows it with `stream`; returns its name."""
-    from azure.core.exceptions import ClientAuthenticationError
+    from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
 
     from scripts.azure_ml.code_snapshot import code_snapshot
 
@@ -529,7 +529,13 @@ def submit_job(client, job, code_holders: list, stream: bool) -> str:
         with code_snapshot(Path.cwd()) as code:  # the SDK's own walk of the folder reads .venv's every file
             for holder in code_holders:
                 holder.code = str(code)
-            submitted = client.jobs.create_or_update(job)
+            try:
+                submitted = client.jobs.create_or_update(job)
+            except ClientAuthenticationError:  # an HttpResponseError too: the one line below says to sign in
+                raise
+            except HttpResponseError as error:  # e.g. a compute, environment or data asset the workspace lacks
+                message = str(error.message or error).strip().splitlines()[0]
+                raise SubmitError(f"Azure ML refused the job: {message}") from None
         print(f"submitted {submitted.name}: {submitted.studio_url}")
         if stream:
             follow(client, submitted.name)
