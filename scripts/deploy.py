@@ -102,13 +102,22 @@ def create(client, operations: str, endpoint, deployment, finish) -> str:
     """The endpoint, then the deployment (its code snapshot uploaded, if it has code), through the client's
     `operations` (online_endpoints / batch_endpoints), then finish(endpoints), whose answer this returns; Azure's
     refusals as DeployError."""
-    from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
+    from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, ResourceNotFoundError
 
     from scripts.azure_ml.code_snapshot import code_snapshot
 
     endpoints = getattr(client, operations)
     deployments = getattr(client, operations.replace("endpoints", "deployments"))
     try:
+        try:
+            live = endpoints.get(endpoint.name)
+        except ResourceNotFoundError:
+            live = None
+        # An endpoint put without its traffic (online) or default deployment (batch) takes them from the deployments
+        # serving now, for as long as the new one takes to provision, and for good if it fails: they are kept.
+        for kept in ("traffic", "mirror_traffic", "defaults"):
+            if live is not None and getattr(live, kept, None):
+                setattr(endpoint, kept, getattr(live, kept))
         endpoints.begin_create_or_update(endpoint).result()
         print(f"endpoint {endpoint.name} is ready; creating deployment {deployment.name}")
         if deployment.code_configuration is None:

@@ -146,6 +146,24 @@ def test_deploy_creates_the_endpoint_then_the_model_alone_then_gives_it_all_traf
     assert "az ml online-endpoint get-credentials -n penguins" in out
 
 
+def test_a_new_deployment_leaves_a_live_endpoints_traffic_where_it_is_until_it_is_ready(monkeypatch, capsys):
+    """Azure ML takes an endpoint put without its traffic (online) or default deployment (batch) as none: the
+    deployments serving now would answer nothing while the new one provisions, and for good if it fails."""
+    azure = FakeEndpoints()
+    client = fake_client(azure)
+    monkeypatch.setattr("scripts.deploy.workspace_client", lambda *ids: client)
+    online("penguins-classifier:1", "penguins")
+    batch("penguins-classifier:1", "penguins-rows", "tabular", "cpu-cluster")
+    azure.requests.clear()
+    online("penguins-classifier:2", "penguins", deployment="green")
+    batch("penguins-classifier:2", "penguins-rows", "tabular", "cpu-cluster", deployment="second")
+    first, last = azure.sent("PUT", r"/onlineEndpoints/penguins$")
+    assert (first["properties"]["traffic"], last["properties"]["traffic"]) == ({"blue": 100}, {"green": 100})
+    first, last = azure.sent("PUT", r"/batchEndpoints/penguins-rows$")
+    assert first["properties"]["defaults"] == {"deploymentName": "default"}
+    assert last["properties"]["defaults"] == {"deploymentName": "second"}
+
+
 @pytest.mark.slow
 def test_deploy_with_the_scoring_script_uploads_this_folder_and_builds_the_serving_environment(monkeypatch, capsys):
     from azure.ai.ml._utils._asset_utils import get_content_hash, get_ignore_file
