@@ -160,6 +160,28 @@ def test_a_config_path_with_a_space_or_a_dollar_is_one_argument_of_the_jobs_comm
         assert shlex.split(plan.commands[step])[4:8] == ["--config", configs[0], "--config", configs[1]], step
 
 
+@pytest.mark.parametrize(
+    "args", [["outputs/penguins/run/config.yaml"], ["../mine.yaml"], ["configs/p.yaml", "--presets+", "../mine.yaml"]]
+)
+def test_a_config_the_jobs_code_leaves_out_is_one_line(args, tmp_path, monkeypatch, capsys):
+    """A run's resolved config (outputs/TASK/RUN/config.yaml) or one outside this folder is a file here but not in the
+    job's code: its processes would stop at `--config`, no such file, once Azure ML had built the image."""
+    folder = tmp_path / "repo"
+    (folder / "outputs/penguins/run").mkdir(parents=True)
+    (folder / "configs").mkdir()
+    for name in ("environment.yml", ".amlignore", ".gitignore"):
+        shutil.copy(REPO / name, folder)
+    for config in ("repo/outputs/penguins/run/config.yaml", "mine.yaml", "repo/configs/p.yaml"):
+        shutil.copy(REPO / "configs/penguins.yaml", tmp_path / config)
+    monkeypatch.chdir(folder)
+    with pytest.raises(SystemExit) as exit:
+        main([*args, "--compute", "cpu-cluster", "--dry_run", "true"])
+    assert str(exit.value.code).startswith(f"error: {args[-1]}: the job's code (this folder, less .amlignore's")
+    assert str(exit.value.code).endswith("copy it under configs/, e.g. configs/my_task.yaml")
+    assert capsys.readouterr().out == ""
+    main(["configs/p.yaml", "--compute", "cpu-cluster", "--dry_run", "true"])  # what is uploaded is taken
+
+
 def test_dry_run_prints_yaml_that_load_job_reads_back(tmp_path, capsys):
     from azure.ai.ml import load_job
 

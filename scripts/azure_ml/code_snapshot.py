@@ -66,6 +66,20 @@ def uploaded_files(folder: Path) -> list[str]:
     return sorted(files)
 
 
+def is_uploaded(folder: Path, path: str) -> bool:
+    """Whether the file at `path` (from the working directory, `folder`) is one of uploaded_files(folder): inside it,
+    in no folder the walk skips and not itself left out. Reads no other file."""
+    relative = Path(os.path.relpath(os.path.abspath(path), folder.resolve()))  # not resolve(): a link is uploaded
+    if relative.parts[:1] == ("..",):
+        return False
+    specs = ignore_specs(folder)
+    pruning = [spec for spec in specs if all(pattern.include is not False for pattern in spec.patterns)]
+    parents = [parent.as_posix() for parent in reversed(relative.parents) if parent != Path(".")]
+    if any(spec.match_file(f"{parent}/") for parent in parents for spec in pruning):
+        return False
+    return not any(spec.match_file(relative.as_posix()) for spec in specs)
+
+
 @contextlib.contextmanager
 def code_snapshot(folder: Path) -> Iterator[Path]:
     """A temporary copy of what Azure ML uploads of `folder` (hard links where the file system allows), removed

@@ -19,6 +19,8 @@ from typing import Literal
 
 import yaml
 
+from scripts.azure_ml.code_snapshot import is_uploaded
+
 BASE_IMAGE = "mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04:latest"  # Open MPI: the mpirun of `mpi` jobs
 # GPU jobs: Azure ML's Open MPI image on CUDA with the InfiniBand user space (libibverbs) and Mellanox's NCCL RDMA/SHARP
 # plugin on LD_LIBRARY_PATH, so NCCL between ND-series nodes goes over InfiniBand instead of TCP. torch from PyPI
@@ -268,6 +270,11 @@ def plan_job(
             yaml.safe_load(Path(path).read_text())
         except yaml.YAMLError as error:
             raise SubmitError(f"{path}: not valid YAML ({getattr(error, 'problem', error)})") from None
+        if not is_uploaded(Path.cwd(), path):  # e.g. a run's outputs/.../config.yaml: the job would have no such file
+            raise SubmitError(
+                f"{path}: the job's code (this folder, less .amlignore's outputs/, data/, ...) leaves it out, so its "
+                "processes would not find it; copy it under configs/, e.g. configs/my_task.yaml"
+            )
     for path in configs[1:]:
         if Path(path).as_posix() in LAUNCH_PRESETS:
             raise SubmitError(
