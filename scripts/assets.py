@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from scripts.azure_ml.assets import Asset, AssetError, asset_yaml, build, plan_data, plan_environment
-from scripts.azure_ml.jobs import SubmitError, check_workspace_ids, not_signed_in, workspace_client
+from scripts.azure_ml.jobs import SubmitError, check_workspace_ids, check_yaml_dir, not_signed_in, workspace_client
 
 
 def create(
@@ -39,6 +39,7 @@ def create(
     """Prints (dry_run) or creates the assets; returns their YAML (dry_run) or their references."""
     if yaml_dir and not dry_run:
         raise AssetError("--yaml_dir writes the YAML instead of creating the assets: add --dry_run true")
+    check_yaml_dir(yaml_dir, "assets/")
     check_workspace_ids(subscription_id, resource_group, workspace)
     entities = [build(asset) for asset in assets]
     if dry_run:

@@ -38,7 +38,14 @@ from pathlib import Path
 from typing import Literal
 
 from scripts.azure_ml.endpoints import SERVE_ENVIRONMENT, Names
-from scripts.azure_ml.jobs import SubmitError, check_workspace_ids, not_signed_in, parse_reference, workspace_client
+from scripts.azure_ml.jobs import (
+    SubmitError,
+    check_workspace_ids,
+    check_yaml_dir,
+    not_signed_in,
+    parse_reference,
+    workspace_client,
+)
 
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{1,30}[A-Za-z0-9]")  # Azure ML's rule for endpoint and deployment names
 GPU_SIZE = re.compile(r"Standard_N", re.IGNORECASE)  # Azure's N-series (NC, ND, NG, NV): the VM sizes with GPUs
@@ -186,6 +193,7 @@ def online(
         raise DeployError("--instance_count, --workers and --request_timeout_ms must be 1 or more")
     if yaml_dir and not dry_run:
         raise DeployError("--yaml_dir writes the YAML instead of deploying: add --dry_run true")
+    check_yaml_dir(yaml_dir, "deploy/")
     with_code = scoring == "script"
     if with_code:
         check_code_folder()
@@ -256,6 +264,7 @@ def batch(
         raise DeployError("--instance_count, --mini_batch_size and --max_concurrency_per_instance must be 1 or more")
     if yaml_dir and not dry_run:
         raise DeployError("--yaml_dir writes the YAML instead of deploying: add --dry_run true")
+    check_yaml_dir(yaml_dir, "deploy/")
     with_code = inputs == "images"
     if with_code:
         check_code_folder()

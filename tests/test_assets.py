@@ -168,6 +168,8 @@ def test_creation_uploads_the_data_and_puts_each_version_over_the_fake_transport
         (["environment", "training", "--version", "1", "--name", "my/env"], "--name 'my/env': Azure ML refuses it"),
         (["environment", "serving", "--version", "1", "--yaml_dir", "d"], "--yaml_dir writes the YAML instead of"),
         (["environment", "serving", "--version", "1", "--workspace", "ws"], "name the workspace with all three of"),
+        (["data", "penguins", "configs/examples/penguins.csv", "--version", "1", "--dry_run", "true", "--yaml_dir",
+          "README.md"], "--yaml_dir README.md: README.md is a file, not a folder; give a folder, e.g. assets/"),
     ],
 )  # fmt: skip
 def test_a_mistake_is_one_line_before_the_azure_sdk_is_imported(args, line):

@@ -273,6 +273,22 @@ def test_batch_creates_the_endpoint_then_the_deployment_then_makes_it_the_defaul
         (["online", "m:1", "--endpoint", "pen", "--yaml_dir", "d"], "--yaml_dir writes the YAML instead of deploying"),
         (["online", "m:1", "--endpoint", "pen", "--workspace", "ws"], "name the workspace with all three of"),
         (
+            ["online", "m:1", "--endpoint", "pen", "--dry_run", "true", "--yaml_dir", "README.md"],
+            "--yaml_dir README.md: README.md is a file, not a folder; give a folder, e.g. deploy/",
+        ),
+        (
+            [
+                "batch",
+                "m:1",
+                "--endpoint=pen",
+                "--inputs=images",
+                "--compute=c",
+                "--dry_run=true",
+                "--yaml_dir=README.md/d",
+            ],
+            "--yaml_dir README.md/d: README.md is a file, not a folder",
+        ),
+        (
             ["online", "m:1", "--endpoint", "pen", "--scoring", "script", "--environment", "serving"],
             "--environment 'serving': give a regis",
         ),

@@ -497,6 +497,15 @@ def check_yaml_file(given: str) -> None:
         )
 
 
+def check_yaml_dir(given: str | None, example: str) -> None:
+    """A --yaml_dir that can be written in: a folder, or one to make, no file where a folder of its path must be."""
+    if given is None:
+        return
+    for folder in (Path(given), *Path(given).parents):
+        if folder.exists() and not folder.is_dir():
+            raise SubmitError(f"--yaml_dir {given}: {folder} is a file, not a folder; give a folder, e.g. {example}")
+
+
 def is_job_yaml(path: Path) -> bool:
     """Whether `path` holds a job's YAML (a command, sweep or pipeline job's, as --dry_run writes it)."""
     try:
