@@ -153,6 +153,26 @@ def test_creation_uploads_the_data_and_puts_each_version_over_the_fake_transport
     assert yaml.safe_load(env["condaFile"]) == yaml.safe_load((REPO / "environment.yml").read_text())
 
 
+def test_a_folder_without_a_file_is_one_line_not_the_sdks_traceback(tmp_path, monkeypatch):
+    """The SDK refuses an empty folder only once it uploads, with its EmptyDirectoryError's traceback; the dry run's
+    YAML would be refused by `az ml data create -f` alike."""
+    azure = FakeAzureML()
+    monkeypatch.setattr(
+        requests.Session, "request", lambda session, method, url, *a, **k: azure.request(method, url, *a, **k)
+    )
+    client = fake_client(azure)
+    monkeypatch.setattr("scripts.assets.workspace_client", lambda *ids: client)
+    (tmp_path / "mnist" / "raw").mkdir(parents=True)  # e.g. a download that never came
+    for dry_run in ("false", "true"):
+        with pytest.raises(SystemExit) as exit:
+            main(["data", "mnist", str(tmp_path / "mnist"), "--version", "1", "--dry_run", dry_run])
+        assert exit.value.code == (
+            f"error: {tmp_path / 'mnist'}: no file in this folder, and Azure ML registers none; give the folder the "
+            "data is in"
+        )
+    assert not [method for method, *_ in azure.requests if method == "PUT"]
+
+
 @pytest.mark.parametrize(
     ("args", "line"),
     [

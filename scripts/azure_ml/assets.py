@@ -96,6 +96,8 @@ def plan_data(name: str, path: str, version: str, mltable: bool = False, descrip
         raise AssetError(
             f"{path}: no such file or folder; give the data's file or folder (a CSV, data/mnist, data/birds)"
         )
+    if local.is_dir() and not any(item.is_file() for item in local.rglob("*")):
+        raise AssetError(f"{path}: no file in this folder, and Azure ML registers none; give the folder the data is in")
     kind = "uri_file" if local.is_file() else "uri_folder"
     assets = [Asset("data", name, str(version), description or f"{name} from {local.name}", kind, str(local.resolve()))]
     if mltable:
