@@ -105,10 +105,11 @@ def print_or_write(entities: tuple, yaml_dir: str | None, kind: str) -> str:
     return "---\n".join(texts)
 
 
-def create(client, operations: str, endpoint, deployment, finish) -> str:
+def create(client, operations: str, endpoint, deployment, finish, kept: tuple[str, ...] = ()) -> str:
     """The endpoint, then the deployment (its code snapshot uploaded, if it has code), through the client's
     `operations` (online_endpoints / batch_endpoints), then finish(endpoints), whose answer this returns; Azure's
-    refusals as DeployError."""
+    refusals as DeployError. An endpoint that is there keeps its traffic and default deployment, and the settings
+    named in `kept` (those the user left to it)."""
     from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, ResourceNotFoundError
 
     from scripts.azure_ml.code_snapshot import code_snapshot
@@ -122,9 +123,9 @@ def create(client, operations: str, endpoint, deployment, finish) -> str:
             live = None
         # An endpoint put without its traffic (online) or default deployment (batch) takes them from the deployments
         # serving now, for as long as the new one takes to provision, and for good if it fails: they are kept.
-        for kept in ("traffic", "mirror_traffic", "defaults"):
-            if live is not None and getattr(live, kept, None):
-                setattr(endpoint, kept, getattr(live, kept))
+        for setting in ("traffic", "mirror_traffic", "defaults", *kept):
+            if live is not None and getattr(live, setting, None):
+                setattr(endpoint, setting, getattr(live, setting))
         endpoints.begin_create_or_update(endpoint).result()
         print(f"endpoint {endpoint.name} is ready; creating deployment {deployment.name}")
         if deployment.code_configuration is None:
@@ -147,7 +148,7 @@ def online(
     deployment: str = "blue",
     instance_type: str = "Standard_DS3_v2",
     instance_count: int = 1,
-    auth_mode: Literal["key", "aml_token"] = "key",
+    auth_mode: Literal["key", "aml_token"] | None = None,
     scoring: Literal["mlflow", "script"] = "mlflow",
     workers: int = 1,
     request_timeout_ms: int = 5000,
@@ -169,7 +170,7 @@ def online(
             a GPU size (Standard_N*) only with a registered GPU serving --environment: the default one runs on CPUs.
         instance_count: VMs serving the deployment.
         auth_mode: key (two static keys: `az ml online-endpoint get-credentials`) or aml_token (Azure ML tokens,
-            expiring, from the caller's Azure login).
+            expiring, from the caller's Azure login); default: the endpoint's own if it is there, else key.
         scoring: mlflow (the model alone: Azure ML's no-code deployment of MLflow models) or script (scripts/score.py
             in the serving environment: this project's request format and 4xx errors).
         workers: inference server processes per instance (WORKER_COUNT), each with its own copy of the model.
@@ -201,7 +202,7 @@ def online(
     check_workspace_ids(subscription_id, resource_group, workspace)
     from scripts.azure_ml.endpoints import build_online
 
-    entities = build_online(names, instance_type, instance_count, auth_mode, scoring, workers,
+    entities = build_online(names, instance_type, instance_count, auth_mode or "key", scoring, workers,
                             request_timeout_ms, environment)  # fmt: skip
     if dry_run:
         return print_or_write(entities, yaml_dir, "online")
@@ -213,8 +214,8 @@ def online(
         return endpoints.get(names.endpoint).scoring_uri
 
     client = workspace_client(subscription_id, resource_group, workspace)
-    scoring_uri = create(client, "online_endpoints", *entities, all_traffic)
-    credentials = "get-credentials" if auth_mode == "key" else "get-credentials (an aml_token)"
+    scoring_uri = create(client, "online_endpoints", *entities, all_traffic, () if auth_mode else ("auth_mode",))
+    credentials = "get-credentials" if entities[0].auth_mode == "key" else "get-credentials (an aml_token)"
     print(f"deployment {names.deployment} takes all traffic of {scoring_uri}")
     print(f"its key: az ml online-endpoint {credentials} -n {names.endpoint}")
     return scoring_uri

@@ -164,6 +164,23 @@ def test_a_new_deployment_leaves_a_live_endpoints_traffic_where_it_is_until_it_i
     assert last["properties"]["defaults"] == {"deploymentName": "second"}
 
 
+def test_a_new_deployment_keeps_the_endpoints_auth_mode_unless_one_is_given(monkeypatch, capsys):
+    """--auth_mode left out is the live endpoint's own: its callers' tokens (or keys) go on working."""
+    azure = FakeEndpoints()
+    client = fake_client(azure)
+    monkeypatch.setattr("scripts.deploy.workspace_client", lambda *ids: client)
+    online("penguins-classifier:1", "penguins", auth_mode="aml_token")
+    azure.requests.clear()
+    capsys.readouterr()
+    online("penguins-classifier:2", "penguins", deployment="green")
+    puts = azure.sent("PUT", r"/onlineEndpoints/penguins$")
+    assert [put["properties"]["authMode"] for put in puts] == ["AMLToken", "AMLToken"]
+    assert "az ml online-endpoint get-credentials (an aml_token) -n penguins" in capsys.readouterr().out
+    azure.requests.clear()
+    online("penguins-classifier:3", "penguins", auth_mode="key")  # asked for: the endpoint's is changed
+    assert azure.sent("PUT", r"/onlineEndpoints/penguins$")[0]["properties"]["authMode"] == "Key"
+
+
 @pytest.mark.slow
 def test_deploy_with_the_scoring_script_uploads_this_folder_and_builds_the_serving_environment(monkeypatch, capsys):
     from azure.ai.ml._utils._asset_utils import get_content_hash, get_ignore_file
