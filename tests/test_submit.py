@@ -182,6 +182,28 @@ def test_a_config_the_jobs_code_leaves_out_is_one_line(args, tmp_path, monkeypat
     main(["configs/p.yaml", "--compute", "cpu-cluster", "--dry_run", "true"])  # what is uploaded is taken
 
 
+def test_a_file_in_train_args_the_jobs_code_leaves_out_is_one_line_naming_the_input(tmp_path, monkeypatch, capsys):
+    """The README's new run from a checkpoint, `--ckpt_path outputs/<exp>/<run>/checkpoints/last.ckpt`, given in
+    --train_args: no checkpoint goes with the job's code, so the job would fail at its start; as an input it goes."""
+    folder = tmp_path / "repo"
+    (folder / "outputs/penguins/run/checkpoints").mkdir(parents=True)
+    (folder / "configs").mkdir()
+    for name in ("environment.yml", ".amlignore", ".gitignore"):
+        shutil.copy(REPO / name, folder)
+    shutil.copy(REPO / "configs/penguins.yaml", folder / "configs")
+    checkpoint = "outputs/penguins/run/checkpoints/last.ckpt"
+    (folder / checkpoint).write_bytes(b"a checkpoint")
+    monkeypatch.chdir(folder)
+    for train_args in (f"--ckpt_path {checkpoint}", f"--trainer.max_epochs 5 --ckpt_path={checkpoint}"):
+        with pytest.raises(SystemExit) as exit:
+            main(["configs/penguins.yaml", "--compute", "c", "--dry_run", "true", f"--train_args={train_args}"])
+        assert str(exit.value.code).startswith(f"error: --train_args --ckpt_path {checkpoint}: a file here that the")
+        assert str(exit.value.code).endswith(f"; give it as an input: --inputs+ ckpt_path={checkpoint}")
+    assert capsys.readouterr().out == ""
+    text = submit("configs/penguins.yaml", "c", inputs=[f"ckpt_path={checkpoint}"], dry_run=True)
+    assert yaml.safe_load(text)["command"].endswith("--ckpt_path ${{inputs.ckpt_path}}")
+
+
 def test_dry_run_prints_yaml_that_load_job_reads_back(tmp_path, capsys):
     from azure.ai.ml import load_job
 

@@ -220,6 +220,14 @@ def parse_input(item: str) -> JobInput:
     return JobInput(option, path, kind, given.get("mode", "ro_mount"))
 
 
+def left_out_file(value: str) -> bool:
+    """Whether `value` names a file here that the job's code (this folder as Azure ML uploads it) does not hold."""
+    try:
+        return bool(value) and Path(value).is_file() and not is_uploaded(Path.cwd(), value)
+    except (OSError, ValueError):  # not a path at all: a name too long for one, a NUL
+        return False
+
+
 def check_uploaded_name(path: Path, given: str) -> None:
     """A local file uploaded as an input keeps its name, which ends its path in the job; Azure ML writes that path into
     the job's command as it is, and a shell runs it: a name the shell would split or expand does not reach the CLI."""
@@ -291,6 +299,15 @@ def plan_job(
         key = option.removeprefix("--trainer.").split("=", 1)[0]
         if option.startswith("--trainer.") and key in LAUNCH_OPTIONS:
             raise SubmitError(f"--train_args {option}: the job's processes decide it; give {LAUNCH_OPTIONS[key]}")
+    for index, token in enumerate(options):  # e.g. --ckpt_path outputs/<exp>/<run>/checkpoints/last.ckpt
+        option, equals, value = token.partition("=")
+        value = value if equals else next(iter(options[index + 1 : index + 2]), "")
+        if option.startswith("--") and left_out_file(value):
+            raise SubmitError(
+                f"--train_args {option} {value}: a file here that the job's code leaves out (.amlignore's outputs/, "
+                f"data/, *.ckpt, ...), so its processes would not find it; give it as an input: --inputs+ "
+                f"{option.removeprefix('--')}={value}"
+            )
     if nodes < 1 or processes_per_node < 1:
         raise SubmitError(f"--nodes {nodes} --processes_per_node {processes_per_node}: both must be 1 or more")
     if tier is not None and tier not in TIERS:
