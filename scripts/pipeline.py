@@ -28,6 +28,7 @@ from typing import Literal
 from scripts.azure_ml.jobs import (
     SubmitError,
     check_workspace_ids,
+    check_yaml_dir,
     check_yaml_file,
     not_signed_in,
     submit_job,
@@ -120,6 +121,8 @@ def pipeline(
         raise SubmitError("--yaml_file writes the YAML instead of submitting: add --dry_run true")
     if yaml_file and not components:
         check_yaml_file(yaml_file)
+    if yaml_file and components:  # a folder of the components' files
+        check_yaml_dir(yaml_file, "components/", "--yaml_file")
     if components:
         from scripts.azure_ml.assets import check_version
 

@@ -206,6 +206,8 @@ def test_the_components_are_registered_in_the_workspace(monkeypatch, capsys):
          "--yaml_file configs: a folder; give a file name in it, e.g. configs/job.yml"),
         (["configs/penguins.yaml", "--compute", "c", "--dry_run", "true", "--yaml_file", "README.md/job.yml"],
          "--yaml_file README.md/job.yml: README.md is a file, not a folder"),
+        (["configs/penguins.yaml", "--components", "true", "--version", "1", "--dry_run", "true", "--yaml_file",
+          "README.md"], "--yaml_file README.md: README.md is a file, not a folder; give a folder, e.g. components/"),
     ],
 )  # fmt: skip
 def test_a_mistake_is_one_line_before_the_azure_sdk_is_imported(args, line):

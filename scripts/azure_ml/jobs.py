@@ -514,13 +514,13 @@ def check_yaml_file(given: str) -> None:
         )
 
 
-def check_yaml_dir(given: str | None, example: str) -> None:
+def check_yaml_dir(given: str | None, example: str, option: str = "--yaml_dir") -> None:
     """A --yaml_dir that can be written in: a folder, or one to make, no file where a folder of its path must be."""
     if given is None:
         return
     for folder in (Path(given), *Path(given).parents):
         if folder.exists() and not folder.is_dir():
-            raise SubmitError(f"--yaml_dir {given}: {folder} is a file, not a folder; give a folder, e.g. {example}")
+            raise SubmitError(f"{option} {given}: {folder} is a file, not a folder; give a folder, e.g. {example}")
 
 
 def is_job_yaml(path: Path) -> bool:
