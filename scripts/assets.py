@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Literal
 
 from scripts.azure_ml.assets import Asset, AssetError, asset_yaml, build, plan_data, plan_environment
-from scripts.azure_ml.jobs import SubmitError, check_workspace_ids, check_yaml_dir, not_signed_in, workspace_client
+from scripts.azure_ml.jobs import (
+    SubmitError,
+    check_not_written_over,
+    check_workspace_ids,
+    check_yaml_dir,
+    not_signed_in,
+    workspace_client,
+)
 
 
 def create(
@@ -46,6 +53,9 @@ def create(
         folder = Path(yaml_dir) if yaml_dir else Path(".")
         texts = [asset_yaml(entity, folder) for entity in entities]
         if yaml_dir:
+            keys = {"data": ("name", "version", "type", "path"), "environment": ("name", "version")}
+            written = {a.file_name: (f"an Azure ML {a.kind} asset's YAML", keys[a.kind]) for a in assets}
+            check_not_written_over(folder, written, "--yaml_dir")
             folder.mkdir(parents=True, exist_ok=True)
             for asset, text in zip(assets, texts):
                 (folder / asset.file_name).write_text(text)

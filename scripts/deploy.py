@@ -40,6 +40,7 @@ from typing import Literal
 from scripts.azure_ml.endpoints import SERVE_ENVIRONMENT, Names
 from scripts.azure_ml.jobs import (
     SubmitError,
+    check_not_written_over,
     check_workspace_ids,
     check_yaml_dir,
     not_signed_in,
@@ -92,6 +93,9 @@ def print_or_write(entities: tuple, yaml_dir: str | None, kind: str) -> str:
     folder = Path(yaml_dir) if yaml_dir else Path(".")
     texts = [entity_yaml(entity, folder) for entity in entities]
     if yaml_dir:
+        written = {"endpoint.yml": ("an endpoint's YAML", ("name", "auth_mode")),
+                   "deployment.yml": ("a deployment's YAML", ("name", "endpoint_name"))}  # fmt: skip
+        check_not_written_over(folder, written, "--yaml_dir")
         folder.mkdir(parents=True, exist_ok=True)
         for name, text in zip(("endpoint.yml", "deployment.yml"), texts):
             (folder / name).write_text(text)

@@ -153,6 +153,22 @@ def test_creation_uploads_the_data_and_puts_each_version_over_the_fake_transport
     assert yaml.safe_load(env["condaFile"]) == yaml.safe_load((REPO / "environment.yml").read_text())
 
 
+def test_yaml_dir_never_writes_over_a_file_of_the_users(tmp_path):
+    args = ["data", "penguins", str(PENGUINS_CSV), "--dry_run", "true", "--yaml_dir", str(tmp_path), "--version"]
+    (tmp_path / "data-penguins.yml").write_text("penguins: my own notes\n")
+    with pytest.raises(SystemExit) as exit:
+        main([*args, "1"])
+    assert str(exit.value) == (
+        f"error: --yaml_dir {tmp_path}: {tmp_path / 'data-penguins.yml'} is there and is not an Azure ML data asset's "
+        "YAML, and it would be written over; give another folder"
+    )
+    assert (tmp_path / "data-penguins.yml").read_text() == "penguins: my own notes\n"
+    (tmp_path / "data-penguins.yml").unlink()
+    main([*args, "1"])
+    main([*args, "2"])  # the asset's own YAML, written before, is replaced
+    assert yaml.safe_load((tmp_path / "data-penguins.yml").read_text())["version"] == "2"
+
+
 def test_a_folder_without_a_file_is_one_line_not_the_sdks_traceback(tmp_path, monkeypatch):
     """The SDK refuses an empty folder only once it uploads, with its EmptyDirectoryError's traceback; the dry run's
     YAML would be refused by `az ml data create -f` alike."""

@@ -123,6 +123,22 @@ def test_yaml_dir_writes_both_files_for_az_ml_run_from_anywhere(tmp_path, capsys
     assert deployment.code_configuration.scoring_script == "scripts/score.py"
 
 
+def test_yaml_dir_rewrites_its_own_files_but_never_a_file_of_the_users(tmp_path, capsys):
+    args = ["online", "penguins-classifier:1", "--dry_run", "true", "--yaml_dir", str(tmp_path), "--endpoint"]
+    main([*args, "penguins"])
+    main([*args, "pen2"])  # a dry run again, another endpoint: its own two files are replaced
+    assert yaml.safe_load((tmp_path / "endpoint.yml").read_text())["name"] == "pen2"
+    (tmp_path / "deployment.yml").write_text("# my notes on the deployment\n")
+    with pytest.raises(SystemExit) as exit:
+        main([*args, "penguins"])
+    assert str(exit.value) == (
+        f"error: --yaml_dir {tmp_path}: {tmp_path / 'deployment.yml'} is there and is not a deployment's YAML, and it "
+        "would be written over; give another folder"
+    )
+    assert (tmp_path / "deployment.yml").read_text() == "# my notes on the deployment\n"
+    assert yaml.safe_load((tmp_path / "endpoint.yml").read_text())["name"] == "pen2"  # nothing written
+
+
 def test_deploy_creates_the_endpoint_then_the_model_alone_then_gives_it_all_traffic(monkeypatch, capsys):
     azure = FakeEndpoints()
     client = fake_client(azure)

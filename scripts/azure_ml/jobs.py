@@ -523,6 +523,24 @@ def check_yaml_dir(given: str | None, example: str, option: str = "--yaml_dir") 
             raise SubmitError(f"{option} {given}: {folder} is a file, not a folder; give a folder, e.g. {example}")
 
 
+def check_not_written_over(folder: Path, files: dict[str, tuple[str, tuple[str, ...]]], option: str) -> None:
+    """A dry run's files in --yaml_dir (name -> (what it is, the keys its YAML has)) may replace the same YAML written
+    before, never another file of the user's: such a file is a SubmitError, before any file is written."""
+    for name, (what, keys) in files.items():
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (OSError, ValueError, yaml.YAMLError):  # unreadable, not text, not YAML
+            data = None
+        if not (isinstance(data, dict) and all(key in data for key in keys)):
+            raise SubmitError(
+                f"{option} {folder}: {path} is there and is not {what}, and it would be written over; give another "
+                "folder"
+            )
+
+
 def is_job_yaml(path: Path) -> bool:
     """Whether `path` holds a job's YAML (a command, sweep or pipeline job's, as --dry_run writes it)."""
     try:
