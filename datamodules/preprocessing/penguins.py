@@ -96,7 +96,8 @@ def check_csv_layout(reader, where: str) -> tuple[list[str], int, int]:
         )
     rows = 0
     for record in reader:
-        extra = [cell for cell in record[len(header) :] if cell.strip()]
+        # The cells past the header's, looked at only in a row that has any: a batch file has many rows.
+        extra = [cell for cell in record[len(header) :] if cell.strip()] if len(record) > len(header) else []
         if header and extra:
             listed = ", ".join(name.lstrip("\ufeff") for name in header)
             raise DataError(
@@ -104,7 +105,7 @@ def check_csv_layout(reader, where: str) -> tuple[list[str], int, int]:
                 f"{len(header)} columns ({listed}); remove the extra values (a thousands separator: 5000, not 5,000) "
                 "or name their columns"
             )
-        rows += any(cell.strip() for cell in record)
+        rows += bool("".join(record).strip())  # not blank: some cell has more than spaces
     return header, header_line, rows
 
 
@@ -159,12 +160,15 @@ def penguin_table(
     for column in FEATURES[1:]:
         numbers = pd.to_numeric(table[column], errors="coerce")
         given = table[column].notna()
-        spelled = table[column].astype(str).str.strip().str.lower().str.lstrip("+-")
-        bad = given & numbers.isna() & ~spelled.isin(NOT_A_NUMBER)
-        if bad.any():
+        # Only the cells given that are no number are read as text (not every cell of a batch file): "nan", "inf" and
+        # their kin are numbers that are none, refused below; anything else ("12 mm", "3,750") is no number at all.
+        unread = table[column][given & numbers.isna()]
+        spelled = unread.astype(str).str.strip().str.lower().str.lstrip("+-")
+        bad = unread.index[~spelled.isin(NOT_A_NUMBER)]
+        if len(bad):
             raise DataError(
                 f"{where}: column {schema[column]} has a non-numeric value "
-                f"{table[column][bad.idxmax()]!r} on {row_name(int(bad.idxmax()))}; fix or remove that row"
+                f"{table[column][bad[0]]!r} on {row_name(int(bad[0]))}; fix or remove that row"
             )
         infinite = given & (numbers.isna() | numbers.abs().eq(float("inf")))
         if infinite.any():
@@ -176,9 +180,12 @@ def penguin_table(
             )
         table[column] = numbers
     gaps = table.isna()
-    # Each row dropped, with the columns it lacks: predict names them, rather than answering one row fewer.
-    table.attrs["incomplete"] = {
-        int(row): [schema[name] for name in wanted if gaps.loc[row, name]] for row in gaps.index[gaps.any(axis=1)]
+    lacking = gaps.any(axis=1).to_numpy()
+    # Each row dropped, with the columns it lacks: predict names them, rather than answering one row fewer. Put in
+    # table.attrs last: pandas copies attrs, deeply, into every frame and column made from the table.
+    incomplete = {
+        int(row): [schema[name] for name, gap in zip(wanted, row_gaps) if gap]
+        for row, row_gaps in zip(gaps.index[lacking], gaps.to_numpy()[lacking])
     }
     table = table.dropna()  # keeps the index: row i is line i + 2 of the file
     if table.empty:
@@ -202,6 +209,7 @@ def penguin_table(
                 f"{where}: line {row + 2}: {schema['species']} '{value}' is none of {', '.join(SPECIES)} or 0/1/2; "
                 "fix or remove that row"
             )
+    table.attrs["incomplete"] = incomplete
     return table
 
 
