@@ -96,9 +96,10 @@ def check_plausible(table, where: str) -> None:
     scaled units, would otherwise train the network and widen the ranges predict judges new penguins by."""
     columns = table.attrs["columns"]
     for name, (low, high) in PLAUSIBLE.items():
-        outside = (table[name] < low) | (table[name] > high)
+        values = table[name].to_numpy()  # in numpy: pandas deep-copies table.attrs (each row dropped) at each step
+        outside = (values < low) | (values > high)
         if outside.any():
-            row = int(outside.idxmax())
+            row = int(table.index[outside.argmax()])
             raise DataError(
                 f"{where}: line {row + 2}, column {columns[name]}: {table[name][row]:g} is no penguin's "
                 f"({low:g} to {high:g} {UNITS[name]}); fix or remove that row"
