@@ -229,6 +229,14 @@ def test_a_tracking_outage_mid_fit_costs_training_no_wait_and_no_metric(mlflow_s
     assert run.info.status == "FINISHED"
 
 
+def sigterm(fit: subprocess.Popen) -> tuple[str, float]:
+    """SIGTERM to the fit; its stderr and the seconds it took to end."""
+    fit.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    _, stderr = fit.communicate(timeout=120)
+    return stderr, time.monotonic() - started
+
+
 @pytest.mark.slow
 def test_sigterm_cuts_a_checkpoint_s_wait_for_a_hung_tracking_server_short(mlflow_server, tmp_path):
     """A checkpoint waits up to CHECKPOINT_WAIT_S (10 s) for the server to take the metrics so far; SIGTERM ends the
@@ -244,10 +252,7 @@ def test_sigterm_cuts_a_checkpoint_s_wait_for_a_hung_tracking_server_short(mlflo
             assert fit.poll() is None and time.monotonic() < deadline, "no request reached the hung server"
             time.sleep(0.05)
         time.sleep(1.5)
-        fit.send_signal(signal.SIGTERM)
-        started = time.monotonic()
-        stdout, stderr = fit.communicate(timeout=120)
-        stopped_in = time.monotonic() - started
+        stderr, stopped_in = sigterm(fit)
     finally:
         fit.kill()
         proxy.down()
@@ -267,10 +272,7 @@ def test_sigterm_ends_a_fit_within_seconds_while_the_tracking_server_hangs(mlflo
         wait_for(tmp_path / "at-3", fit)
         (tmp_path / "go-3").touch()
         time.sleep(1)
-        fit.send_signal(signal.SIGTERM)
-        started = time.monotonic()
-        stdout, stderr = fit.communicate(timeout=120)
-        stopped_in = time.monotonic() - started
+        stderr, stopped_in = sigterm(fit)
     finally:
         fit.kill()
         proxy.down()
