@@ -97,7 +97,7 @@ def print_or_write(entities: tuple, yaml_dir: str | None, kind: str) -> str:
                    "deployment.yml": ("a deployment's YAML", ("name", "endpoint_name"))}  # fmt: skip
         check_not_written_over(folder, written, "--yaml_dir")
         folder.mkdir(parents=True, exist_ok=True)
-        for name, text in zip(("endpoint.yml", "deployment.yml"), texts):
+        for name, text in zip(written, texts):  # the endpoint's file, then the deployment's
             (folder / name).write_text(text)
         traffic = " --all-traffic" if kind == "online" else " --set-default"
         print(
