@@ -39,6 +39,8 @@ from typing import Literal
 
 from scripts.azure_ml.endpoints import SERVE_ENVIRONMENT, Names
 from scripts.azure_ml.jobs import (
+    GPU_SIZE,
+    VM_SIZE,
     SubmitError,
     check_not_written_over,
     check_workspace_ids,
@@ -49,7 +51,6 @@ from scripts.azure_ml.jobs import (
 )
 
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{1,30}[A-Za-z0-9]")  # Azure ML's rule for endpoint and deployment names
-GPU_SIZE = re.compile(r"Standard_N", re.IGNORECASE)  # Azure's N-series (NC, ND, NG, NV): the VM sizes with GPUs
 MODEL = re.compile(r"(?:azureml:|models:/)?([A-Za-z0-9][\w.-]*)[:/](\d+)")
 
 
@@ -186,7 +187,7 @@ def online(
         subscription_id, resource_group, workspace: the workspace, when there is no config.json.
     """
     names = check_names(model, endpoint, deployment)
-    if not re.fullmatch(r"Standard_\w+", instance_type):
+    if not VM_SIZE.fullmatch(instance_type):
         raise DeployError(f"--instance_type {instance_type!r}: give an Azure VM size such as Standard_DS3_v2")
     if GPU_SIZE.match(instance_type) and environment is None:
         raise DeployError(

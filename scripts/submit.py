@@ -7,6 +7,7 @@
     python -m scripts.submit configs/penguins.yaml --compute cpu-cluster --stream true  # follow it to its end
     python -m scripts.submit configs/penguins.yaml --compute cpu-cluster --environment azureml:lightning-training:1 \\
         --inputs+ data.init_args.csv_path=azureml:penguins:3,type=uri_file --tier spot --timeout 2h
+    python -m scripts.submit configs/penguins.yaml --compute serverless --instance_type Standard_DS3_v2
 
 Every check of the arguments runs before the Azure SDK is imported; each mistake is one line. The job uploads this
 folder (less `.amlignore`), builds `environment.yml` on Azure ML's Open MPI image (its CUDA one with InfiniBand for
@@ -68,12 +69,14 @@ def submit(
     tier: Literal["spot", "standard"] | None = None,
     timeout: str | None = None,
     shm_size: str | None = None,
+    instance_type: str | None = None,
 ) -> str:
     """Builds the job and submits it (or prints its YAML); returns the job's name (or the YAML).
 
     Args:
         task: the task's config, e.g. configs/mnist.yaml.
-        compute: the Azure ML compute cluster's name.
+        compute: the Azure ML compute cluster's name, or serverless (Azure ML's serverless compute: no cluster, the
+            VM size of --instance_type or one Azure ML picks, a CPU one).
         presets: configs added after it, in order, e.g. configs/trainer/gpu.yaml (not ddp*.yaml: submit adds those).
         nodes: machines (instance_count); with processes_per_node > 1 or nodes > 1 the job runs DDP.
         processes_per_node: processes on each machine, one per GPU (process_count_per_instance).
@@ -101,9 +104,11 @@ def submit(
             2d. A sweep's limits are its file's budget.time and trial_time.
         shm_size: the container's /dev/shm, e.g. 8g; default: 1g per DataLoader worker of each process on a node
             (data.init_args.num_workers; at least 2g), or Azure ML's own when the data loads in the training process.
+        instance_type: with --compute serverless, the VM size, e.g. Standard_NC4as_T4_v3 (a GPU size for configs
+            that run on GPUs).
     """
     if not compute:
-        raise SubmitError("give the compute cluster to run on: --compute NAME")
+        raise SubmitError("give the compute cluster to run on: --compute NAME (or --compute serverless)")
     if stream and dry_run:
         raise SubmitError("--stream follows a submitted job: leave out --dry_run")
     if yaml_file and not dry_run:
@@ -114,7 +119,8 @@ def submit(
     if sweep and timeout is not None:
         raise SubmitError("--timeout with --sweep: a sweep's limits are its file's budget.time and budget.trial_time")
     configs = [task, *(presets or [])]
-    settings = {"environment": environment, "tier": tier, "timeout": timeout, "shm_size": shm_size}
+    settings = {"environment": environment, "tier": tier, "timeout": timeout, "shm_size": shm_size,
+                "instance_type": instance_type}  # fmt: skip
     as_yaml = job_yaml
     if sweep:
         from scripts.sweeps.azure import build_sweep_job, load_for_azure, sweep_yaml, trial_args
@@ -127,12 +133,13 @@ def submit(
         args = " ".join(part for part in (trial_args(spec), train_args) if part)
         trial = build_job(configs, compute, nodes, processes_per_node, distribution, inputs, args, experiment, image,
                           checkpoints=False, **settings)  # fmt: skip
-        job, as_yaml = build_sweep_job(trial, spec, compute, tier), sweep_yaml
+        job, as_yaml = build_sweep_job(trial, spec, trial.compute, tier), sweep_yaml  # None: serverless
     else:
         job = build_job(
             configs, compute, nodes, processes_per_node, distribution, inputs, train_args, experiment, image, **settings
         )
-    note = None if environment or image else cpu_image_note(configs, train_args, compute, processes_per_node)
+    note = None if environment or image else cpu_image_note(configs, train_args, compute, processes_per_node,
+                                                            instance_type)  # fmt: skip
     if note:  # after the checks: the configs are there and parse
         print(note, file=sys.stderr)
     if dry_run:

@@ -506,7 +506,7 @@ CASES = [
     Submit("submit-config-missing", ["configs/nope.yaml", "--compute", "c"],
          "error: configs/nope.yaml: no such config in this folder; give a path like configs/penguins.yaml"),
     Submit("submit-no-compute", ["configs/penguins.yaml"],
-         "error: give the compute cluster to run on: --compute NAME"),
+         "error: give the compute cluster to run on: --compute NAME (or --compute serverless)"),
     Submit("submit-no-nodes", [*SUBMIT, "--nodes", "0"],
          "error: --nodes 0 --processes_per_node 1: both must be 1 or more"),
     Submit("submit-nodes-not-a-number", [*SUBMIT, "--nodes", 'two'],

@@ -575,3 +575,68 @@ def test_a_named_workspace_without_a_login_is_the_one_line_alone(tmp_path):
         "error: not signed in to Azure: run `az login` (or set AZURE_CLIENT_ID, AZURE_TENANT_ID and "
         "AZURE_CLIENT_SECRET for a service principal), then submit again"
     ]
+
+
+def test_serverless_compute_is_a_job_without_compute_on_the_instance_type_given(tmp_path, monkeypatch, capsys):
+    """Azure ML's serverless compute is a job that names no compute (azure-ai-ml sends `serverless` on as a cluster's
+    ARM id); --instance_type is its VM size, in the job's resources, and a sweep's trials'."""
+    from azure.ai.ml import load_job
+
+    gpu = ["configs/trainer/gpu.yaml"]
+    text = submit("configs/mnist.yaml", "serverless", gpu, nodes=2, instance_type="Standard_NC4as_T4_v3", dry_run=True)
+    (tmp_path / "job.yml").write_text(text)
+    loaded = load_job(tmp_path / "job.yml")
+    assert loaded.compute is None
+    assert (loaded.resources.instance_type, loaded.resources.instance_count) == ("Standard_NC4as_T4_v3", 2)
+    assert loaded.environment.image == GPU_IMAGE
+    capsys.readouterr()
+    submit("configs/mnist.yaml", "serverless", instance_type="Standard_NC4as_T4_v3", dry_run=True)
+    assert capsys.readouterr().err.startswith("note: configs/mnist.yaml leaves trainer.accelerator to Lightning")
+
+    azure = FakeAzureML()
+    client = fake_client(azure)
+    monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: client)
+    submit("configs/penguins.yaml", "Serverless")  # no VM size: Azure ML picks one
+    submit("configs/penguins.yaml", "serverless", sweep="configs/sweeps/penguins.yaml", instance_type="Standard_F4s_v2")
+    job, sweep = [body["properties"] for method, path, body in azure.requests if method == "PUT" and "/jobs/" in path]
+    assert "computeId" not in job and "instanceType" not in job["resources"]
+    assert sweep["jobType"] == "Sweep" and sweep.get("computeId") is None
+    assert sweep["trial"]["resources"]["instanceType"] == "Standard_F4s_v2"
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["--compute", "local"],
+            "--compute local: Azure ML's local runs are not supported for these jobs; to train on this machine run "
+            "python -m scripts.train fit --config configs/penguins.yaml, or give a compute cluster's name or "
+            "serverless",
+        ),
+        (
+            ["--compute", "cpu-cluster", "--instance_type", "Standard_DS3_v2"],
+            "--instance_type Standard_DS3_v2: the VM size of serverless compute; the cluster cpu-cluster has its own: "
+            "leave it out, or give --compute serverless",
+        ),
+        (
+            ["--compute", "serverless", "--instance_type", "DS3_v2"],
+            "--instance_type 'DS3_v2': give an Azure VM size such as Standard_DS3_v2",
+        ),
+        (
+            ["--compute", "serverless", "--presets+", "configs/trainer/gpu.yaml"],
+            "--compute serverless: the configs run on GPUs and serverless picks a CPU VM; give --instance_type a GPU "
+            "size, e.g. Standard_NC4as_T4_v3",
+        ),
+        (
+            ["--compute", "serverless", "--instance_type=Standard_DS3_v2", "--train_args=--trainer.accelerator gpu"],
+            "--compute serverless: the configs run on GPUs and --instance_type Standard_DS3_v2 is a CPU size; give "
+            "--instance_type a GPU size, e.g. Standard_NC4as_T4_v3",
+        ),
+    ],
+)
+def test_a_compute_the_job_cannot_run_on_is_one_line_before_azure(args, line, monkeypatch, capsys):
+    monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: pytest.fail("Azure was asked"))
+    with pytest.raises(SystemExit) as exit:
+        main(["configs/penguins.yaml", *args])
+    assert exit.value.code == f"error: {line}"
+    assert capsys.readouterr().out == ""

@@ -56,6 +56,10 @@ SHM_SIZE = re.compile(r"[1-9][0-9]*[bkmg]")  # Docker's --shm-size, as Azure ML 
 # for these tasks' batches (birds: 16 x 3 x 224 x 224 float32, 10 MB), 2 GB at least.
 SHM_GB_PER_WORKER, SHM_GB_MIN = 1, 2
 REFERENCE = re.compile(r"(?:azureml:)?([A-Za-z0-9][A-Za-z0-9_.-]*):([0-9]+)")
+# Serverless compute: no cluster; Azure ML's documented way is a job with no compute, its VM size (if any) in resources.
+SERVERLESS = "serverless"
+VM_SIZE = re.compile(r"Standard_\w+")
+GPU_SIZE = re.compile(r"Standard_N", re.IGNORECASE)  # Azure's N-series (NC, ND, NG, NV): the VM sizes with GPUs
 
 
 class SubmitError(Exception):
@@ -124,16 +128,45 @@ def launch_first(configs: list[str]) -> list[str]:
     return [configs[0], *launch, *(path for path in configs[1:] if path not in launch)]
 
 
-def cpu_image_note(configs: list[str], train_args: str, compute: str, processes_per_node: int) -> str | None:
+def cpu_image_note(
+    configs: list[str], train_args: str, compute: str, processes_per_node: int, instance_type: str | None = None
+) -> str | None:
     """A line for a job that gets the CPU image because its configs leave the accelerator to Lightning, where GPUs
-    look meant (several processes per node, a compute named for GPUs); None otherwise."""
+    look meant (several processes per node, a compute named for GPUs, a serverless GPU size); None otherwise."""
     accelerator = accelerator_of(configs, train_args)
-    if accelerator not in ("None", "auto") or (processes_per_node < 2 and "gpu" not in compute.lower()):
+    gpus_meant = "gpu" in compute.lower() or GPU_SIZE.match(instance_type or "")
+    if accelerator not in ("None", "auto") or (processes_per_node < 2 and not gpus_meant):
         return None
     return (
         f"note: {configs[0]} leaves trainer.accelerator to Lightning: the job gets the CPU image and "
         f"{processes_per_node} process(es) per node on CPUs; for GPUs add --presets+ configs/trainer/gpu.yaml"
     )
+
+
+def check_compute(compute: str, instance_type: str | None, configs: list[str], gpu: bool) -> str | None:
+    """The job's compute as the SDK takes it: the cluster's name, or None for serverless compute (which then runs on
+    instance_type's VM size, or one Azure ML picks: a CPU one)."""
+    if compute.lower() == "local":  # azure-ai-ml's local runs fail for command jobs (Azure/azure-sdk-for-python#37867)
+        raise SubmitError(
+            f"--compute {compute}: Azure ML's local runs are not supported for these jobs; to train on this machine "
+            f"run python -m scripts.train fit --config {configs[0]}, or give a compute cluster's name or serverless"
+        )
+    serverless = compute.lower() == SERVERLESS
+    if instance_type is not None:
+        if not serverless:
+            raise SubmitError(
+                f"--instance_type {instance_type}: the VM size of serverless compute; the cluster {compute} has its "
+                "own: leave it out, or give --compute serverless"
+            )
+        if not VM_SIZE.fullmatch(instance_type):
+            raise SubmitError(f"--instance_type {instance_type!r}: give an Azure VM size such as Standard_DS3_v2")
+    if serverless and gpu and not GPU_SIZE.match(instance_type or ""):
+        given = f"--instance_type {instance_type} is a CPU size" if instance_type else "serverless picks a CPU VM"
+        raise SubmitError(
+            f"--compute serverless: the configs run on GPUs and {given}; give --instance_type a GPU size, e.g. "
+            "Standard_NC4as_T4_v3"
+        )
+    return None if serverless else compute
 
 
 def parse_duration(text: str) -> int:
@@ -367,10 +400,12 @@ def build_job(
     tier: str | None = None,
     timeout: str | int | None = None,
     shm_size: str | None = None,
+    instance_type: str | None = None,
 ):
     """The azure.ai.ml command job that runs `scripts.train fit` on `configs`; see `submit` for the arguments."""
     plan = plan_job(configs, nodes, processes_per_node, distribution, inputs, train_args, image or BASE_IMAGE,
                     checkpoints, environment, tier, timeout, shm_size)  # fmt: skip
+    target = check_compute(compute, instance_type, plan.configs, plan.gpu)
     from azure.ai.ml import Input, Output, command
 
     job_inputs = {i.name: Input(type=i.type, path=i.path, mode=i.mode) for i in plan.inputs}
@@ -380,8 +415,9 @@ def build_job(
         code=".",
         command=plan.command,
         environment=job_environment(plan, image),
-        compute=compute,
+        compute=target,
         instance_count=nodes,
+        instance_type=instance_type,
         distribution=launch_distribution(plan, processes_per_node),
         inputs=job_inputs or None,
         outputs={"checkpoints": Output(type="uri_folder", mode="rw_mount")} if checkpoints else None,
