@@ -52,6 +52,7 @@ from scripts.azure_ml.jobs import (
 
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{1,30}[A-Za-z0-9]")  # Azure ML's rule for endpoint and deployment names
 MODEL = re.compile(r"(?:azureml:|models:/)?([A-Za-z0-9][\w.-]*)[:/](\d+)")
+MAX_REQUEST_TIMEOUT_MS = 180_000  # Azure ML's limit of managed online deployments' request_timeout_ms
 
 
 class DeployError(Exception):
@@ -179,7 +180,7 @@ def online(
         scoring: mlflow (the model alone: Azure ML's no-code deployment of MLflow models) or script (scripts/score.py
             in the serving environment: this project's request format and 4xx errors).
         workers: inference server processes per instance (WORKER_COUNT), each with its own copy of the model.
-        request_timeout_ms: Azure ML's request timeout (its default, 5000 ms, fits these models).
+        request_timeout_ms: Azure ML's request timeout (its default, 5000 ms, fits these models), 180000 at most.
         environment: with --scoring script, a registered serving environment, azureml:NAME:VERSION (python -m
             scripts.assets environment serving); default: scripts/serving/environment.yml, built with the deployment.
         dry_run: print the endpoint's and the deployment's YAML instead of creating them.
@@ -197,6 +198,11 @@ def online(
         )
     if instance_count < 1 or workers < 1 or request_timeout_ms < 1:
         raise DeployError("--instance_count, --workers and --request_timeout_ms must be 1 or more")
+    if request_timeout_ms > MAX_REQUEST_TIMEOUT_MS:
+        raise DeployError(
+            f"--request_timeout_ms {request_timeout_ms}: Azure ML's managed online endpoints take "
+            f"{MAX_REQUEST_TIMEOUT_MS} (3 minutes) at most; give {MAX_REQUEST_TIMEOUT_MS} or less"
+        )
     if yaml_dir and not dry_run:
         raise DeployError("--yaml_dir writes the YAML instead of deploying: add --dry_run true")
     check_yaml_dir(yaml_dir, "deploy/")

@@ -302,6 +302,11 @@ def test_batch_creates_the_endpoint_then_the_deployment_then_makes_it_the_defaul
         (["online", "m:1", "--endpoint", "pen", "--deployment", "blue-"], "--deployment 'blue-': 3-32 letters"),
         (["online", "m:1", "--endpoint", "pen", "--instance_type", "DS3"], "--instance_type 'DS3': give an Azure VM"),
         (["online", "m:1", "--endpoint", "pen", "--instance_count", "0"], "--instance_count, --workers and"),
+        (
+            ["online", "m:1", "--endpoint", "pen", "--request_timeout_ms", "180001", "--dry_run", "true"],
+            "--request_timeout_ms 180001: Azure ML's managed online endpoints take 180000 (3 minutes) at most; give "
+            "180000 or less",
+        ),
         (["online", "m:1", "--endpoint", "pen", "--auth_mode", "none"], "--auth_mode: 'none' is not a valid value"),
         (["online", "m:1", "--endpoint", "pen", "--yaml_dir", "d"], "--yaml_dir writes the YAML instead of deploying"),
         (["online", "m:1", "--endpoint", "pen", "--workspace", "ws"], "name the workspace with all three of"),
