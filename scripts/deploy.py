@@ -221,6 +221,11 @@ def online(
     def all_traffic(endpoints) -> str:
         created = endpoints.get(names.endpoint)
         created.traffic = {names.deployment: 100}
+        # Azure ML refuses a deployment that takes live and mirrored traffic: one that shadowed the live one stops.
+        mirrored = dict(created.mirror_traffic or {})
+        if mirrored.pop(names.deployment, 0):
+            created.mirror_traffic = mirrored
+            print(f"deployment {names.deployment} takes no more mirrored traffic: it takes the live traffic")
         endpoints.begin_create_or_update(created).result()
         return endpoints.get(names.endpoint).scoring_uri
 

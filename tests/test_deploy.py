@@ -30,7 +30,7 @@ def at_repo_root(monkeypatch):
 class FakeEndpoints(FakeAzureML):
     """FakeAzureML with Azure ML's online and batch endpoint and deployment routes: a PUT is provisioned at once (a
     finished long-running operation), GET returns what was put, with what the service adds (scoring URI, scale
-    settings)."""
+    settings); an endpoint giving a deployment both live and mirrored traffic is refused, as Azure ML refuses it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -42,6 +42,15 @@ class FakeEndpoints(FakeAzureML):
         if resource and method in ("PUT", "GET"):
             sent = json.loads(data) if data else None
             self.requests.append((method, path, sent))
+            properties = (sent or {}).get("properties", {})
+            live, mirrored = (
+                {name for name, share in (properties.get(key) or {}).items() if share}
+                for key in ("traffic", "mirrorTraffic")
+            )
+            if live & mirrored:  # Azure ML's documented rule; its own message is not known here
+                message = f"Deployment(s) {', '.join(sorted(live & mirrored))} cannot take traffic and mirror traffic"
+                body = json.dumps({"error": {"code": "BadArgument", "message": message}}).encode()
+                return http_response(method, url, 400, body, {"Content-Type": "application/json"})
             if method == "PUT":
                 answer = {"id": path, "name": path.rsplit("/", 1)[1], **sent}
                 answer["properties"] = {**answer["properties"], "provisioningState": "Succeeded"}
@@ -178,6 +187,27 @@ def test_a_new_deployment_leaves_a_live_endpoints_traffic_where_it_is_until_it_i
     first, last = azure.sent("PUT", r"/batchEndpoints/penguins-rows$")
     assert first["properties"]["defaults"] == {"deploymentName": "default"}
     assert last["properties"]["defaults"] == {"deploymentName": "second"}
+
+
+def test_the_deployment_given_all_traffic_stops_taking_mirrored_traffic(monkeypatch, capsys):
+    """A deployment shadowing the live one (mirror traffic) and then deployed again takes all live traffic: Azure ML
+    refuses an endpoint that also mirrors to it, so its mirror share ends with the switch; the others' stay."""
+    azure = FakeEndpoints()
+    client = fake_client(azure)
+    monkeypatch.setattr("scripts.deploy.workspace_client", lambda *ids: client)
+    online("penguins-classifier:1", "penguins")
+    online("penguins-classifier:2", "penguins", deployment="green")
+    endpoint = next(value for key, value in azure.resources.items() if key.endswith("/onlineEndpoints/penguins"))
+    endpoint["properties"] |= {"traffic": {"blue": 100, "green": 0}, "mirrorTraffic": {"green": 10}}
+    azure.requests.clear()
+    capsys.readouterr()
+    online("penguins-classifier:3", "penguins", deployment="green")
+    first, last = azure.sent("PUT", r"/onlineEndpoints/penguins$")
+    assert (first["properties"]["traffic"]["blue"], first["properties"]["mirrorTraffic"]) == (100, {"green": 10})
+    assert last["properties"]["traffic"] == {"green": 100} and not last["properties"].get("mirrorTraffic")
+    out = capsys.readouterr().out
+    assert "deployment green takes no more mirrored traffic: it takes the live traffic" in out
+    assert "deployment green takes all traffic" in out
 
 
 def test_a_new_deployment_keeps_the_endpoints_auth_mode_unless_one_is_given(monkeypatch, capsys):
