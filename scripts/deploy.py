@@ -37,6 +37,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
+from scripts.azure_ml.assets import default_kind
 from scripts.azure_ml.endpoints import SERVE_ENVIRONMENT, Names
 from scripts.azure_ml.jobs import (
     GPU_SIZE,
@@ -85,7 +86,14 @@ def registered_environment(environment: str | None, with_code: bool, option: str
         return None
     if not with_code:
         raise DeployError(f"--environment is for {option}; the MLflow model alone brings its own requirements")
-    return parse_reference(environment, "--environment", "azureml:lightning-serving:1")
+    reference = parse_reference(environment, "--environment", "azureml:lightning-serving:1")
+    if default_kind(reference) in ("training", "training-gpu"):  # would build for an hour, then serve nothing
+        raise DeployError(
+            f"--environment {environment}: the {default_kind(reference)} environment (environment.yml), which has no "
+            "Azure ML inference server to serve the model; give the serving one, e.g. azureml:lightning-serving:1 "
+            "(python -m scripts.assets environment serving)"
+        )
+    return reference
 
 
 def print_or_write(entities: tuple, yaml_dir: str | None, kind: str) -> str:
@@ -190,7 +198,7 @@ def online(
     names = check_names(model, endpoint, deployment)
     if not VM_SIZE.fullmatch(instance_type):
         raise DeployError(f"--instance_type {instance_type!r}: give an Azure VM size such as Standard_DS3_v2")
-    if GPU_SIZE.match(instance_type) and environment is None:
+    if GPU_SIZE.match(instance_type) and (environment is None or default_kind(environment) == "serving"):
         raise DeployError(
             f"--instance_type {instance_type}: a GPU size, but the model scores on CPUs (ONNX Runtime's CPU build, in "
             f"its requirements and {SERVE_ENVIRONMENT}); give a CPU size such as Standard_DS3_v2, or --scoring script "

@@ -394,6 +394,34 @@ def test_batch_creates_the_endpoint_then_the_deployment_then_makes_it_the_defaul
             ["online", "m:1", "--endpoint", "pen", "--instance_type", "Standard_ND96asr_v4", "--dry_run", "true"],
             "--instance_type Standard_ND96asr_v4: a GPU size",
         ),
+        (
+            ["online", "m:1", "--endpoint=pen", "--scoring=script", "--environment=azureml:lightning-training:1"],
+            "--environment azureml:lightning-training:1: the training environment (environment.yml), which has no "
+            "Azure ML inference server to serve the model; give the serving one, e.g. azureml:lightning-serving:1 "
+            "(python -m scripts.assets environment serving)",
+        ),
+        (
+            [
+                "batch",
+                "m:1",
+                "--endpoint=pen",
+                "--inputs=images",
+                "--compute=c",
+                "--environment=lightning-training-gpu:2",
+            ],
+            "--environment lightning-training-gpu:2: the training-gpu environment (environment.yml), which has no",
+        ),
+        (
+            [
+                "online",
+                "m:1",
+                "--endpoint=pen",
+                "--instance_type=Standard_NC4as_T4_v3",
+                "--scoring=script",
+                "--environment=azureml:lightning-serving:1",
+            ],
+            "--instance_type Standard_NC4as_T4_v3: a GPU size, but the model scores on CPUs",
+        ),
     ],
 )
 def test_a_mistake_is_one_line_before_the_azure_sdk_is_imported(args, line):

@@ -46,6 +46,13 @@ ENVIRONMENTS = {
 }
 
 
+def default_kind(reference: str) -> str | None:
+    """The kind of ENVIRONMENTS an environment reference (azureml:NAME:VERSION) names by the name plan_environment
+    gives it, lightning-KIND; None for any other name."""
+    name = reference.removeprefix("azureml:").rsplit(":", 1)[0]
+    return next((kind for kind in ENVIRONMENTS if name == f"lightning-{kind}"), None)
+
+
 class AssetError(SubmitError):  # a SubmitError too: submit and deploy check the references jobs name assets by
     """A bad asset name, version, path or reference; the message names it and what to give instead."""
 
