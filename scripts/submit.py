@@ -33,8 +33,11 @@ import sys
 from pathlib import Path
 from typing import Literal
 
+from scripts.azure_ml.assets import default_kind
 from scripts.azure_ml.jobs import (
+    GPU_ACCELERATORS,
     SubmitError,
+    accelerator_of,
     build_job,
     check_workspace_ids,
     check_yaml_file,
@@ -116,6 +119,12 @@ def submit(
     if yaml_file:
         check_yaml_file(yaml_file)
     check_workspace_ids(subscription_id, resource_group, workspace)  # before the SDK import build_job makes
+    if environment and default_kind(environment) == "serving":  # the job would fail at its first import
+        raise SubmitError(
+            f"--environment {environment}: the serving environment (scripts/serving/environment.yml: no torch, no "
+            "Lightning), where scripts.train cannot run; give the training one, e.g. azureml:lightning-training:1 "
+            "(lightning-training-gpu for configs on GPUs)"
+        )
     if sweep and timeout is not None:
         raise SubmitError("--timeout with --sweep: a sweep's limits are its file's budget.time and budget.trial_time")
     configs = [task, *(presets or [])]
@@ -140,6 +149,13 @@ def submit(
         )
     note = None if environment or image else cpu_image_note(configs, train_args, compute, processes_per_node,
                                                             instance_type)  # fmt: skip
+    gpu = accelerator_of(configs, train_args) in GPU_ACCELERATORS
+    if environment and default_kind(environment) == "training" and gpu and nodes > 1:
+        note = (
+            f"note: --environment {environment} is the training environment on the CPU image, without InfiniBand: "
+            f"NCCL between the {nodes} nodes goes over TCP; for GPU jobs register training-gpu (python -m "
+            "scripts.assets environment training-gpu)"
+        )
     if note:  # after the checks: the configs are there and parse
         print(note, file=sys.stderr)
     if dry_run:

@@ -632,11 +632,30 @@ def test_serverless_compute_is_a_job_without_compute_on_the_instance_type_given(
             "--compute serverless: the configs run on GPUs and --instance_type Standard_DS3_v2 is a CPU size; give "
             "--instance_type a GPU size, e.g. Standard_NC4as_T4_v3",
         ),
+        (
+            ["--compute", "cpu-cluster", "--environment", "azureml:lightning-serving:1"],
+            "--environment azureml:lightning-serving:1: the serving environment (scripts/serving/environment.yml: no "
+            "torch, no Lightning), where scripts.train cannot run; give the training one, e.g. "
+            "azureml:lightning-training:1 (lightning-training-gpu for configs on GPUs)",
+        ),
     ],
 )
-def test_a_compute_the_job_cannot_run_on_is_one_line_before_azure(args, line, monkeypatch, capsys):
+def test_a_compute_or_environment_the_job_cannot_run_on_is_one_line_before_azure(args, line, monkeypatch, capsys):
     monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: pytest.fail("Azure was asked"))
     with pytest.raises(SystemExit) as exit:
         main(["configs/penguins.yaml", *args])
     assert exit.value.code == f"error: {line}"
     assert capsys.readouterr().out == ""
+
+
+def test_a_multi_node_gpu_job_on_the_cpu_training_environment_says_its_nccl_goes_over_tcp(capsys):
+    gpu, environment = ["configs/trainer/gpu.yaml"], "azureml:lightning-training:1"
+    submit("configs/mnist.yaml", "gpu-cluster", gpu, nodes=2, environment=environment, dry_run=True)
+    assert capsys.readouterr().err.splitlines() == [
+        "note: --environment azureml:lightning-training:1 is the training environment on the CPU image, without "
+        "InfiniBand: NCCL between the 2 nodes goes over TCP; for GPU jobs register training-gpu (python -m "
+        "scripts.assets environment training-gpu)"
+    ]
+    submit("configs/mnist.yaml", "gpu", gpu, nodes=2, environment="azureml:lightning-training-gpu:1", dry_run=True)
+    submit("configs/mnist.yaml", "gpu-cluster", gpu, environment=environment, dry_run=True)  # one node: no NCCL between
+    assert capsys.readouterr().err == ""
