@@ -633,6 +633,12 @@ def test_serverless_compute_is_a_job_without_compute_on_the_instance_type_given(
             "--instance_type a GPU size, e.g. Standard_NC4as_T4_v3",
         ),
         (
+            ["--compute", "cpu cluster"],
+            "--compute 'cpu cluster': not a compute's name; give a cluster's name (letters, digits and hyphens, e.g. "
+            "cpu-cluster) or serverless",
+        ),
+        (["--compute", "gpu/cluster"], "--compute 'gpu/cluster': not a compute's name; give a cluster's name"),
+        (
             ["--compute", "cpu-cluster", "--environment", "azureml:lightning-serving:1"],
             "--environment azureml:lightning-serving:1: the serving environment (scripts/serving/environment.yml: no "
             "torch, no Lightning), where scripts.train cannot run; give the training one, e.g. "
@@ -644,7 +650,7 @@ def test_a_compute_or_environment_the_job_cannot_run_on_is_one_line_before_azure
     monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: pytest.fail("Azure was asked"))
     with pytest.raises(SystemExit) as exit:
         main(["configs/penguins.yaml", *args])
-    assert exit.value.code == f"error: {line}"
+    assert exit.value.code.startswith(f"error: {line}")
     assert capsys.readouterr().out == ""
 
 
@@ -659,3 +665,18 @@ def test_a_multi_node_gpu_job_on_the_cpu_training_environment_says_its_nccl_goes
     submit("configs/mnist.yaml", "gpu", gpu, nodes=2, environment="azureml:lightning-training-gpu:1", dry_run=True)
     submit("configs/mnist.yaml", "gpu-cluster", gpu, environment=environment, dry_run=True)  # one node: no NCCL between
     assert capsys.readouterr().err == ""
+
+
+def test_a_compute_named_as_azure_mls_yaml_names_it_is_the_cluster(monkeypatch, capsys):
+    azure = FakeAzureML()
+    client = fake_client(azure)
+    monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: client)
+    assert yaml.safe_load(submit("configs/penguins.yaml", "azureml:cpu-cluster", dry_run=True))["compute"] == (
+        "azureml:cpu-cluster"
+    )
+    name = submit("configs/penguins.yaml", "azureml:cpu-cluster")
+    (job,) = [body["properties"] for method, path, body in azure.requests if path.endswith(f"/jobs/{name}")]
+    assert job["computeId"] == f"{WORKSPACE}/computes/cpu-cluster"  # not a cluster named "azureml:cpu-cluster"
+    name = submit("configs/penguins.yaml", f"azureml:{WORKSPACE}/computes/gpu-cluster")  # an ARM id too
+    (job,) = [body["properties"] for method, path, body in azure.requests if path.endswith(f"/jobs/{name}")]
+    assert job["computeId"] == f"{WORKSPACE}/computes/gpu-cluster"

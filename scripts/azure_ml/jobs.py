@@ -58,6 +58,9 @@ SHM_GB_PER_WORKER, SHM_GB_MIN = 1, 2
 REFERENCE = re.compile(r"(?:azureml:)?([A-Za-z0-9][A-Za-z0-9_.-]*):([0-9]+)")
 # Serverless compute: no cluster; Azure ML's documented way is a job with no compute, its VM size (if any) in resources.
 SERVERLESS = "serverless"
+# A compute's name (no space, '/' or ':', which would make another resource's ARM id), or its ARM id.
+COMPUTE_NAME = re.compile(r"(/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.MachineLearningServices"
+                          r"/workspaces/[^/]+/computes/)?[A-Za-z0-9][\w-]*", re.IGNORECASE)  # fmt: skip
 VM_SIZE = re.compile(r"Standard_\w+")
 GPU_SIZE = re.compile(r"Standard_N", re.IGNORECASE)  # Azure's N-series (NC, ND, NG, NV): the VM sizes with GPUs
 
@@ -146,16 +149,22 @@ def cpu_image_note(
 def check_compute(compute: str, instance_type: str | None, configs: list[str], gpu: bool) -> str | None:
     """The job's compute as the SDK takes it: the cluster's name, or None for serverless compute (which then runs on
     instance_type's VM size, or one Azure ML picks: a CPU one)."""
-    if compute.lower() == "local":  # azure-ai-ml's local runs fail for command jobs (Azure/azure-sdk-for-python#37867)
+    name = compute.removeprefix("azureml:")  # how Azure ML's YAML names a compute; the SDK would send it as it is
+    if name.lower() == "local":  # azure-ai-ml's local runs fail for command jobs (Azure/azure-sdk-for-python#37867)
         raise SubmitError(
             f"--compute {compute}: Azure ML's local runs are not supported for these jobs; to train on this machine "
             f"run python -m scripts.train fit --config {configs[0]}, or give a compute cluster's name or serverless"
         )
-    serverless = compute.lower() == SERVERLESS
+    if not COMPUTE_NAME.fullmatch(name):
+        raise SubmitError(
+            f"--compute {compute!r}: not a compute's name; give a cluster's name (letters, digits and hyphens, e.g. "
+            "cpu-cluster) or serverless"
+        )
+    serverless = name.lower() == SERVERLESS
     if instance_type is not None:
         if not serverless:
             raise SubmitError(
-                f"--instance_type {instance_type}: the VM size of serverless compute; the cluster {compute} has its "
+                f"--instance_type {instance_type}: the VM size of serverless compute; the cluster {name} has its "
                 "own: leave it out, or give --compute serverless"
             )
         if not VM_SIZE.fullmatch(instance_type):
@@ -166,7 +175,7 @@ def check_compute(compute: str, instance_type: str | None, configs: list[str], g
             f"--compute serverless: the configs run on GPUs and {given}; give --instance_type a GPU size, e.g. "
             "Standard_NC4as_T4_v3"
         )
-    return None if serverless else compute
+    return None if serverless else name
 
 
 def parse_duration(text: str) -> int:
