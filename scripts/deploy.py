@@ -46,6 +46,7 @@ from scripts.azure_ml.jobs import (
     check_not_written_over,
     check_workspace_ids,
     check_yaml_dir,
+    compute_name,
     not_signed_in,
     parse_reference,
     workspace_client,
@@ -269,7 +270,7 @@ def batch(
         endpoint: the batch endpoint's name: unique in the Azure region, 3-32 letters, digits and hyphens.
         inputs: what the endpoint scores: tabular (CSV or Parquet files of rows: the model alone, Azure ML's MLflow
             batch driver) or images (image files: scripts/serving/batch_score.py over the model).
-        compute: the compute cluster the scoring jobs run on.
+        compute: the compute cluster the scoring jobs run on (its name, or azureml:NAME).
         deployment: the deployment's name within the endpoint.
         instance_count: nodes of the cluster a scoring job uses.
         mini_batch_size: files per call of the scoring code (per run(mini_batch)).
@@ -285,6 +286,12 @@ def batch(
         raise DeployError("say what the endpoint scores: --inputs tabular (CSV or Parquet files) or --inputs images")
     if not compute:
         raise DeployError("give the compute cluster the scoring jobs run on: --compute NAME")
+    compute = compute_name(compute, "")
+    if compute.lower() in ("serverless", "local"):  # Azure ML's batch deployments name a compute of the workspace
+        raise DeployError(
+            f"--compute {compute}: a batch deployment's scoring jobs run on a compute cluster of the workspace; give "
+            "its name, e.g. cpu-cluster"
+        )
     if instance_count < 1 or mini_batch_size < 1 or max_concurrency_per_instance < 1:
         raise DeployError("--instance_count, --mini_batch_size and --max_concurrency_per_instance must be 1 or more")
     if yaml_dir and not dry_run:

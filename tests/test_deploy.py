@@ -298,7 +298,7 @@ def test_batch_creates_the_endpoint_then_the_deployment_then_makes_it_the_defaul
     azure = FakeEndpoints()
     client = fake_client(azure)
     monkeypatch.setattr("scripts.deploy.workspace_client", lambda *ids: client)
-    assert batch("birds-classifier:2", "birds-batch", inputs, "cpu-cluster", deployment="onnx") == BATCH_URI
+    assert batch("birds-classifier:2", "birds-batch", inputs, "azureml:cpu-cluster", deployment="onnx") == BATCH_URI
     puts = [path.rsplit("/ws", 1)[1] for method, path, _ in azure.requests if method == "PUT"]
     environments = ["/environments/"] if inputs == "images" else []
     assert [path if "/environments/" not in path else "/environments/" for path in puts] == [
@@ -365,6 +365,16 @@ def test_batch_creates_the_endpoint_then_the_deployment_then_makes_it_the_defaul
         (["online", "m:1", "--endpoint", "pen", "--scoring", "code"], "--scoring: 'code' is not a valid value"),
         (["batch", "m:1", "--endpoint", "pen", "--compute", "c"], "say what the endpoint scores: --inputs tabular"),
         (["batch", "m:1", "--endpoint", "pen", "--inputs", "images"], "give the compute cluster the scoring jobs"),
+        (
+            ["batch", "m:1", "--endpoint", "pen", "--inputs", "images", "--compute", "serverless"],
+            "--compute serverless: a batch deployment's scoring jobs run on a compute cluster of the workspace; give "
+            "its name, e.g. cpu-cluster",
+        ),
+        (
+            ["batch", "m:1", "--endpoint", "pen", "--inputs", "images", "--compute", "cpu cluster"],
+            "--compute 'cpu cluster': not a compute's name; give a cluster's name (letters, digits and hyphens, e.g. "
+            "cpu-cluster)",
+        ),
         (["batch", "m:1", "--inputs", "images", "--compute", "c"], "--endpoint '': 3-32 letters"),
         (["batch", "m:1", "--endpoint", "pen", "--inputs", "rows", "--compute", "c"], "--inputs: 'rows' is not a"),
         (

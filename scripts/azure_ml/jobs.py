@@ -146,19 +146,26 @@ def cpu_image_note(
     )
 
 
+def compute_name(compute: str, instead: str = " or serverless") -> str:
+    """--compute as the SDK takes it: a compute's name or ARM id, without the `azureml:` of Azure ML's YAML (the SDK
+    would send it as part of the name)."""
+    name = compute.removeprefix("azureml:")
+    if not COMPUTE_NAME.fullmatch(name):
+        raise SubmitError(
+            f"--compute {compute!r}: not a compute's name; give a cluster's name (letters, digits and hyphens, e.g. "
+            f"cpu-cluster){instead}"
+        )
+    return name
+
+
 def check_compute(compute: str, instance_type: str | None, configs: list[str], gpu: bool) -> str | None:
     """The job's compute as the SDK takes it: the cluster's name, or None for serverless compute (which then runs on
     instance_type's VM size, or one Azure ML picks: a CPU one)."""
-    name = compute.removeprefix("azureml:")  # how Azure ML's YAML names a compute; the SDK would send it as it is
+    name = compute_name(compute)
     if name.lower() == "local":  # azure-ai-ml's local runs fail for command jobs (Azure/azure-sdk-for-python#37867)
         raise SubmitError(
             f"--compute {compute}: Azure ML's local runs are not supported for these jobs; to train on this machine "
             f"run python -m scripts.train fit --config {configs[0]}, or give a compute cluster's name or serverless"
-        )
-    if not COMPUTE_NAME.fullmatch(name):
-        raise SubmitError(
-            f"--compute {compute!r}: not a compute's name; give a cluster's name (letters, digits and hyphens, e.g. "
-            "cpu-cluster) or serverless"
         )
     serverless = name.lower() == SERVERLESS
     if instance_type is not None:
