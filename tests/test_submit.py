@@ -639,6 +639,15 @@ def test_serverless_compute_is_a_job_without_compute_on_the_instance_type_given(
         ),
         (["--compute", "gpu/cluster"], "--compute 'gpu/cluster': not a compute's name; give a cluster's name"),
         (
+            ["--compute", "c", "--experiment", "penguins lr"],
+            "--experiment 'penguins lr': Azure ML takes 1-256 letters, digits, '_' and '-', starting with a letter or "
+            "digit; give --experiment NAME, e.g. penguins-lr",
+        ),
+        (
+            ["--compute", "c", "--train_args", "--trainer.logger.init_args.experiment_name 'penguins/lr'"],
+            "experiment 'penguins/lr' (the configs' logger's): Azure ML takes 1-256 letters",
+        ),
+        (
             ["--compute", "cpu-cluster", "--environment", "azureml:lightning-serving:1"],
             "--environment azureml:lightning-serving:1: the serving environment (scripts/serving/environment.yml: no "
             "torch, no Lightning), where scripts.train cannot run; give the training one, e.g. "

@@ -40,6 +40,8 @@ INPUT_TYPES = ("uri_folder", "uri_file")
 INPUT_MODES = ("ro_mount", "download", "direct", "eval_mount", "eval_download")
 PRESETS = {"pytorch": "configs/trainer/ddp.yaml", "mpi": "configs/trainer/ddp_mpi.yaml"}
 DEFAULT_EXPERIMENT = "lightning-template"  # scripts.train's default logger's
+# Azure ML's rule for experiment names (its service's own message when it refuses one, after the code is uploaded).
+EXPERIMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,255}")
 # mpirun answers a SIGTERM (Azure ML's at preemption and cancel) with SIGTERM to its processes after this many
 # seconds and SIGKILL as many after that; Open MPI's default, 1, kills a fit before it stops at its next batch with
 # last.ckpt kept (scripts/training/sigterm.py). Open MPI's own MCA parameter, read from the environment.
@@ -87,6 +89,18 @@ def experiment_of(configs: list[str], train_args: str = "") -> str:
         name = (logger.get("init_args") or {}).get("experiment_name", DEFAULT_EXPERIMENT)
     given = train_arg(train_args, "--trainer.logger.init_args.experiment_name", "--trainer.logger.experiment_name")
     return given or name
+
+
+def job_experiment(experiment: str | None, configs: list[str], train_args: str = "") -> str:
+    """The job's experiment: --experiment, else the configs' (experiment_of); one Azure ML takes."""
+    name = experiment or str(experiment_of(configs, train_args))
+    if not EXPERIMENT_NAME.fullmatch(name):
+        given = f"--experiment {name!r}" if experiment else f"experiment {name!r} (the configs' logger's)"
+        raise SubmitError(
+            f"{given}: Azure ML takes 1-256 letters, digits, '_' and '-', starting with a letter or digit; give "
+            "--experiment NAME, e.g. penguins-lr"
+        )
+    return name
 
 
 def train_arg(train_args: str, *options: str) -> str | None:
@@ -422,6 +436,7 @@ def build_job(
     plan = plan_job(configs, nodes, processes_per_node, distribution, inputs, train_args, image or BASE_IMAGE,
                     checkpoints, environment, tier, timeout, shm_size)  # fmt: skip
     target = check_compute(compute, instance_type, plan.configs, plan.gpu)
+    experiment = job_experiment(experiment, plan.configs, train_args)
     from azure.ai.ml import Input, Output, command
 
     job_inputs = {i.name: Input(type=i.type, path=i.path, mode=i.mode) for i in plan.inputs}
@@ -437,7 +452,7 @@ def build_job(
         distribution=launch_distribution(plan, processes_per_node),
         inputs=job_inputs or None,
         outputs={"checkpoints": Output(type="uri_folder", mode="rw_mount")} if checkpoints else None,
-        experiment_name=experiment or experiment_of(configs, train_args),
+        experiment_name=experiment,
         display_name=f"{tasks}: fit, {plan.shape}",
         environment_variables=launch_variables(plan),
         job_tier=plan.tier,
