@@ -142,7 +142,7 @@ def fake_workspace(monkeypatch) -> FakeAzureML:
 
 def test_a_submission_puts_the_pipeline_with_its_four_steps(monkeypatch, capsys):
     azure = fake_workspace(monkeypatch)
-    name = pipeline("configs/penguins.yaml", "cpu-cluster", data="azureml:penguins:3", threshold=0.95,
+    name = pipeline("configs/penguins.yaml", "azureml:cpu-cluster", data="azureml:penguins:3", threshold=0.95,
                     environment="azureml:lightning-training:1", tier="spot")  # fmt: skip
     assert capsys.readouterr().out.endswith(f"submitted {name}: https://ml.azure.com/runs/fake\n")
     (job,) = [body["properties"] for method, path, body in azure.requests if path.endswith(f"/jobs/{name}")]
@@ -178,6 +178,9 @@ def test_the_components_are_registered_in_the_workspace(monkeypatch, capsys):
     [
         (["configs/nope.yaml", "--compute", "c"], "configs/nope.yaml: no such config in this folder"),
         (["configs/penguins.yaml"], "give the compute cluster to run on: --compute NAME (or --local true"),
+        (["configs/penguins.yaml", "--compute", "local"], "--compute local: Azure ML's local runs are not supported "
+         "for pipelines; give --local true to run it here step after step, or a compute cluster's name"),
+        (["configs/penguins.yaml", "--compute", "cpu cluster"], "--compute 'cpu cluster': not a compute's name"),
         (["configs/penguins.yaml", "--compute", "c", "--threshold", "1.5"],
          "--threshold 1.5: test_acc is a fraction; give 0 to 1"),
         (["configs/penguins.yaml", "--compute", "c", "--metric", "test_loss", "--threshold", "-1"],

@@ -105,8 +105,15 @@ def plan_pipeline(
     `components_only`: for the components alone, which name no data."""
     from scripts.azure_ml.assets import check_name
     from scripts.azure_ml.components import check_prefix
-    from scripts.azure_ml.jobs import BASE_IMAGE, experiment_of
+    from scripts.azure_ml.jobs import BASE_IMAGE, compute_name, experiment_of
 
+    if compute:
+        compute = compute_name(compute)
+        if compute.lower() == "local":  # the SDK fails on a pipeline with it, past its own checks
+            raise SubmitError(
+                "--compute local: Azure ML's local runs are not supported for pipelines; give --local true to run it "
+                "here step after step, or a compute cluster's name"
+            )
     check_threshold(metric, threshold)
     if name is not None:
         check_prefix(name)
