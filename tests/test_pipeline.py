@@ -181,6 +181,8 @@ def test_the_components_are_registered_in_the_workspace(monkeypatch, capsys):
         (["configs/penguins.yaml", "--compute", "local"], "--compute local: Azure ML's local runs are not supported "
          "for pipelines; give --local true to run it here step after step, or a compute cluster's name"),
         (["configs/penguins.yaml", "--compute", "cpu cluster"], "--compute 'cpu cluster': not a compute's name"),
+        (["configs/penguins.yaml", "--compute", "c", "--score_data", str(PENGUINS), "--experiment", "penguins lr"],
+         "--experiment 'penguins lr': Azure ML takes 1-256 letters, digits, '_' and '-'"),
         (["configs/penguins.yaml", "--compute", "c", "--threshold", "1.5"],
          "--threshold 1.5: test_acc is a fraction; give 0 to 1"),
         (["configs/penguins.yaml", "--compute", "c", "--metric", "test_loss", "--threshold", "-1"],
@@ -388,3 +390,15 @@ def test_main_prints_one_line_for_an_unknown_option(capsys):
     with pytest.raises(SystemExit) as exit:
         main(["configs/penguins.yaml", "--computer", "c"])
     assert "--computer" in str(exit.value.code) and "python -m scripts.pipeline --help" in str(exit.value.code)
+
+
+def test_an_experiment_name_is_azure_mls_kind_only_for_azure_ml(monkeypatch):
+    """A pipeline run here (--local true, no compute) tracks to MLflow, whose experiment names take any character."""
+    from scripts.azure_ml.jobs import SubmitError
+    from scripts.azure_ml.pipelines import plan_pipeline
+
+    monkeypatch.chdir(REPO)
+    plan = plan_pipeline(["configs/penguins.yaml"], "", score_data=str(PENGUINS), experiment="penguins lr")
+    assert plan.experiment == "penguins lr"
+    with pytest.raises(SubmitError, match="--experiment 'penguins lr': Azure ML takes 1-256 letters"):
+        plan_pipeline(["configs/penguins.yaml"], "cpu-cluster", score_data=str(PENGUINS), experiment="penguins lr")

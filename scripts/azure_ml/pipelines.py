@@ -105,7 +105,7 @@ def plan_pipeline(
     `components_only`: for the components alone, which name no data."""
     from scripts.azure_ml.assets import check_name
     from scripts.azure_ml.components import check_prefix
-    from scripts.azure_ml.jobs import BASE_IMAGE, compute_name, experiment_of
+    from scripts.azure_ml.jobs import BASE_IMAGE, compute_name, experiment_of, job_experiment
 
     if compute:
         compute = compute_name(compute)
@@ -147,7 +147,10 @@ def plan_pipeline(
     if scoring is None and not components_only:
         what = "a folder of images" if wanted == "uri_folder" else "a CSV, e.g. configs/examples/penguins.csv"
         raise SubmitError(f"--score_data: give what the score step scores ({what}); without --data it has no default")
-    experiment = experiment or experiment_of(configs, train_args)
+    # An Azure ML experiment's name; a local run's (no compute) is an MLflow experiment's, which takes any.
+    experiment = (
+        job_experiment(experiment, configs, train_args) if compute else experiment or experiment_of(configs, train_args)
+    )
     return PipelinePlan(components, job, compute, nodes, processes_per_node, experiment,
                         model_name, metric, threshold, training, testing, scoring, spec, image, shm_size,
                         train_args)  # fmt: skip
