@@ -9,7 +9,9 @@
         --inputs+ data.init_args.csv_path=azureml:penguins:3,type=uri_file --tier spot --timeout 2h
     python -m scripts.submit configs/penguins.yaml --compute serverless --instance_type Standard_DS3_v2
 
-Every check of the arguments runs before the Azure SDK is imported; each mistake is one line. The job uploads this
+Every check of the arguments runs before the Azure SDK is imported; each mistake is one line. The configs, --train_args
+and the inputs' options go through the training CLI here, as the job's processes read them: a typo is one line, not
+a job that fails on Azure after its image is built. The job uploads this
 folder (less `.amlignore`), builds `environment.yml` on Azure ML's Open MPI image (its CUDA one with InfiniBand for
 configs that run on GPUs) and runs `python -m scripts.train fit --config TASK [--config PRESET ...]` in every
 process. Azure ML hands the job's MLflow run over (MLFLOW_TRACKING_URI, MLFLOW_RUN_ID), so metrics, config and
@@ -141,12 +143,11 @@ def submit(
             raise SubmitError(f"--sweep {error}") from None
         args = " ".join(part for part in (trial_args(spec), train_args) if part)
         trial = build_job(configs, compute, nodes, processes_per_node, distribution, inputs, args, experiment, image,
-                          checkpoints=False, **settings)  # fmt: skip
+                          checkpoints=False, checked_args=train_args, **settings)  # fmt: skip
         job, as_yaml = build_sweep_job(trial, spec, trial.compute, tier), sweep_yaml  # None: serverless
     else:
-        job = build_job(
-            configs, compute, nodes, processes_per_node, distribution, inputs, train_args, experiment, image, **settings
-        )
+        job = build_job(configs, compute, nodes, processes_per_node, distribution, inputs, train_args, experiment,
+                        image, checked_args=train_args, **settings)  # fmt: skip
     note = None if environment or image else cpu_image_note(configs, train_args, compute, processes_per_node,
                                                             instance_type)  # fmt: skip
     gpu = accelerator_of(configs, train_args) in GPU_ACCELERATORS

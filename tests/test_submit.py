@@ -648,6 +648,19 @@ def test_serverless_compute_is_a_job_without_compute_on_the_instance_type_given(
             "experiment 'penguins/lr' (the configs' logger's): Azure ML takes 1-256 letters",
         ),
         (
+            ["--compute", "c", "--train_args", "--trainer.max_epochz 5"],
+            "unrecognized arguments: --trainer.max_epochz 5 (check the name against --print_config)",
+        ),
+        (
+            ["--compute", "c", "--sweep", "configs/sweeps/penguins.yaml", "--train_args", "--model.optimiser SGD"],
+            "unrecognized arguments: --model.optimiser SGD (check the name against --print_config)",
+        ),
+        (
+            ["--compute", "c", "--inputs+", "data.init_args.csv_pth=azureml:penguins:3,type=uri_file"],
+            "unrecognized arguments: --data.init_args.csv_pth (datamodules.penguins.PenguinDataModule takes no such "
+            "argument; check the name against --print_config)",
+        ),
+        (
             ["--compute", "cpu-cluster", "--environment", "azureml:lightning-serving:1"],
             "--environment azureml:lightning-serving:1: the serving environment (scripts/serving/environment.yml: no "
             "torch, no Lightning), where scripts.train cannot run; give the training one, e.g. "
@@ -655,7 +668,7 @@ def test_serverless_compute_is_a_job_without_compute_on_the_instance_type_given(
         ),
     ],
 )
-def test_a_compute_or_environment_the_job_cannot_run_on_is_one_line_before_azure(args, line, monkeypatch, capsys):
+def test_a_job_azure_ml_would_refuse_or_fail_is_one_line_before_azure(args, line, monkeypatch, capsys):
     monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: pytest.fail("Azure was asked"))
     with pytest.raises(SystemExit) as exit:
         main(["configs/penguins.yaml", *args])

@@ -431,12 +431,20 @@ def build_job(
     timeout: str | int | None = None,
     shm_size: str | None = None,
     instance_type: str | None = None,
+    checked_args: str | None = None,
 ):
-    """The azure.ai.ml command job that runs `scripts.train fit` on `configs`; see `submit` for the arguments."""
+    """The azure.ai.ml command job that runs `scripts.train fit` on `configs`; see `submit` for the arguments.
+    `checked_args`: the user's own --train_args (not a sweep's placeholders), which the training CLI reads here with
+    the configs and the inputs' options, as the job's processes would (Lightning's import: a few seconds)."""
     plan = plan_job(configs, nodes, processes_per_node, distribution, inputs, train_args, image or BASE_IMAGE,
                     checkpoints, environment, tier, timeout, shm_size)  # fmt: skip
     target = check_compute(compute, instance_type, plan.configs, plan.gpu)
     experiment = job_experiment(experiment, plan.configs, train_args)
+    if checked_args is not None:  # a typo in an option or a config would end the job on Azure, after its image build
+        from scripts.azure_ml.components import resolved_config
+
+        given = [f"--{i.option} {shlex.quote(i.path if is_local(i.path) else f'inputs/{i.name}')}" for i in plan.inputs]
+        resolved_config(plan.configs, " ".join([checked_args, *given]))
     from azure.ai.ml import Input, Output, command
 
     job_inputs = {i.name: Input(type=i.type, path=i.path, mode=i.mode) for i in plan.inputs}
