@@ -3,8 +3,8 @@
 Used by `datamodules.birds` (`python -m scripts.train fit --config configs/birds.yaml`); any
 DataModule over a folder of class subfolders can use it. Every mistake is a `DataError` that
 names the path: images outside class folders, classes that differ between splits, empty
-classes, a file that links would read under two labels or in two splits, files that do not decode (all of them in
-one message, found before training starts).
+classes, a file that links (symbolic or hard) would read under two labels or in two splits, files that do not decode
+(all of them in one message, found before training starts).
 """
 
 from __future__ import annotations
@@ -111,31 +111,32 @@ def list_images(split_dir: Path) -> dict[str, list[Path]]:
 
 
 def read_once(splits: dict[str, dict[str, list[Path]]]) -> dict[str, dict[str, list[Path]]]:
-    """`splits` (split -> class -> files) with each real file (links followed) once. A file reached twice within one
-    class is read once, as a folder is; one that two classes or two splits would read (a link to another class's or
-    split's folder or file) is a DataError naming both paths and the link: the model would be taught two answers for
-    one picture, or scored on pictures it was trained on. Costs a link check per file, reads no file."""
-    first: dict[str, tuple[Path, str, str]] = {}  # real path -> (path, split, class) that read it first
-    real_of: dict[Path, str] = {}
+    """`splits` (split -> class -> files) with each file (symbolic links followed) once. A file reached twice within
+    one class through a symbolic link is read once, as a folder is; one that two classes or two splits would read (a
+    link to another class's or split's folder or file, or a hard link: one file under two names) is a DataError naming
+    both paths: the model would be taught two answers for one picture, or scored on pictures it was trained on.
+    Files are told apart by device and inode (one stat each, no file read): a hard link has no target for realpath
+    to find. Hard links within one class are kept, as copies are (that picture weighs twice; scripts/bench/birds.py
+    makes large classes of them)."""
+    first: dict[tuple[int, int], tuple[Path, str, str]] = {}  # (device, inode) -> (path, split, class) that read it
     kept: dict[str, dict[str, list[Path]]] = {split: {} for split in splits}
     for split, classes in splits.items():
         for name, files in classes.items():
             kept[split][name] = []
             for path in files:
-                if path.parent not in real_of:  # a folder's real path found once, not once per file in it
-                    real_of[path.parent] = os.path.realpath(path.parent)
-                real = os.path.realpath(path) if path.is_symlink() else os.path.join(real_of[path.parent], path.name)
-                seen = first.setdefault(real, (path, split, name))
-                if seen[0] == path:
-                    kept[split][name].append(path)
-                elif seen[1:] != (split, name):
+                stat = os.stat(path)
+                seen = first.setdefault((stat.st_dev, stat.st_ino), (path, split, name))
+                if seen[1:] != (split, name):
                     raise read_twice(seen, (path, split, name))
+                if seen[0] == path or os.path.realpath(path) != os.path.realpath(seen[0]):
+                    kept[split][name].append(path)
     return kept
 
 
 def read_twice(earlier: tuple[Path, str, str], later: tuple[Path, str, str]) -> DataError:
     """The one line for a file read under two labels or in two splits. It blames the path through the link nearest
-    the file (a link inside a class folder, not the class folder linked in from elsewhere that it points into)."""
+    the file (a link inside a class folder, not the class folder linked in from elsewhere that it points into); of
+    two hard links, the later one (in val/ or test/ rather than train/)."""
     common = Path(os.path.commonpath([earlier[0], later[0]]))
 
     def nearest_link(path: Path) -> Path:  # `common` when there is none below it
@@ -144,8 +145,9 @@ def read_twice(earlier: tuple[Path, str, str], later: tuple[Path, str, str]) -> 
     deeper = len(nearest_link(earlier[0]).parts) > len(nearest_link(later[0]).parts)
     (path, split, name), (other, other_split, other_name) = (earlier, later) if deeper else (later, earlier)
     link = nearest_link(path)
-    if link == common:  # no link between them that realpath sees: not met in folders os.walk lists
-        via = ""
+    fix = "remove the link"
+    if os.path.realpath(path) != os.path.realpath(other):  # a hard link, perhaps reached through a symbolic one
+        via, fix = " (a hard link: one file under two names)", "remove one of the two names"
     elif link == path:
         via = f" (a link to {os.readlink(link)})"
     else:
@@ -156,7 +158,7 @@ def read_twice(earlier: tuple[Path, str, str], later: tuple[Path, str, str]) -> 
         what = f"one picture both trained on and scored in {({split, other_split} - {'train'}).pop()}"
     else:
         what = f"one picture in both {earlier[1]} and {later[1]}"
-    return DataError(f"{path}: the same file as {other}{via}: {what}; remove the link")
+    return DataError(f"{path}: the same file as {other}{via}: {what}; {fix}")
 
 
 def check_same_classes(reference: str | Path, names: list[str], other: str | Path, other_names: list[str]) -> None:
