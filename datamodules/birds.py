@@ -14,6 +14,7 @@ and become ImageNet-normalised floats on the training device (`on_after_batch_tr
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -21,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from datamodules.base import ClassificationDataModule, EvaluationShard
 from datamodules.errors import DataError, ImageError
+from datamodules.image_copies import left_out_lines, without_copies
 from datamodules.image_folder import (
     check_readable,
     check_same_classes,
@@ -100,6 +102,7 @@ class BirdsDataModule(ClassificationDataModule):
         self.checked: set[Path] = set()
         self._class_names: list[str] | None = None
         self._labelled: dict[str, dict[str, list[Path]]] | None = None
+        self._pictures: dict[str, dict[str, list[Path]]] | None = None
 
     def fetch(self) -> None:
         """Makes sure data_dir exists, extracting the archive when it does not (idempotent, atomic)."""
@@ -149,6 +152,25 @@ class BirdsDataModule(ClassificationDataModule):
             self._labelled = images
         return self._labelled
 
+    def pictures(self) -> dict[str, dict[str, list[Path]]]:
+        """train, val (held out of train by val_fraction where data_dir has no val/) and test where present, by class:
+        a byte-identical copy of a picture in two classes is a DataError, one of an earlier split's picture is left
+        out of the later split (validation, test) with a line on stderr, so no score counts a picture trained on."""
+        if self._pictures is None:
+            images = dict(self.labelled())
+            if "val" not in images:
+                parts = {
+                    name: seeded_split(paths, self.hparams.val_fraction, self.seed, self.split_dir("train") / name)
+                    for name, paths in images["train"].items()
+                }
+                train, val = ({name: part[i] for name, part in parts.items()} for i in (0, 1))
+                images = {"train": train, "val": val} | {split: images[split] for split in images if split == "test"}
+            self._pictures, found = without_copies(images)
+            if self.trainer is None or self.trainer.is_global_zero:
+                for line in left_out_lines(found):
+                    print(line, file=sys.stderr)
+        return self._pictures
+
     def flatten(self, images: dict[str, list[Path]]) -> tuple[list[Path], list[int]]:
         index = {name: i for i, name in enumerate(self.class_names)}
         pairs = [(path, index[name]) for name, paths in images.items() for path in paths]
@@ -158,24 +180,11 @@ class BirdsDataModule(ClassificationDataModule):
         if stage != "predict":  # predicting needs no training data when `classes` names the labels
             self.fetch()
         if stage in ("fit", "validate") and "train" not in self.splits:
-            images = self.labelled()
-            train = images["train"]
-            if "val" in images:
-                val = images["val"]
-            else:
-                parts = {
-                    name: seeded_split(paths, self.hparams.val_fraction, self.seed, self.split_dir("train") / name)
-                    for name, paths in train.items()
-                }
-                train = {name: kept for name, (kept, _) in parts.items()}
-                val = {name: held for name, (_, held) in parts.items()}
-            self.splits["train"], self.splits["val"] = self.flatten(train), self.flatten(val)
+            pictures = self.pictures()
+            self.splits["train"], self.splits["val"] = self.flatten(pictures["train"]), self.flatten(pictures["val"])
         if stage == "test" and "test" not in self.splits:
-            if "test" in self.labelled():
-                self.splits["test"] = self.flatten(self.labelled()["test"])
-            else:  # no test/: the validation images stand in
-                self.setup("validate")
-                self.splits["test"] = self.splits["val"]
+            pictures = self.pictures()  # no test/: the validation images stand in
+            self.splits["test"] = self.flatten(pictures["test"] if "test" in pictures else pictures["val"])
         if stage == "predict":
             files = self.predict_files()
             self.splits["predict"] = (files, None)

@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+import zlib
 from functools import partial
 from pathlib import Path
 
@@ -209,9 +210,12 @@ def azure_tracking(mlflow_server):
 
 
 def write_images(folder: Path, count: int, channel: int, size: tuple[int, int] = (64, 64), start: int = 0) -> None:
-    """`count` noisy images, JPEG and PNG in turn, with colour `channel` saturated so classes can be told apart."""
+    """`count` noisy images, JPEG and PNG in turn, with colour `channel` saturated so classes can be told apart, seeded
+    by the folder's last two names too: `val/chickens` holds other pictures than `train/chickens` (a copy of a training
+    picture would be left out of validation)."""
     folder.mkdir(parents=True, exist_ok=True)
-    generator = torch.Generator().manual_seed(channel * 100 + start)
+    seed = zlib.crc32("/".join(folder.parts[-2:]).encode()) * 1000 + channel * 100 + start
+    generator = torch.Generator().manual_seed(seed)
     for i in range(start, start + count):
         image = torch.randint(0, 256, (3, *size), dtype=torch.uint8, generator=generator)
         image[channel] = 255

@@ -141,6 +141,9 @@ def make_user_folder(user: Path) -> None:
     (user / "birds-split-loop" / "train" / "loop").symlink_to("..")  # every image would be read as a class 'loop'
     bird_folders(user / "birds-class-twice", count=2)
     (user / "birds-class-twice" / "train" / "hens").symlink_to("chickens")  # the chickens, also labelled hens
+    bird_folders(user / "birds-copy-in-two-classes", count=2)
+    copied = user / "birds-copy-in-two-classes"
+    shutil.copy(copied / "train" / "chickens" / "0.png", copied / "val" / "turkeys" / "copy.png")  # a chicken too
     bird_folders(user / "birds-val-in-train", count=2)
     (user / "birds-val-in-train" / "train" / "chickens" / "extra").symlink_to("../../val/chickens")  # scored as unseen
     (user / "birds-dangling" / "val" / "turkeys" / "gone.jpg").symlink_to("../../../deleted.jpg")
@@ -481,6 +484,10 @@ CASES = [
          "error: {user}/birds-val-in-train/train/chickens/extra/0.png: the same file as {user}/birds-val-in-train/val/"
          "chickens/0.png (through {user}/birds-val-in-train/train/chickens/extra, a link to ../../val/chickens): one "
          "picture both trained on and scored in val; remove the link"),
+    Case("birds-copy-in-two-classes", ["fit", *BIRDS, "--data.init_args.data_dir", "{user}/birds-copy-in-two-classes"],
+         "error: 1 picture(s) labelled twice, byte-identical files in two classes: {user}/birds-copy-in-two-classes/"
+         "val/turkeys/copy.png = {user}/birds-copy-in-two-classes/train/chickens/0.png ('chickens' in train, "
+         "'turkeys' in val); remove each from the class it does not belong to"),
     Case("birds-predict-nothing-there", ["predict", *BIRDS, "--ckpt_path", "{birds_ckpt}",
                                          "--data.init_args.predict_path", "{user}/nope"],
          "error: {user}/nope: no such file or folder; give predict_path a folder of images or one image"),

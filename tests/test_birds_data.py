@@ -278,6 +278,77 @@ def test_a_file_reached_twice_in_one_class_is_read_once_and_never_in_both_splits
     assert len(dm.splits["val"][0]) == 4
 
 
+def test_a_copy_of_a_picture_in_two_classes_is_one_line_naming_every_pair(tmp_path):
+    """Scraped data sets hold byte-identical copies of one photo under two labels: the model was taught two answers
+    for one picture without a word. Which label is right only the data's owner can tell."""
+    root = bird_folders(tmp_path / "birds", splits=("train", "val", "test"), count=2)
+    shutil.copy(root / "train" / "chickens" / "0.png", root / "train" / "turkeys" / "copy.png")
+    shutil.copy(root / "val" / "chickens" / "1.jpg", root / "test" / "turkeys" / "copy.jpg")
+    with pytest.raises(DataError) as error:
+        birds_data(root).setup("fit")
+    assert str(error.value) == (
+        f"2 picture(s) labelled twice, byte-identical files in two classes: {root / 'train/turkeys/copy.png'} = "
+        f"{root / 'train/chickens/0.png'} ('chickens' in train, 'turkeys' in train); {root / 'test/turkeys/copy.jpg'} "
+        f"= {root / 'val/chickens/1.jpg'} ('chickens' in val, 'turkeys' in test); remove each from the class it does "
+        "not belong to"
+    )
+
+
+def test_copies_of_training_pictures_are_left_out_of_val_and_test_in_one_line_each(tmp_path, capsys):
+    """A copy of a training photo in val/ (or test/) scored the network on a picture it was trained on: a silently
+    inflated accuracy. Copies within one class of one split weigh twice, harmless: kept."""
+    root = bird_folders(tmp_path / "birds", splits=("train", "val", "test"), count=2)
+    copies = {"val/chickens/c.jpg": "train/chickens/1.jpg", "test/turkeys/c.png": "train/turkeys/0.png",
+              "test/turkeys/d.png": "val/turkeys/0.png", "train/turkeys/again.png": "train/turkeys/0.png"}  # fmt: skip
+    for copy, original in copies.items():
+        shutil.copy(root / original, root / copy)
+    dm = birds_data(root)
+    dm.setup("fit")
+    dm.setup("test")
+    assert root / "train/turkeys/again.png" in dm.splits["train"][0]
+    assert {str(p.relative_to(root)) for p in dm.splits["val"][0]} == {
+        f"val/{name}/{file}" for name in CLASSES for file in ("0.png", "1.jpg")
+    }
+    assert {str(p.relative_to(root)) for p in dm.splits["test"][0]} == {
+        f"test/{name}/{file}" for name in CLASSES for file in ("0.png", "1.jpg")
+    }
+    assert capsys.readouterr().err.splitlines() == [
+        f"{root / 'val/chickens/c.jpg'}: byte-identical to pictures in train (this one to "
+        f"{root / 'train/chickens/1.jpg'}): left out of val, which would score the network on pictures it was "
+        "trained on",
+        f"{root / 'test/turkeys/c.png'} and 1 more: byte-identical to pictures in train and val (this one to "
+        f"{root / 'train/turkeys/0.png'}): left out of test, which would score the network on pictures it was "
+        "trained or validated on",
+    ]
+    for path in (root / "val" / "turkeys").iterdir():  # a class of copies only is left with nothing to score
+        path.unlink()
+        shutil.copy(root / "train" / "turkeys" / path.name, path)
+    with pytest.raises(DataError) as error:
+        birds_data(root).setup("fit")
+    assert str(error.value) == (
+        f"{root / 'val/turkeys'}: every picture of class 'turkeys' in val is a byte-identical copy of one in an "
+        f"earlier split (such as {root / 'train/turkeys/0.png'}); add pictures of it that the others do not hold"
+    )
+
+
+def test_copies_in_one_class_split_by_val_fraction_are_never_on_both_sides(tmp_path):
+    """One folder split by val_fraction put a photo's copy (or hard link) in training and its twin in validation."""
+    root = tmp_path / "birds"
+    for channel, name in enumerate(CLASSES):
+        write_images(root / name, 6, channel)
+        for original in list((root / name).iterdir()):
+            copy = original.with_name(f"again{original.name}")
+            if original.suffix == ".png":
+                copy.hardlink_to(original)
+            else:
+                shutil.copy(original, copy)
+    dm = birds_data(root, val_fraction=0.3)
+    dm.setup("fit")
+    train, val = dm.splits["train"][0], dm.splits["val"][0]
+    assert len(train) == 16 and 0 < len(val) <= 8
+    assert not {p.read_bytes() for p in train} & {p.read_bytes() for p in val}
+
+
 # ---- archives -----------------------------------------------------------------------------------------------------
 
 
