@@ -26,6 +26,7 @@ from datamodules.image_copies import left_out_lines, without_copies
 from datamodules.image_folder import (
     check_readable,
     check_same_classes,
+    check_split_names,
     class_folders,
     fetch_archive,
     files_below,
@@ -121,6 +122,7 @@ class BirdsDataModule(ClassificationDataModule):
 
     def split_dir(self, split: str) -> Path | None:
         """data_dir/<split> when data_dir is split into folders; `train` falls back to data_dir itself."""
+        check_split_names(self.root, SPLITS)
         present = [name for name in SPLITS if (self.root / name).is_dir()]
         if present and "train" not in present:
             raise DataError(f"{self.root}: has {'/, '.join(present)}/ but no train/; add it or rename the folder")

@@ -2,9 +2,9 @@
 
 Used by `datamodules.birds` (`python -m scripts.train fit --config configs/birds.yaml`); any
 DataModule over a folder of class subfolders can use it. Every mistake is a `DataError` that
-names the path: images outside class folders, classes that differ between splits, empty
-classes, a file that links (symbolic or hard) would read under two labels or in two splits, files that do not decode
-(all of them in one message, found before training starts).
+names the path: folders named like splits but not one, images outside class folders, classes that differ between
+splits, empty classes, a file that links (symbolic or hard) would read under two labels or in two splits, files that
+do not decode (all of them in one message, found before training starts).
 """
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ from datamodules.errors import DataError
 from datamodules.preprocessing.images import open_image, pixels
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")  # the image files a folder of data holds (Pillow reads them)
+
+
+# What other tools name their splits (Roboflow's valid/, Keras' and Kaggle's validation/, Train/ made on Windows).
+SPLIT_NAMES = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val",
+               "dev": "val", "test": "test", "testing": "test"}  # fmt: skip
 
 
 def hidden(path: Path, root: Path) -> bool:
@@ -61,6 +66,24 @@ def files_below(folder: Path) -> list[Path]:
                 raise dangling_link(path)
             files.append(path)
     return sorted(files)
+
+
+def check_split_names(root: Path, splits: tuple[str, ...]) -> None:
+    """A DataError naming a folder of `root` named like a split that is none of `splits` (`valid/`, `Train/`): beside
+    train/ it was never read (validation held out of train/ instead, the test skipped), and in a data_dir of no
+    split folders it was read as a class, the network taught to tell training pictures from validation ones."""
+    for path in sorted(root.iterdir()):
+        split = SPLIT_NAMES.get(path.name.strip().lower())
+        if split is None or path.name in splits or not path.is_dir():
+            continue
+        if (root / split).is_dir() and os.path.samefile(root / split, path):  # macOS's disk: `Val/` read as val/
+            continue
+        fate = "ignored" if any((root / name).is_dir() for name in splits) else f"read as a class {path.name!r}"
+        fix = f"move its class folders into {split}/" if (root / split).is_dir() else f"rename it {split}/"
+        raise DataError(
+            f"{path}: named like a split, but data_dir's splits are {', '.join(s + '/' for s in splits)} (it would be "
+            f"{fate}); {fix}"
+        )
 
 
 def class_folders(split_dir: Path) -> list[Path]:

@@ -59,6 +59,36 @@ def test_one_folder_is_split_by_a_seeded_fraction_of_each_class(tmp_path):
     assert split(seed=2)[1] != val
 
 
+SPLIT_LIKE = [  # (the split folders made, the one blamed, what became of it, the fix)
+    (("train", "valid"), "valid", "ignored", "rename it val/"),  # Roboflow's export: validated on a slice of train/
+    (("train", "val", "Test"), "Test", "ignored", "rename it test/"),
+    (("train", "val", "validation"), "validation", "ignored", "move its class folders into val/"),
+    (("Train", "Val"), "Train", "read as a class 'Train'", "rename it train/"),  # classes 'Train' and 'Val'
+]
+
+
+@pytest.mark.parametrize("splits, blamed, fate, fix", SPLIT_LIKE, ids=["+".join(case[0]) for case in SPLIT_LIKE])
+def test_a_folder_named_like_a_split_but_not_one_is_one_line_naming_it(tmp_path, splits, blamed, fate, fix):
+    """Other tools' split names were read as classes (a network taught to tell training pictures from validation
+    ones) or not at all (validation held out of train/ instead), without a word."""
+    root = bird_folders(tmp_path / "birds", splits=splits, count=2)
+    with pytest.raises(DataError) as error:
+        birds_data(root).setup("fit")
+    assert str(error.value) == (
+        f"{root / blamed}: named like a split, but data_dir's splits are train/, val/, test/ (it would be {fate}); "
+        f"{fix}"
+    )
+
+
+def test_a_split_folder_whose_name_differs_only_in_case_is_read_where_the_disk_ignores_case(tmp_path):
+    """macOS's and Windows' disks open `val/` as `Val/`: the folder is read as the split (a link stands in here)."""
+    root = bird_folders(tmp_path / "birds", count=2)
+    (root / "Val").symlink_to("val")
+    dm = birds_data(root)
+    dm.setup("fit")
+    assert len(dm.splits["val"][0]) == 4
+
+
 # ---- errors: each names the path ----------------------------------------------------------------------------------
 
 
