@@ -24,6 +24,7 @@ from datamodules.base import ClassificationDataModule, EvaluationShard
 from datamodules.errors import DataError, ImageError
 from datamodules.image_copies import left_out_lines, without_copies
 from datamodules.image_folder import (
+    case_twins,
     check_readable,
     check_same_classes,
     check_split_names,
@@ -151,6 +152,13 @@ class BirdsDataModule(ClassificationDataModule):
             reference = given if self.hparams.classes is not None else folders["train"]
             for split, folder in folders.items():
                 check_same_classes(reference, self.class_names, folder, sorted(images[split]))
+            if self.trainer is None or self.trainer.is_global_zero:
+                for name, twin in case_twins(sorted(images["train"])):
+                    print(
+                        f"{folders['train'] / name} and {folders['train'] / twin}: class folders named alike but for "
+                        "case, trained as two classes; move one's images into the other if they are one",
+                        file=sys.stderr,
+                    )
             self._labelled = images
         return self._labelled
 

@@ -14,6 +14,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+import unicodedata
 import urllib.error
 import urllib.request
 import zipfile
@@ -119,7 +120,33 @@ def class_folders(split_dir: Path) -> list[Path]:
             )
     if not folders:
         raise DataError(f"{split_dir}: no class subfolders; put the images of each class in a folder named after it")
+    named: dict[str, Path] = {}
+    for folder in folders:
+        other = named.setdefault(class_key(folder.name), folder)
+        if other != folder:
+            raise DataError(
+                f"{folder}: named {folder.name!r}, as {other.name!r} is but for spaces or Unicode form (one class read "
+                f"as two); move its images into {other} and remove it"
+            )
     return folders
+
+
+def class_key(name: str) -> str:
+    """A class folder's name as a person reads it: Unicode composed (macOS writes names decomposed: "é" as "e" and
+    an accent), runs of spaces as one, none at either end."""
+    return " ".join(unicodedata.normalize("NFC", name).split())
+
+
+def case_twins(names: list[str]) -> list[tuple[str, str]]:
+    """Pairs of class names alike but for case ("Chickens", "chickens"): two classes to the network, which may be
+    meant (letters: "A" and "a"), so they are only told of."""
+    first: dict[str, str] = {}
+    pairs = []
+    for name in names:
+        earlier = first.setdefault(class_key(name).casefold(), name)
+        if earlier != name:
+            pairs.append((earlier, name))
+    return pairs
 
 
 def list_images(split_dir: Path) -> dict[str, list[Path]]:
@@ -191,8 +218,16 @@ def check_same_classes(reference: str | Path, names: list[str], other: str | Pat
         for a, b, where in ((names, other_names, reference), (other_names, names, other))
         if set(a) - set(b)
     ]
+    alike = [
+        f"{a!r} and {b!r} differ only in case, spaces or Unicode form"
+        for a in sorted(set(names) - set(other_names))
+        for b in sorted(set(other_names) - set(names))
+        if class_key(a).casefold() == class_key(b).casefold()
+    ]
     if differences:
-        raise DataError(f"{reference} and {other} have different classes: {'; '.join(differences)}; give both the same")
+        raise DataError(
+            f"{reference} and {other} have different classes: {'; '.join(differences + alike)}; give both the same"
+        )
 
 
 def decode(source: Path | bytes, grey: bool = False) -> tuple[torch.Tensor | None, str | None]:

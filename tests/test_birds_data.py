@@ -127,6 +127,45 @@ def test_a_split_without_class_folders(tmp_path):
     assert str(root / "val") in str(error.value)
 
 
+@pytest.mark.parametrize("name, twin", [("chickens", "chickens "), ("crème", "cre\u0300me")], ids=["space", "nfd"])
+def test_class_folders_named_alike_but_for_spaces_or_unicode_form_are_one_line(tmp_path, name, twin):
+    """`chickens ` (a trailing space) beside `chickens`, or `crème` as macOS writes it (e and a combining accent)
+    beside `crème` as Linux does, were two classes of one: the network taught to tell a picture from itself."""
+    root = bird_folders(tmp_path / "birds", count=2)
+    for split in ("train", "val"):
+        for folder in (name, twin):
+            write_images(root / split / folder, 2, 2)
+    with pytest.raises(DataError) as error:
+        birds_data(root).setup("fit")
+    first, second = sorted((name, twin))
+    assert str(error.value) == (
+        f"{root / 'train' / second}: named {second!r}, as {first!r} is but for spaces or Unicode form (one class read "
+        f"as two); move its images into {root / 'train' / first} and remove it"
+    )
+
+
+def test_class_folders_named_alike_but_for_case_are_two_classes_told_of(tmp_path, capsys):
+    """`A` and `a` are two classes of a letters data set, `Chickens` and `chickens` a merge gone wrong: one line."""
+    root = bird_folders(tmp_path / "birds", count=2)
+    for split in ("train", "val"):
+        write_images(root / split / "Chickens", 2, 2)
+    dm = birds_data(root)
+    dm.setup("fit")
+    assert dm.class_names == ["Chickens", "chickens", "turkeys"]
+    assert capsys.readouterr().err.splitlines() == [
+        f"{root / 'train' / 'Chickens'} and {root / 'train' / 'chickens'}: class folders named alike but for case, "
+        "trained as two classes; move one's images into the other if they are one"
+    ]
+    (root / "val" / "Chickens").rename(root / "val" / "Chickens ")  # in another split: the classes differ, and how
+    with pytest.raises(DataError) as error:
+        birds_data(root).setup("fit")
+    assert str(error.value) == (
+        f"{root / 'train'} and {root / 'val'} have different classes: ['Chickens'] only in {root / 'train'}; "
+        f"['Chickens '] only in {root / 'val'}; 'Chickens' and 'Chickens ' differ only in case, spaces or Unicode "
+        "form; give both the same"
+    )
+
+
 def test_missing_data_dir(tmp_path):
     with pytest.raises(DataError, match="no such folder") as error:
         _ = birds_data(tmp_path / "nowhere").class_names
