@@ -35,9 +35,19 @@ SPLIT_NAMES = {"train": "train", "training": "train", "val": "val", "valid": "va
                "dev": "val", "test": "test", "testing": "test"}  # fmt: skip
 
 
+# Windows Explorer's thumbnail caches and folder settings, left in every folder of photos it has shown.
+WINDOWS_FILES = ("thumbs.db", "ehthumbs.db", "ehthumbs_vista.db", "desktop.ini")
+
+
+def ignored(name: str) -> bool:
+    """Dot files (.DS_Store, macOS's `._x.jpg` resource forks too), macOS zip debris (`__MACOSX/`) and Windows
+    Explorer's files (Thumbs.db, desktop.ini) are no one's data."""
+    return name.startswith(".") or name == "__MACOSX" or name.lower() in WINDOWS_FILES
+
+
 def hidden(path: Path, root: Path) -> bool:
-    """Dot files (macOS's `._x.jpg` resource forks too) and macOS zip debris (`__MACOSX/`) are no one's data."""
-    return any(part.startswith(".") or part == "__MACOSX" for part in path.relative_to(root).parts)
+    """Whether `path` or a folder between it and `root` is `ignored`."""
+    return any(ignored(part) for part in path.relative_to(root).parts)
 
 
 def files_below(folder: Path) -> list[Path]:
@@ -58,10 +68,10 @@ def files_below(folder: Path) -> list[Path]:
                 f"{folder.name} would be read as in it; remove the link"
             )
         seen.add(real)
-        folders[:] = [name for name in folders if not name.startswith(".") and name != "__MACOSX"]
+        folders[:] = [name for name in folders if not ignored(name)]
         for name in names:
             path = Path(top) / name
-            if name.startswith("."):
+            if ignored(name):
                 continue
             if not path.exists():
                 raise dangling_link(path)

@@ -200,13 +200,20 @@ def test_without_verify_images_a_bad_file_fails_when_its_batch_is_loaded(tmp_pat
         list(dm.train_dataloader())
 
 
-def test_a_macos_resource_fork_loose_in_train_is_ignored_as_other_dot_files(tmp_path):
+def test_dot_files_and_windows_explorer_s_files_are_no_one_s_data(tmp_path):
     root = bird_folders(tmp_path / "birds", count=2)
     (root / "train" / "._0.jpg").write_bytes(b"\x00\x05\x16\x07 a macOS resource fork")
     (root / "train" / "chickens" / "._1.jpg").write_bytes(b"\x00\x05\x16\x07 a macOS resource fork")
-    dm = birds_data(root)
+    # Windows Explorer's, in every folder of photos it showed: they ended set-up as "not readable images", or, with
+    # verify_images false, the run when their batch came.
+    (root / "train" / "turkeys" / "Thumbs.db").write_bytes(b"\xd0\xcf\x11\xe0 a thumbnail cache")
+    (root / "val" / "chickens" / "desktop.ini").write_text("[.ShellClassInfo]\n")
+    write_images(tmp_path / "photos", 1, 0)
+    (tmp_path / "photos" / "Thumbs.db").write_bytes(b"\xd0\xcf\x11\xe0 a thumbnail cache")
+    dm = birds_data(root, predict_path=str(tmp_path / "photos"))
     dm.setup("fit")
-    assert len(dm.splits["train"][0]) == 4
+    dm.setup("predict")
+    assert len(dm.splits["train"][0]) == 4 and len(dm.splits["val"][0]) == 4 and len(dm.predict_names) == 1
 
 
 def test_linked_folders_are_followed_and_a_dangling_link_is_named(tmp_path):
