@@ -86,6 +86,11 @@ class ClassifierModel(PythonModel):
             inputs = as_frame(inputs, "rows").reset_index(drop=True)
         noun = "row" if self.kind == "rows" else "image"
         names = names or [f"{noun} {i + 1}" for i in range(len(inputs))]
+        if self.kind == "rows" and len(inputs.columns) == 0:
+            # MLflow's check of the signature keeps only the columns it names: rows of none of them (a list of lists,
+            # every name misspelt, {}) come as a frame of no columns and no rows, which is no empty batch.
+            self.probabilities(inputs, names)  # the preprocessing's own message, naming the columns it needs
+            raise InputError("no column the model reads; send rows in the data's column names")
         if len(inputs) == 0:
             return pd.DataFrame({column: [] for column in self.columns()})
         if self.kind == "images":
