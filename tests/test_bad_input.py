@@ -230,6 +230,9 @@ CASES = [
          "network); give 1 or more (-1: no limit), or `test --ckpt_path` to evaluate"),
     Case("register-model-without-tracking", ["fit", "--register_model", "x", "--trainer.logger", "false"],
          "error: --register_model needs the MLflow logger and checkpoints; check trainer.logger"),
+    Case("register-model-name-azure-refuses", ["fit", "--register_model", "penguins/v2"],
+         "error: --register_model 'penguins/v2': Azure ML refuses it; give 1-255 letters, digits, '-', '_' or '.', "
+         "starting with a letter or digit, e.g. penguins"),
     # ---- machine, launch, outputs ----
     Case("gpu-without-one", ["fit", "--trainer.accelerator", "gpu"],
          "error: --trainer.accelerator gpu: torch sees no GPU on this machine; give --trainer.accelerator cpu (or "

@@ -369,8 +369,10 @@ def test_a_fit_restarted_after_saving_its_model_replaces_it_and_a_folder_of_othe
     assert (tmp_path / "mine/notes.txt").read_text() == "mine"
 
 
-def test_the_register_step_refuses_what_it_cannot_use_in_one_line(tmp_path):
+def test_the_register_step_refuses_what_it_cannot_use_in_one_line(tmp_path, monkeypatch):
     from scripts.azure_ml.register_step import main as register
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")  # a registration lands here
 
     (tmp_path / "model").mkdir()
     with pytest.raises(SystemExit) as exit:
@@ -384,6 +386,14 @@ def test_the_register_step_refuses_what_it_cannot_use_in_one_line(tmp_path):
         exit.value.code
         == f"error: {tmp_path / 'metrics.json'}: no test_acc in it (it has test_loss); give one of those"
     )
+    (tmp_path / "metrics.json").write_text('{"test_acc": 0.9}')
+    for name in ("penguins classifier", "m" * 256):  # what MLflow's registry, or Azure ML's, refuses after the files
+        with pytest.raises(SystemExit) as exit:
+            register([str(tmp_path / "model"), str(tmp_path), "--name", name, "--threshold", "0.5"])
+        assert exit.value.code == (
+            f"error: --name {name!r}: Azure ML refuses it; give 1-255 letters, digits, '-', '_' or '.', starting with "
+            "a letter or digit, e.g. penguins"
+        )
 
 
 def test_main_prints_one_line_for_an_unknown_option(capsys):
