@@ -195,6 +195,8 @@ def test_mlflow_models_serve_answers_penguins_as_the_pyfunc_and_refuses_bad_rows
             # Rows of no column the signature names (a list of lists, misspelt names): MLflow passes on no rows.
             ({"inputs": split["data"][:2]}, "request: missing columns; each row"),
             ({"dataframe_records": [{"Island ": "Biscoe", "bill_length": 50.4}]}, "request: missing columns; each row"),
+            ({"dataframe_split": {**split, "data": [[*split["data"][0][:3], True, *split["data"][0][4:]]]}},
+             "request: row 1, column flipper_length_mm: a bool (True); give one string or number per cell"),
         ]  # fmt: skip
         for body, message in bad:
             status, answer = server.post(json.dumps(body).encode())

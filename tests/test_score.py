@@ -142,6 +142,7 @@ HEADER = ",".join(PENGUIN) + "\n"
 NO_MASS = {key: value for key, value in PENGUIN.items() if key != "body_mass_g"}
 HUGE_SPLIT = {"input_data": {"columns": list(PENGUIN), "data": [["Biscoe", 50.4, 15.3, 200, -(10**400)]]}}
 TWICE_SPLIT = {"input_data": {"columns": ["island", *PENGUIN], "data": [["Dream", *PENGUIN.values()]]}}
+BOOL_SPLIT = {"input_data": {"columns": list(PENGUIN), "data": [["Biscoe", 50.4, 15.3, True, 5000]]}}
 LIST_SPLIT = {"input_data": {"columns": [["island"], *list(PENGUIN)[1:]], "data": [list(PENGUIN.values())]}}
 ROW = "Biscoe,50.4,15.3,200,5000\n"
 SEMICOLONS = HEADER.replace(",", ";") + "Biscoe;50,4;15,3;200;5000\n"  # a spreadsheet in German or French
@@ -168,6 +169,8 @@ BAD_ROWS = [  # (body, content type, status, the message's start)
     (HUGE_SPLIT, "application/json", 400, "request: row 1, column body_mass_g: '-inf' is not a finite number"),
     (TWICE_SPLIT, "application/json", 400, "input_data: column 'island' named twice in \"columns\"; name each once"),
     (LIST_SPLIT, "application/json", 400, "input_data: send a DataFrame in pandas' split orientation"),
+    # true in a split's measurement (read as 1): named as a bool, not as a measurement far outside the training data's
+    (BOOL_SPLIT, "application/json", 400, "request: row 1, column flipper_length_mm: a bool (True); give one string"),
     # What predict's reader refuses (datamodules/preprocessing/penguins.py), refused alike: not as 'missing columns',
     # a parser's reason or the wrong line.
     (SEMICOLONS, "text/csv", 400, f"request body: its columns are separated by ';', not commas; {SAVE_AS}"),

@@ -260,8 +260,9 @@ def serving_batch(state: dict, inputs, names: list[str]) -> np.ndarray:
     than dropped (predict skips it), so that every answer has its row."""
     frame = inputs.reset_index(drop=True)
     known = [column for column in frame.columns if column in FEATURE_COLUMNS]
-    # A list or a dict in a cell (JSON's wrong type) would otherwise fail deep in pandas.
-    for column in [column for column in known if frame[column].dtype == object]:
+    # A list or a dict in a cell (JSON's wrong type) would otherwise fail deep in pandas; true/false, read as 1/0, was
+    # refused as a measurement far outside the training data's (a column of them only is bool, not object).
+    for column in [column for column in known if frame[column].dtype in (object, bool)]:
         odd = frame[column].map(lambda value: isinstance(value, bool) or not isinstance(value, str | int | float))
         odd &= frame[column].notna()
         if odd.any():
