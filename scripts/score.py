@@ -439,7 +439,8 @@ def json_images(body: bytes) -> list[tuple[str, bytes]]:
         raise RequestError('send images as JSON {"images": [base64, ...]} or {"image": base64}')
     files = []
     for i, text in enumerate(encoded):
-        try:
+        try:  # without line breaks, as the model reads base64 text: MIME's (`base64 photo.jpg`) wraps at 76 characters
+            text = "".join(text.split()) if isinstance(text, str) else text
             files.append((f"image {i + 1}", base64.b64decode(text, validate=True)))
         except (binascii.Error, TypeError, ValueError):
             raise RequestError(f"image {i + 1}: not base64 text; encode each image's bytes as base64") from None

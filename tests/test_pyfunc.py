@@ -255,10 +255,13 @@ def test_bird_photos_as_bytes_or_base64_answer_as_predict_without_torch(birds):
     images = [Path(name).read_bytes() for name in expected]
     assert [Path(name).parent for name in expected] == [photos] * 7
     oversize = huge_png()
+    # base64 as MIME (`base64 photo.jpg`) writes it, in lines of 76 characters: MLflow's server decodes it so
+    wrapped = {"columns": ["image"], "data": [[base64.encodebytes(data).decode()] for data in images]}
     cases = [image_case(images, True), image_case(images, False), image_case([images[0], b"not an image"], True),
-             image_case([oversize], True), {"columns": ["picture"], "data": [["x"]]}]  # fmt: skip
+             image_case([oversize], True), {"columns": ["picture"], "data": [["x"]]}, wrapped]  # fmt: skip
     results = probe(model, cases, folder)["results"]
     difference = max(largest_difference(results[0], expected), largest_difference(results[1], expected))
+    assert results[5] == results[1]
     assert difference <= 1e-5, difference
     print(f"birds: {len(expected)} photos, largest |pyfunc - predict| probability {difference:.1e}")
     assert_refused(results[2], "image 2: not a readable image (not a JPEG, PNG, WebP or GIF image); send a JPEG")

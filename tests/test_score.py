@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import base64
 import io
+import json
 
 import numpy as np
 import pandas as pd
@@ -402,6 +404,20 @@ def photos(tmp_path_factory):
     save_model(network, torch.randn(4, 3, 32, 32), ["chickens", "turkeys"], folder,
                serving_inputs(BirdsDataModule(image_size=32)))  # fmt: skip
     return folder
+
+
+def test_base64_wrapped_in_lines_is_the_same_image(photos, monkeypatch):
+    """`base64 photo.jpg` and Python's encodebytes wrap their text at 76 characters, as MIME does; MLflow's server
+    decodes it so (base64.decodebytes), and the scoring script must answer it as it answers the unwrapped text."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (120, 90), (10, 200, 30)).save(buffer, format="PNG")
+    plain = base64.b64encode(buffer.getvalue()).decode()
+    wrapped = base64.encodebytes(buffer.getvalue()).decode()
+    assert "\n" in wrapped.strip()
+    answers = [
+        post(photos, json.dumps({"images": [text]}), "application/json", monkeypatch) for text in (plain, wrapped)
+    ]
+    assert answers[0][0] == 200 and answers[1] == answers[0], answers
 
 
 def test_a_strip_of_a_picture_is_refused_before_the_crop_resizes_it_to_gigabytes(photos, monkeypatch):

@@ -149,8 +149,8 @@ def image_bytes(frame: pd.DataFrame) -> list[bytes]:
         if isinstance(value, bytes | bytearray | memoryview):
             images.append(bytes(value))
         elif isinstance(value, str):
-            try:
-                images.append(base64.b64decode(value, validate=True))
+            try:  # without line breaks: MIME's base64 (`base64 photo.jpg`, encodebytes) wraps at 76 characters
+                images.append(base64.b64decode("".join(value.split()), validate=True))
             except (binascii.Error, ValueError):
                 raise InputError(f"image {i + 1}: not base64 text; encode each image's bytes as base64") from None
         else:
