@@ -218,7 +218,10 @@ def read_request(model: Model, request) -> tuple[object, list[str]]:
         raise RequestError(f"request body of {length} bytes is too large; {too_large}", 413)
     if model.kind == "rows":
         if mimetype in ("text/csv", "application/csv"):
-            return row_inputs(model, csv_rows(body_of(request, limit, too_large)), lambda i: f"line {i + 2}")
+            rows = csv_rows(body_of(request, limit, too_large))
+            if rows.empty:  # as JSON's [] is refused: an answer of no predictions would look like one
+                raise RequestError("request body has a CSV header and no rows; send one penguin a line below it")
+            return row_inputs(model, rows, lambda i: f"line {i + 2}")
         if mimetype not in ("application/json", "", FORM):
             raise RequestError(f"Content-Type {mimetype}: send rows as application/json (or text/csv)", 415)
         return row_inputs(model, json_rows(body_of(request, limit, too_large)), lambda i: f"row {i + 1}")

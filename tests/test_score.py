@@ -163,6 +163,7 @@ BAD_ROWS = [  # (body, content type, status, the message's start)
     (HEADER + "Biscoe,50.4,15.3,200,5000,7\n", "text/csv", 400, "request body: line 2 has 6 values, the header"),
     (HEADER + "Dream,40,18,190,3800\nBiscoe,50.4,15.3,200,5000,x,y\n", "text/csv", 400, "request body: line 3 has 7"),
     ("\n\n", "text/csv", 400, "request body is empty: send a CSV whose first line names the columns"),
+    (HEADER + "\n,,,,\n", "text/csv", 400, "request body has a CSV header and no rows; send one penguin a line below"),
     (b"\xff\xfe\x00garbage", "text/csv", 400, "request body is not a readable CSV (not UTF-8 text)"),
     (HEADER + "Biscoe,50.4,15.3,200,5000\n" * 1001, "text/csv", 413, "1001 rows in one request; send at most 1000 ("),
     ([PENGUIN] * 1001, "application/json", 413, "1001 rows in one request; send at most 1000 (SCORE_MAX_ROWS)"),
