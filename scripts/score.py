@@ -20,6 +20,8 @@ Requests (POST /score):
 - images (MNIST digits, birds): files in a multipart form (`curl -F image=@a.jpg`), the bytes of one image as the
   body (Content-Type: image/jpeg, image/png, application/octet-stream), or JSON `{"images": [BASE64, ...]}` (or
   `{"image": BASE64}`).
+- both: Azure ML's no-code request {"input_data": {"columns": [...], "data": [[...], ...]}}, and `mlflow models serve`'s
+  {"dataframe_split": ...} or {"dataframe_records": [...]}.
 The answer: `{"predictions": [{"input", "class", "probability", "probabilities": {class: p}}, ...]}` in input order.
 A request the model cannot answer gets a 4xx and `{"message": "..."}` naming the culprit (400: malformed, 413: too
 large, 415: an unsupported content type), as the server's own errors do; never a 500 (docs/serving.md lists them).
@@ -305,14 +307,19 @@ def depth(value, limit: int = MAX_JSON_DEPTH) -> int:
     return level
 
 
+SPLIT_KEYS = ("input_data", "dataframe_split")  # Azure ML's no-code request, `mlflow models serve`'s
+
+
 def input_data(given):
     """Azure ML's no-code MLflow request, {"input_data": {"columns": [...], "index": [...], "data": [[...], ...]}}
-    (a DataFrame in pandas' split orientation), as a DataFrame; None for any other JSON."""
-    if not (isinstance(given, dict) and "input_data" in given):
+    (a DataFrame in pandas' split orientation), or `mlflow models serve`'s {"dataframe_split": ...}, as a DataFrame;
+    None for any other JSON."""
+    key = next((key for key in SPLIT_KEYS if isinstance(given, dict) and key in given), None)
+    if key is None:
         return None
     import pandas as pd
 
-    split = given["input_data"]
+    split = given[key]
     # Column names pandas takes but the model cannot: a list (unhashable) fails deep in it, a name given twice makes
     # that column a DataFrame.
     columns = split.get("columns") if isinstance(split, dict) else None
@@ -320,7 +327,7 @@ def input_data(given):
     seen: set[str] = set()
     for column in columns if names else ():
         if column in seen:
-            raise RequestError(f'input_data: column {column!r} named twice in "columns"; name each once')
+            raise RequestError(f'{key}: column {column!r} named twice in "columns"; name each once')
         seen.add(column)
     try:
         if not (isinstance(split, dict) and isinstance(split.get("data"), list) and split["data"]):
@@ -331,17 +338,20 @@ def input_data(given):
         return frame.reset_index(drop=True)
     except (ValueError, TypeError, AssertionError):
         raise RequestError(
-            'input_data: send a DataFrame in pandas\' split orientation: {"input_data": {"columns": [...], "data": '
+            f'{key}: send a DataFrame in pandas\' split orientation: {{"{key}": {{"columns": [...], "data": '
             "[[...], ...]}}, one list per row"
         ) from None
 
 
 def json_rows(body: bytes):
-    """JSON rows: an object, a list of objects, or Azure ML's {"input_data": ...}."""
+    """JSON rows: an object, a list of objects, Azure ML's {"input_data": ...} or `mlflow models serve`'s
+    {"dataframe_split": ...} or {"dataframe_records": [...]}."""
     rows = json_body(body)
     frame = input_data(rows)
     if frame is not None:
         return frame
+    if isinstance(rows, dict) and "dataframe_records" in rows:  # taken as a row, its name was the field refused
+        rows = rows["dataframe_records"]
     rows = [rows] if isinstance(rows, dict) else rows
     if not isinstance(rows, list) or not rows or not all(isinstance(row, dict) for row in rows):
         raise RequestError("send one row as a JSON object, or several as a non-empty list of objects")
@@ -432,8 +442,14 @@ def json_images(body: bytes) -> list[tuple[str, bytes]]:
     frame = input_data(given)
     if frame is not None:
         if list(frame.columns) != ["image"]:
-            raise RequestError('input_data: send one column "image" holding each image as base64 text')
+            key = next(key for key in SPLIT_KEYS if key in given)
+            raise RequestError(f'{key}: send one column "image" holding each image as base64 text')
         given = {"images": frame["image"].tolist()}
+    elif isinstance(given, dict) and "dataframe_records" in given:  # mlflow models serve's
+        records = given["dataframe_records"]
+        if not (isinstance(records, list) and all(isinstance(r, dict) and list(r) == ["image"] for r in records)):
+            raise RequestError('dataframe_records: send a list of objects {"image": base64}, one per image')
+        given = {"images": [record["image"] for record in records]}
     if isinstance(given, dict) and isinstance(given.get("image"), str):
         encoded = [given["image"]]
     elif isinstance(given, dict) and isinstance(given.get("images"), list) and given["images"]:

@@ -197,6 +197,29 @@ def test_a_bad_rows_request_is_a_4xx_naming_the_field_row_or_limit(penguins, mon
         assert answer["message"].endswith("(no body_mass_g)")
 
 
+def test_requests_written_for_mlflow_models_serve_get_the_answers_of_the_same_inputs(penguins, photos, monkeypatch):
+    """A client of `mlflow models serve` (dataframe_split, dataframe_records) pointed at the endpoint: the answers of
+    the same rows or images sent the script's own way, not a 400 for a field named dataframe_split."""
+    rows = [PENGUIN, {**PENGUIN, "island": "Dream", "body_mass_g": 3800}]
+    plain = post(penguins, json.dumps(rows), "application/json", monkeypatch)
+    assert plain[0] == 200 and len(plain[1]["predictions"]) == 2
+    split = {"columns": list(PENGUIN), "data": [list(row.values()) for row in rows]}
+    for body in ({"dataframe_split": split}, {"dataframe_records": rows}):
+        assert post(penguins, json.dumps(body), "application/json", monkeypatch) == plain, body
+    buffer = io.BytesIO()
+    Image.new("RGB", (40, 30), (10, 200, 30)).save(buffer, format="PNG")
+    text = base64.b64encode(buffer.getvalue()).decode()
+    plain = post(photos, json.dumps({"images": [text, text]}), "application/json", monkeypatch)
+    assert plain[0] == 200 and len(plain[1]["predictions"]) == 2
+    for body in ({"dataframe_split": {"columns": ["image"], "data": [[text], [text]]}},
+                 {"dataframe_records": [{"image": text}, {"image": text}]}):  # fmt: skip
+        assert post(photos, json.dumps(body), "application/json", monkeypatch) == plain, body
+    status, answer = post(photos, json.dumps({"dataframe_records": [{"picture": text}]}), "application/json",
+                          monkeypatch)  # fmt: skip
+    assert (status, answer["message"]) == (400, 'dataframe_records: send a list of objects {"image": base64}, one per '
+                                                "image")  # fmt: skip
+
+
 def test_rows_with_no_fields_are_refused_not_answered_with_no_predictions(penguins, monkeypatch):
     """An empty object is a row: one answer per row, or a 400 naming what it lacks (never 200 with fewer answers)."""
     for body in ("{}", "[{}, {}]"):
