@@ -19,6 +19,7 @@ import base64
 import binascii
 import importlib
 import os
+import re
 import warnings
 
 import numpy as np
@@ -136,6 +137,22 @@ def as_frame(inputs, kind: str) -> pd.DataFrame:
         raise InputError(f"inputs of type {type(inputs).__name__}: send a pandas DataFrame of {what}") from None
 
 
+# Base64 text, perhaps in lines: no image file is that (each format's header or sizes hold other bytes).
+BASE64_TEXT = re.compile(rb"[A-Za-z0-9+/\s]+=?=?\s*")
+
+
+def undone_base64(data: bytes) -> bytes:
+    """`data`, or what it encodes when it is base64 text: `mlflow models serve` hands on the base64 of an `inputs` or
+    `instances` request's binary column as the text's bytes, undecoded (its dataframe_split and dataframe_records are
+    decoded), and the image was refused as 'not a readable image'."""
+    if BASE64_TEXT.fullmatch(data):
+        try:
+            return base64.b64decode(b"".join(data.split()), validate=True)
+        except binascii.Error:
+            pass
+    return data
+
+
 def image_bytes(frame: pd.DataFrame) -> list[bytes]:
     """The encoded images of a DataFrame's `image` column: bytes as they are, text as base64."""
     if IMAGE_COLUMN not in frame.columns:
@@ -147,7 +164,7 @@ def image_bytes(frame: pd.DataFrame) -> list[bytes]:
     images = []
     for i, value in enumerate(frame[IMAGE_COLUMN].tolist()):
         if isinstance(value, bytes | bytearray | memoryview):
-            images.append(bytes(value))
+            images.append(undone_base64(bytes(value)))
         elif isinstance(value, str):
             try:  # without line breaks: MIME's base64 (`base64 photo.jpg`, encodebytes) wraps at 76 characters
                 images.append(base64.b64decode("".join(value.split()), validate=True))
