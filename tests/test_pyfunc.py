@@ -186,6 +186,11 @@ def test_mlflow_models_serve_answers_penguins_as_the_pyfunc_and_refuses_bad_rows
         assert served_rows(answer) == [row[:2] for row in in_process]
         status, answer = server.post(json.dumps({"dataframe_records": rows.to_dict("records")}).encode())
         assert status == 200 and served_rows(answer) == [row[:2] for row in in_process]
+        # Careless but valid: the columns in another order, numbers as text, a column the model does not read.
+        careless = rows[PENGUIN_COLUMNS[::-1]].astype(str).assign(comment="seen at dawn")
+        careless_split = json.loads(careless.to_json(orient="split", index=False))
+        status, answer = server.post(json.dumps({"dataframe_split": careless_split}).encode())
+        assert status == 200 and served_rows(answer) == [row[:2] for row in in_process]
         bad = [
             ({"dataframe_split": {**split, "data": [[*split["data"][0][:1], "deep", *split["data"][0][2:]]]}},
              "request: column bill_length_mm has a non-numeric value 'deep' on row 1; fix or remove that row"),
