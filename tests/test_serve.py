@@ -182,6 +182,14 @@ def test_penguin_answers_are_predicts_for_a_csv_json_rows_and_azure_mls_no_code_
     assert status == 200
     assert_same_answers(answer["predictions"], dict(zip([f"row {i + 1}" for i in range(len(rows))], expected.values())),
                         tolerance)  # fmt: skip
+    # Careless but valid: the columns in another order, numbers as text; and `mlflow models serve`'s request.
+    careless = rows[rows.columns[::-1]].astype(str)
+    for body in (json.loads(careless.to_json(orient="records")),
+                 {"dataframe_split": json.loads(careless.to_json(orient="split"))}):  # fmt: skip
+        status, answer = server.post_json(body)
+        assert status == 200
+        assert_same_answers(answer["predictions"], dict(zip([f"row {i + 1}" for i in range(len(rows))],
+                                                            expected.values())), tolerance)  # fmt: skip
 
 
 BAD_PENGUIN_REQUESTS = [
