@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import filecmp
 import os
 import re
 import shutil
@@ -73,13 +74,14 @@ def download(uri: str, target: Path) -> Path:
 
 def from_checkpoint(checkpoint: Path, target: Path) -> Path:
     """The checkpoint saved as a registered model would be (scripts/serving/mlflow_model.py) in `target`; kept while it
-    is newer than the checkpoint."""
+    is newer than the checkpoint and ships this repository's code as it is now."""
     import torch
 
     from scripts.export import load
     from scripts.serving.mlflow_model import ExportError, save_model, serving_inputs, test_inputs
 
-    if (target / "MLmodel").is_file() and (target / "MLmodel").stat().st_mtime > checkpoint.stat().st_mtime:
+    newer = (target / "MLmodel").is_file() and (target / "MLmodel").stat().st_mtime > checkpoint.stat().st_mtime
+    if newer and ships_current_code(target):
         return target
     try:
         module, datamodule = load(checkpoint)
@@ -106,6 +108,18 @@ def from_checkpoint(checkpoint: Path, target: Path) -> Path:
         shutil.rmtree(target, ignore_errors=True)
         (Path(part) / "model").rename(target)
     return target
+
+
+def ships_current_code(model: Path) -> bool:
+    """Whether every file of the model's code (its preprocessing and pyfunc, copied when it was saved) is the
+    repository's now: after an update of the repository, a model saved before would go on answering with the code
+    it was saved with."""
+    shipped = [path for path in (model / "code").rglob("*") if path.is_file() and "__pycache__" not in path.parts]
+    return bool(shipped) and all(
+        (REPO / path.relative_to(model / "code")).is_file()
+        and filecmp.cmp(path, REPO / path.relative_to(model / "code"), shallow=False)
+        for path in shipped
+    )
 
 
 @contextlib.contextmanager

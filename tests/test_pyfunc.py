@@ -298,6 +298,20 @@ def test_mlflow_models_serve_answers_photos_sent_as_base64_and_refuses_bad_ones_
         server.stop()
 
 
+def test_a_checkpoints_model_is_saved_again_when_the_code_it_ships_is_not_the_repositorys(birds):
+    """`make serve CKPT` keeps the model folder it made from a checkpoint while the checkpoint is older; after an
+    update of the repository that folder ships the code of before (its pyfunc and preprocessing), and would go on
+    answering with it."""
+    folder, model, _, _ = birds
+    (best,) = (folder / "outputs").glob("*/*/checkpoints/best.ckpt")
+    saved = (model / "MLmodel").stat().st_mtime_ns
+    assert from_checkpoint(best, model) == model and (model / "MLmodel").stat().st_mtime_ns == saved  # kept
+    shipped = model / "code" / "datamodules" / "preprocessing" / "birds.py"
+    shipped.write_text(shipped.read_text() + "# as an older release wrote it\n")
+    assert from_checkpoint(best, model) == model
+    assert shipped.read_text() == (REPO / "datamodules" / "preprocessing" / "birds.py").read_text()
+
+
 # MNIST: digits of any size, white on black or ink on paper.
 
 
