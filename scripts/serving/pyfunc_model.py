@@ -20,7 +20,6 @@ import binascii
 import importlib
 import os
 import re
-import warnings
 
 import numpy as np
 import pandas as pd
@@ -28,8 +27,6 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import BAD_REQUEST
 from mlflow.pyfunc import PythonModel
 
-# MLflow advises type hints on predict, for a signature inferred from them: this model's comes from the datamodule.
-warnings.filterwarnings("ignore", message="Add type hints to the `predict` method")
 IMAGE_COLUMN = "image"
 KINDS = ("rows", "images")
 
@@ -72,7 +69,9 @@ class ClassifierModel(PythonModel):
             context.artifacts["onnx"], options, providers=["CPUExecutionProvider"]
         )
 
-    def predict(self, context, model_input, params=None) -> pd.DataFrame:
+    # model_input's hint, pd.DataFrame, is one MLflow infers no schema from (the signature is the datamodule's) and
+    # validates nothing by; without one MLflow warned, at every load of the model, to add one (past any filter).
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         return self.answer(model_input)
 
     def columns(self) -> list[str]:
