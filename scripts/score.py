@@ -124,6 +124,8 @@ class Model:
         self.folder = folder
         self.python_model = self.pyfunc.unwrap_python_model()
         self.kind, self.class_names = self.python_model.kind, self.python_model.class_names
+        schema = self.pyfunc.metadata.get_input_schema()  # the columns the model reads: others it ignores
+        self.columns = set(schema.input_names()) if schema is not None and schema.has_input_names() else None
         self.backend = BACKEND
 
     def predict(self, inputs, names: list[str]) -> list[dict]:
@@ -226,7 +228,7 @@ def read_request(model: Model, request) -> tuple[object, list[str]]:
             return row_inputs(model, rows, lambda i: f"line {i + 2}")
         if mimetype not in ("application/json", "", FORM):
             raise RequestError(f"Content-Type {mimetype}: send rows as application/json (or text/csv)", 415)
-        return row_inputs(model, json_rows(body_of(request, limit, too_large)), lambda i: f"row {i + 1}")
+        return row_inputs(model, json_rows(body_of(request, limit, too_large), model.columns), lambda i: f"row {i + 1}")
     if mimetype == "multipart/form-data":
         files = form_files(request, limit, too_large)
         if not files:
@@ -343,9 +345,10 @@ def input_data(given):
         ) from None
 
 
-def json_rows(body: bytes):
+def json_rows(body: bytes, read: set[str] | None = None):
     """JSON rows: an object, a list of objects, Azure ML's {"input_data": ...} or `mlflow models serve`'s
-    {"dataframe_split": ...} or {"dataframe_records": [...]}."""
+    {"dataframe_split": ...} or {"dataframe_records": [...]}. A field of the columns the model reads (`read`; None:
+    every field) must be a string, a number or null; the others are ignored, as every other runtime ignores them."""
     rows = json_body(body)
     frame = input_data(rows)
     if frame is not None:
@@ -359,6 +362,8 @@ def json_rows(body: bytes):
         raise RequestError(f"{len(rows)} rows in one request; send at most {MAX_ROWS} (SCORE_MAX_ROWS)", 413)
     for i, row in enumerate(rows):
         for field, value in row.items():
+            if read is not None and field not in read:
+                continue
             if isinstance(value, bool) or not isinstance(value, str | int | float | type(None)):
                 kind = {list: "a list", dict: "an object", bool: "true/false"}[type(value)]
                 raise RequestError(

@@ -220,6 +220,14 @@ def test_requests_written_for_mlflow_models_serve_get_the_answers_of_the_same_in
                                                 "image")  # fmt: skip
 
 
+def test_a_field_the_model_does_not_read_is_ignored_whatever_its_type(penguins, monkeypatch):
+    """As `mlflow models serve`, the pyfunc and Azure ML's no-code request ignore a column the model does not read, a
+    JSON row's field of true/false, a list or an object is ignored there, not a 400."""
+    plain = post(penguins, json.dumps(PENGUIN), "application/json", monkeypatch)
+    extra = {**PENGUIN, "verified": True, "tags": ["dawn"], "seen": {"by": "me"}}
+    assert post(penguins, json.dumps(extra), "application/json", monkeypatch) == plain and plain[0] == 200
+
+
 def test_rows_with_no_fields_are_refused_not_answered_with_no_predictions(penguins, monkeypatch):
     """An empty object is a row: one answer per row, or a 400 naming what it lacks (never 200 with fewer answers)."""
     for body in ("{}", "[{}, {}]"):
