@@ -220,6 +220,17 @@ def test_requests_written_for_mlflow_models_serve_get_the_answers_of_the_same_in
                                                 "image")  # fmt: skip
 
 
+@pytest.mark.parametrize("task", ["penguins", "photos"])
+def test_the_models_own_serving_input_example_is_answered_as_mlflow_wrote_it(task, request, monkeypatch):
+    """serving_input_example.json, the request MLflow writes beside the model (its base64 in MIME's lines of 76
+    characters), sent as it is and as Azure ML's no-code request."""
+    folder = request.getfixturevalue(task)
+    example = json.loads((folder / "serving_input_example.json").read_text())
+    answers = [post(folder, json.dumps(body), "application/json", monkeypatch)
+               for body in (example, {"input_data": example["dataframe_split"]})]  # fmt: skip
+    assert answers[0][0] == 200 and answers[1] == answers[0], answers
+
+
 def test_a_field_the_model_does_not_read_is_ignored_whatever_its_type(penguins, monkeypatch):
     """As `mlflow models serve`, the pyfunc and Azure ML's no-code request ignore a column the model does not read, a
     JSON row's field of true/false, a list or an object is ignored there, not a 400."""
