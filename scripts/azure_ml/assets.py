@@ -16,10 +16,8 @@ from pathlib import Path
 import yaml
 
 from scripts.azure_ml.jobs import BASE_IMAGE, GPU_IMAGE, SubmitError
+from scripts.azure_ml.names import name_problem
 
-# Azure ML's names of data assets and environments: letters, digits, '-', '_' and '.', from a letter or digit; no ':'
-# or '/', which would break the azureml:NAME:VERSION that jobs name them by.
-ASSET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}")
 VERSION = re.compile(r"[0-9]+")  # numbers only, so a team's versions sort and the next one is plain
 MLTABLE_ROOT = Path("outputs/assets")  # where an MLTable's folder (the MLTable file, the CSV) is made to upload
 DELIMITERS = {".csv": ",", ".tsv": "\t"}
@@ -81,11 +79,8 @@ class Asset:
 
 
 def check_name(name: str, option: str = "name") -> None:
-    if not ASSET_NAME.fullmatch(name or ""):
-        raise AssetError(
-            f"{option} {name!r}: Azure ML refuses it; give 1-255 letters, digits, '-', '_' or '.', starting with a "
-            "letter or digit, e.g. penguins"
-        )
+    if problem := name_problem(name, option):
+        raise AssetError(problem)
 
 
 def check_version(version: str) -> None:

@@ -20,18 +20,16 @@ scripts.pipeline wires them into a pipeline and registers them.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import re
 import shlex
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from scripts.azure_ml.jobs import SubmitError
+from scripts.azure_ml.jobs import SubmitError, resolved_config
 
 # The datamodule argument that names the data it trains on, and the Azure ML input type it takes: a folder or a file.
 DATA_OPTIONS = {"data_dir": "uri_folder", "csv_path": "uri_file"}
@@ -84,28 +82,6 @@ def check_prefix(prefix: str) -> str:
             "'_', starting with a letter, e.g. birds"
         )
     return prefix
-
-
-def resolved_config(configs: list[str], train_args: str = "") -> dict:
-    """The config scripts.train fit runs with (its --print_config), or SubmitError with its one line. Imports
-    Lightning (a few seconds)."""
-    from jsonargparse import ArgumentError
-
-    from scripts.training.cli import cli_main
-    from scripts.training.cli_errors import config_error_line
-
-    args = ["fit", *(item for config in configs for item in ("--config", config)), *shlex.split(train_args)]
-    printed = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(printed), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # LightningCLI's note that this process has arguments of its own
-            cli_main([*args, "--print_config"])
-    except SystemExit as done:
-        if done.code not in (0, None):
-            raise SubmitError(f"{' '.join(args[1:])}: the training CLI refused it ({done.code})") from None
-    except ArgumentError as error:
-        raise SubmitError(config_error_line(error, args)) from None
-    return yaml.safe_load(printed.getvalue()) or {}
 
 
 def value_at(config: dict, option: str) -> object:

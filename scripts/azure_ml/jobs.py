@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -197,6 +198,28 @@ def check_compute(compute: str, instance_type: str | None, configs: list[str], g
             "Standard_NC4as_T4_v3"
         )
     return None if serverless else name
+
+
+def resolved_config(configs: list[str], train_args: str = "") -> dict:
+    """The config scripts.train fit runs with (its --print_config), or SubmitError with its one line. Imports
+    Lightning (a few seconds)."""
+    from jsonargparse import ArgumentError
+
+    from scripts.training.cli import cli_main
+    from scripts.training.cli_errors import config_error_line
+
+    args = ["fit", *(item for config in configs for item in ("--config", config)), *shlex.split(train_args)]
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # LightningCLI's note that this process has arguments of its own
+            cli_main([*args, "--print_config"])
+    except SystemExit as done:
+        if done.code not in (0, None):
+            raise SubmitError(f"{' '.join(args[1:])}: the training CLI refused it ({done.code})") from None
+    except ArgumentError as error:
+        raise SubmitError(config_error_line(error, args)) from None
+    return yaml.safe_load(printed.getvalue()) or {}
 
 
 def parse_duration(text: str) -> int:
@@ -441,8 +464,6 @@ def build_job(
     target = check_compute(compute, instance_type, plan.configs, plan.gpu)
     experiment = job_experiment(experiment, plan.configs, train_args)
     if checked_args is not None:  # a typo in an option or a config would end the job on Azure, after its image build
-        from scripts.azure_ml.components import resolved_config
-
         given = [f"--{i.option} {shlex.quote(i.path if is_local(i.path) else f'inputs/{i.name}')}" for i in plan.inputs]
         resolved_config(plan.configs, " ".join([checked_args, *given]))
     from azure.ai.ml import Input, Output, command

@@ -20,6 +20,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from scripts.azure_ml.names import name_problem
+
 METRICS_FILE = "metrics.json"  # scripts/azure_ml/components.py's
 LOCAL_STORE = Path("outputs/mlflow.db")  # scripts.train's own store when no MLFLOW_TRACKING_URI is set
 
@@ -55,12 +57,8 @@ def step_run(tracking_uri: str) -> str:
 
 def register_step(model: Path, metrics: Path, name: str, metric: str, threshold: float, output: Path | None) -> str:
     """Registers `model` as a version of `name` when `metric` reaches `threshold`; returns the version, or ''."""
-    from scripts.azure_ml.assets import AssetError, check_name
-
-    try:
-        check_name(name, "--name")  # the registry's refusal would be MLflow's traceback
-    except AssetError as error:
-        raise RegisterError(str(error)) from None
+    if problem := name_problem(name, "--name"):  # the registry's refusal would be MLflow's traceback
+        raise RegisterError(problem)
     if not (model / "MLmodel").is_file():
         raise RegisterError(f"{model}: no MLmodel in it; give the train step's model output (an MLflow model folder)")
     path = metrics / METRICS_FILE if metrics.is_dir() else metrics

@@ -260,12 +260,10 @@ class TemplateCLI(LightningCLI):
         if self.config.fit.register_model and not (isinstance(self.trainer.logger, MLFlowLogger) and checkpoint):
             sys.exit("error: --register_model needs the MLflow logger and checkpoints; check trainer.logger")
         if self.config.fit.register_model:  # refused before the fit, not by the registry after it
-            from scripts.azure_ml.assets import AssetError, check_name
+            from scripts.azure_ml.names import name_problem
 
-            try:
-                check_name(self.config.fit.register_model, "--register_model")
-            except AssetError as error:
-                sys.exit(f"error: {error}")
+            if problem := name_problem(self.config.fit.register_model, "--register_model"):
+                sys.exit(f"error: {problem}")
         if self.config.fit.register_model and type(self.datamodule).serving_kind is None:
             sys.exit(
                 f"error: --register_model: {type(self.datamodule).__name__} has no serving_kind; give it serving_kind, "
