@@ -173,22 +173,31 @@ def test_register_model_against_azure_like_tracking_loads_back_and_predicts_as_t
 
 def test_two_nodes_resume_from_a_checkpoint_only_the_first_node_has(tmp_path):
     """A job started again (preempted, or a longer run) with the last.ckpt of global rank 0's disk: node 1 never had
-    it, yet every process must start from it."""
+    it, yet every process must start from it. Found by --checkpoint_dir, a folder of each node's own disk, only rank 0
+    would resume and the job hang: one line in every process instead, naming --ckpt_path, which works."""
     folders = node_checkouts(tmp_path, 2)
     ddp = ["--config", "configs/trainer/ddp.yaml", "--trainer.accelerator", "cpu", "--trainer.devices", "1"]
-    ddp += ["--trainer.num_nodes", "2", "--test_after_fit", "false"]
+    ddp += ["--trainer.num_nodes", "2", "--test_after_fit", "false", "--checkpoint_dir", "ckpt"]
     first = run_job(folders, "pytorch", 1, fit(*ddp, "--trainer.max_epochs", "2"))
     assert [p.returncode for p in first] == [0, 0], first[1].stderr[-3000:]
-    (last,) = folders[0].glob("outputs/*/*/checkpoints/last.ckpt")
-    relative = str(last.relative_to(folders[0]))  # the same option in every process, as a job's command line is
-    assert not (folders[1] / relative).exists()
-    again = run_job(folders, "pytorch", 1, fit(*ddp, "--ckpt_path", relative))
+    last = folders[0] / "ckpt" / "last.ckpt"
+    assert not (folders[1] / "ckpt" / "last.ckpt").exists()
+    found_by_one = wait_job(start_job(folders, "pytorch", 1, fit(*ddp)), timeout_s=300)
+    for process in found_by_one:
+        assert process.returncode == 1, f"node {process.node}: {process.stderr[-3000:]}"
+        assert process.stderr.strip().splitlines()[-1] == (
+            "error: --checkpoint_dir ckpt: the processes of rank(s) 0 find ckpt/last.ckpt to resume from, those of "
+            "rank(s) 1 do not (nodes that share no disk); give a --checkpoint_dir that every node sees (on Azure ML, "
+            "scripts.submit's checkpoints output), or resume with --ckpt_path ckpt/last.ckpt, which rank 0 reads for "
+            "every process"
+        )
+    assert torch.load(last, weights_only=False)["global_step"] == 6 * 2  # untouched
+    again = run_job(folders, "pytorch", 1, fit(*ddp, "--ckpt_path", "ckpt/last.ckpt"))
     for process in again:
         assert process.returncode == 0, f"node {process.node}: {process.stderr[-3000:]}"
-    resumed = max(folders[0].glob("outputs/*/*/checkpoints/last.ckpt"), key=lambda path: path.stat().st_mtime)
-    assert resumed != last
     # 240 rows over 2 processes of batch 20: 6 steps an epoch; 2 epochs read back, 1 more trained
-    assert torch.load(resumed, weights_only=False)["global_step"] == 6 * EPOCHS
+    assert torch.load(last, weights_only=False)["global_step"] == 6 * EPOCHS
+    assert not (folders[1] / "ckpt" / "last.ckpt").exists()
 
 
 def preempt(started: list, last: Path, signalled: list[int]) -> int:

@@ -21,10 +21,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser
 
-from strategies.checkpoint_io import write_whole
+from strategies.checkpoint_io import CheckpointError, write_whole
 
 RUN_ID_FILE = "mlflow_run_id"
 CONFIG_KEY = "fit_config"  # the fit's resolved config (YAML) in every checkpoint it writes
@@ -116,6 +117,39 @@ def check_resume(last: Path, config: dict[str, object]) -> None:
         raise CheckpointError(
             f"--{key} {config.get(key)}: {last} was trained with {then.get(key)}{more}, and a resume goes on as it "
             f"began; give {then.get(key)}, {fix}"
+        )
+
+
+class SameResume(L.Callback):
+    """Every process looks for DIR/last.ckpt on its own node's disk, before the processes can talk: where nodes share
+    no disk (a --checkpoint_dir that is not a shared mount) some resume and others start anew, and the job hangs in
+    its first mismatched collective. Checked once they can talk, before anything is restored: one line in every
+    process instead. Installed by scripts.train for a fit with --checkpoint_dir."""
+
+    def __init__(self, folder: str, resumes: bool) -> None:
+        self.last = Path(folder) / "last.ckpt"
+        self.resumes = resumes
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit" or trainer.world_size == 1:
+            return
+        # A sum of one-hot flags, not all_gather: Lightning's warns of a deprecated torch function in every process.
+        flags = torch.zeros(trainer.world_size, device=trainer.strategy.root_device)
+        flags[trainer.global_rank] = float(self.resumes)
+        found = [bool(value) for value in trainer.strategy.reduce(flags, reduce_op="sum").tolist()]
+        if len(set(found)) == 1:
+            return
+        have = ", ".join(str(rank) for rank, resumes in enumerate(found) if resumes)
+        lack = ", ".join(str(rank) for rank, resumes in enumerate(found) if not resumes)
+        fix = (
+            f"or resume with --ckpt_path {self.last}, which rank 0 reads for every process"
+            if found[0]
+            else f"or remove {self.last} from the nodes of rank(s) {have} to train anew"
+        )
+        raise CheckpointError(
+            f"--checkpoint_dir {self.last.parent}: the processes of rank(s) {have} find {self.last} to resume from, "
+            f"those of rank(s) {lack} do not (nodes that share no disk); give a --checkpoint_dir that every node "
+            f"sees (on Azure ML, scripts.submit's checkpoints output), {fix}"
         )
 
 

@@ -40,6 +40,7 @@ from scripts.training import hook_calls
 from scripts.training.checkpoints import (
     CONFIG_KEY,
     RUN_ID_FILE,
+    SameResume,
     add_checkpoint_arguments,
     check_resume,
     flatten,
@@ -153,6 +154,7 @@ class TestDataFirst(L.Callback):
 class TemplateCLI(LightningCLI):
     def __init__(self, *positional, args=None, **kwargs) -> None:
         self.requested = requested_subcommand(sys.argv[1:] if args is None else args)
+        self.resumes = False  # fit: from --checkpoint_dir's last.ckpt, as this process found it
         super().__init__(*positional, args=args, **kwargs)
 
     def subcommands(self) -> dict[str, set[str]]:
@@ -226,6 +228,7 @@ class TemplateCLI(LightningCLI):
             dumped = yaml.safe_load(self.parser.dump(self.config, skip_unset=False, skip_validation=True))
             check_resume(last, flatten(dumped[self.subcommand]))
             config.ckpt_path = str(last)
+            self.resumes = True
             rank_zero_print(f"resuming from {last}")
         if self.subcommand == "predict":
             # Its output is a CSV on stdout (`predict > out.csv`): no progress bar there. It records nothing: no run.
@@ -247,6 +250,9 @@ class TemplateCLI(LightningCLI):
         except ValueError as error:  # the Trainer's own checks of its options (a strategy name that does not exist)
             raise ConfigError(f"trainer: {str(error).strip().splitlines()[0]}") from None
         check_launch(trainer.num_devices, trainer.num_nodes)
+        if self.subcommand == "fit" and (folder := self.config.fit.get("checkpoint_dir")):
+            # First: before the run's record is touched.
+            trainer.callbacks.insert(0, SameResume(folder, self.resumes))
         trainer.callbacks.append(StopTogether())  # not in trainer.callbacks' option: a config's list would drop it
         bar = trainer.progress_bar_callback
         if type(bar) is TQDMProgressBar and not any(callback is bar for callback in named):  # the Trainer's default
