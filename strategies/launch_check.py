@@ -32,9 +32,11 @@ def check_launch(num_devices: int, num_nodes: int, environ: Mapping[str, str] = 
     )
 
 
-def launched_rank(environ: Mapping[str, str] = os.environ) -> int:
-    """This process's global rank as the launcher set it (torchrun / Azure ML's pytorch, mpirun, horovodrun), or 0."""
+def launched_first(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether this process is global rank 0 as its launcher set it up (torchrun / Azure ML's pytorch: RANK; mpirun,
+    horovodrun), or no launcher started it. Lightning's own multi-node launch sets no RANK, only NODE_RANK on each
+    node and LOCAL_RANK in the processes it starts: any of them but the first node's first is not rank 0 either."""
     for name in ("RANK", "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK"):
         if environ.get(name, "").isdigit():
-            return int(environ[name])
-    return 0
+            return int(environ[name]) == 0
+    return all(environ.get(name, "0") in ("", "0") for name in ("NODE_RANK", "GROUP_RANK", "LOCAL_RANK"))

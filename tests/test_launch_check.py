@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from strategies.launch_check import check_launch
+from strategies.launch_check import check_launch, launched_first
 from strategies.mpi_environment import LaunchError
 
 
@@ -35,3 +35,22 @@ def test_launches_that_disagree_name_the_devices_and_nodes_to_give(environ, devi
         check_launch(devices, nodes, environ)
     assert str(error.value).startswith(f"the launcher started {environ['WORLD_SIZE']} processes (WORLD_SIZE)")
     assert f"give {give} (devices: processes per node)" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("environ", "first"),
+    [
+        ({}, True),  # no launcher
+        ({"RANK": "0", "LOCAL_RANK": "0", "NODE_RANK": "0", "WORLD_SIZE": "4"}, True),  # torchrun, Azure ML's pytorch
+        ({"RANK": "2", "LOCAL_RANK": "0", "NODE_RANK": "1", "WORLD_SIZE": "4"}, False),
+        ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, False),  # mpirun
+        # Lightning's own multi-node launch: NODE_RANK on each node, LOCAL_RANK in the processes it starts, no RANK.
+        ({"NODE_RANK": "0", "WORLD_SIZE": "4", "MASTER_ADDR": "node0"}, True),
+        ({"NODE_RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "node0"}, False),
+        ({"NODE_RANK": "0", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}, False),
+    ],
+)
+def test_only_the_first_process_of_the_first_node_is_rank_0_however_launched(environ, first):
+    """What scripts.train checks in rank 0 alone (a --ckpt_path only the first node has, --checkpoint_dir); a process
+    of node 1 that took itself for rank 0 stopped at once, and the first node's waited for it for half an hour."""
+    assert launched_first(environ) is first

@@ -60,7 +60,7 @@ from scripts.training.tracking import (
     open_sqlite_store,
 )
 from strategies.checkpoint_io import CheckpointError, RankZeroCheckpointIO, check_checkpoint_file
-from strategies.launch_check import check_launch, launched_rank
+from strategies.launch_check import check_launch, launched_first
 from strategies.mpi_environment import LaunchError
 
 OUTPUTS = Path("outputs")  # Azure ML uploads ./outputs of every job
@@ -189,7 +189,7 @@ class TemplateCLI(LightningCLI):
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         ckpt_path = subcommand and self.config[subcommand].get("ckpt_path")
-        if ckpt_path and ckpt_path not in ("best", "last", "hpc", "registry") and launched_rank() == 0:
+        if ckpt_path and ckpt_path not in ("best", "last", "hpc", "registry") and launched_first():
             # LightningCLI reads the checkpoint's hyperparameters next, with a bare torch.load: check the file first.
             # Rank 0 only: on other nodes it need not exist (rank 0 reads it for all: strategies/checkpoint_io.py).
             check_checkpoint_file(ckpt_path)
@@ -215,9 +215,9 @@ class TemplateCLI(LightningCLI):
             warnings.filterwarnings("ignore", r"The dirpath has changed from")
         if self.subcommand == "fit":
             check_trains(config.trainer)
-            if config.get("checkpoint_dir") and launched_rank() == 0:
+            if config.get("checkpoint_dir") and launched_first():
                 check_writable(Path(config.checkpoint_dir), "--checkpoint_dir")
-            if config.get("model_dir") and launched_rank() == 0:
+            if config.get("model_dir") and launched_first():
                 check_model_dir(Path(config.model_dir), "--model_dir")
             if ours_only(config.get("checkpoint_dir")):  # Lightning warns of it at every start, resumes included
                 warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
@@ -476,7 +476,7 @@ def set_up_tracking(args, outputs: Path, subcommand: str) -> None:
     named = os.environ.get("MLFLOW_EXPERIMENT_NAME")
     if named and named != args.experiment_name:
         # MLflow's own variable, set for this command: it wins over the experiment a shared YAML names.
-        if launched_rank() == 0:
+        if launched_first():
             print(f"experiment {named!r} (MLFLOW_EXPERIMENT_NAME), not the config's {args.experiment_name!r}",
                   file=sys.stderr)  # fmt: skip
         args.experiment_name = named
