@@ -17,18 +17,37 @@ from strategies.mpi_environment import LaunchError
 
 
 def check_launch(num_devices: int, num_nodes: int, environ: Mapping[str, str] = os.environ) -> None:
-    """Raises LaunchError naming the devices and nodes to give when WORLD_SIZE disagrees with devices x num_nodes."""
+    """Raises LaunchError naming the devices and nodes to give when the processes the launcher started (WORLD_SIZE, and
+    RANK, LOCAL_RANK where it sets them) disagree with devices x num_nodes."""
     if "WORLD_SIZE" not in environ or "OMPI_COMM_WORLD_SIZE" in environ or "HOROVOD_SIZE" in environ:
         return  # no launcher, or mpirun / horovodrun: MPIEnvironment and HorovodStrategy check those
     started = int(environ["WORLD_SIZE"])
+    node = int(environ.get("NODE_RANK", environ.get("GROUP_RANK", 0)))  # as Lightning reads them
+    local = int(environ.get("LOCAL_RANK", 0))
+    rank = int(environ["RANK"]) if environ.get("RANK", "").isdigit() else None
     per_node = int(environ.get("LOCAL_WORLD_SIZE", 0))  # torchrun sets it; Azure ML does not
-    if started == num_devices * num_nodes and per_node in (0, num_devices):
+    if not per_node and rank is not None and node > 0 and (rank - local) % node == 0:
+        per_node = (rank - local) // node  # a later node's ranks follow the earlier nodes' processes
+    # Lightning numbers this process node x devices + local rank: it must be the launcher's RANK.
+    lightning_rank = node * num_devices + local
+    if (
+        started == num_devices * num_nodes
+        and per_node in (0, num_devices)
+        and local < num_devices
+        and rank in (None, lightning_rank)
+    ):
         return
+    launched = f"the launcher started {started} processes (WORLD_SIZE)"
+    if not per_node and started == num_devices * num_nodes:  # the first node, LOCAL_RANK beyond devices
+        raise LaunchError(
+            f"{launched}, {local + 1} or more on this node (LOCAL_RANK {local}), but the Trainer has devices "
+            f"{num_devices} x num_nodes {num_nodes}: give --trainer.devices the processes per node and "
+            f"--trainer.num_nodes the nodes ({started} in all)"
+        )
     nodes = started // per_node if per_node else num_nodes if started % num_nodes == 0 else 1
     raise LaunchError(
-        f"the launcher started {started} processes (WORLD_SIZE), but the Trainer has devices {num_devices} x "
-        f"num_nodes {num_nodes}: give --trainer.devices {per_node or started // nodes} --trainer.num_nodes {nodes} "
-        "(devices: processes per node)"
+        f"{launched}, but the Trainer has devices {num_devices} x num_nodes {num_nodes}: give --trainer.devices "
+        f"{per_node or started // nodes} --trainer.num_nodes {nodes} (devices: processes per node)"
     )
 
 

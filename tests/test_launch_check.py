@@ -15,6 +15,8 @@ from strategies.mpi_environment import LaunchError
         ({"WORLD_SIZE": "8", "NODE_RANK": "1", "RANK": "5", "LOCAL_RANK": "1"}, 4, 2),  # Azure ML's pytorch, 2 x 4
         ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}, 2, 2),  # torchrun on 2 nodes
         ({"WORLD_SIZE": "2", "OMPI_COMM_WORLD_SIZE": "2"}, 1, 1),  # mpirun: MPIEnvironment checks
+        ({"WORLD_SIZE": "2", "NODE_RANK": "1", "RANK": "1", "LOCAL_RANK": "0"}, 1, 2),  # Azure ML, 1 process a node
+        ({"WORLD_SIZE": "4", "NODE_RANK": "1"}, 2, 2),  # Lightning's own launch, the second node's first process
     ],
 )
 def test_launches_that_match_pass(environ, devices, nodes):
@@ -28,13 +30,32 @@ def test_launches_that_match_pass(environ, devices, nodes):
         ({"WORLD_SIZE": "2", "LOCAL_RANK": "0"}, 1, 1, "--trainer.devices 2 --trainer.num_nodes 1"),
         ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}, 4, 1, "--trainer.devices 2 --trainer.num_nodes 2"),
         ({"WORLD_SIZE": "6"}, 1, 4, "--trainer.devices 6 --trainer.num_nodes 1"),
+        # Azure ML's 2 nodes x 2 processes as devices 1 x num_nodes 4: the product matches, the ranks do not (node 1's
+        # first process would take rank 1, a rank of node 0's).
+        ({"WORLD_SIZE": "4", "NODE_RANK": "1", "RANK": "2", "LOCAL_RANK": "0"}, 1, 4,
+         "--trainer.devices 2 --trainer.num_nodes 2"),
+        # Azure ML's 2 nodes x 1 process without --trainer.num_nodes: node 1 knows there are 2 nodes.
+        ({"WORLD_SIZE": "2", "NODE_RANK": "1", "RANK": "1", "LOCAL_RANK": "0"}, 1, 1,
+         "--trainer.devices 1 --trainer.num_nodes 2"),
     ],
-)
+)  # fmt: skip
 def test_launches_that_disagree_name_the_devices_and_nodes_to_give(environ, devices, nodes, give):
     with pytest.raises(LaunchError) as error:
         check_launch(devices, nodes, environ)
     assert str(error.value).startswith(f"the launcher started {environ['WORLD_SIZE']} processes (WORLD_SIZE)")
     assert f"give {give} (devices: processes per node)" in str(error.value)
+
+
+def test_a_local_rank_beyond_the_devices_of_a_node_is_one_line_where_the_product_matches():
+    """Node 0's second process of Azure ML's 2 x 2 given devices 1 x num_nodes 4: an IndexError in Lightning before."""
+    environ = {"WORLD_SIZE": "4", "NODE_RANK": "0", "RANK": "1", "LOCAL_RANK": "1"}
+    with pytest.raises(LaunchError) as error:
+        check_launch(1, 4, environ)
+    assert str(error.value) == (
+        "the launcher started 4 processes (WORLD_SIZE), 2 or more on this node (LOCAL_RANK 1), but the Trainer has "
+        "devices 1 x num_nodes 4: give --trainer.devices the processes per node and --trainer.num_nodes the nodes "
+        "(4 in all)"
+    )
 
 
 @pytest.mark.parametrize(
