@@ -59,3 +59,11 @@ def launched_first(environ: Mapping[str, str] = os.environ) -> bool:
         if environ.get(name, "").isdigit():
             return int(environ[name]) == 0
     return all(environ.get(name, "0") in ("", "0") for name in ("NODE_RANK", "GROUP_RANK", "LOCAL_RANK"))
+
+
+def launched_processes(environ: Mapping[str, str] = os.environ) -> int:
+    """How many processes the launcher started (torchrun / Azure ML's pytorch, mpirun, horovodrun), or 1."""
+    for name in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "HOROVOD_SIZE"):
+        if environ.get(name, "").isdigit():
+            return int(environ[name])
+    return 1

@@ -174,7 +174,8 @@ def test_register_model_against_azure_like_tracking_loads_back_and_predicts_as_t
 def test_two_nodes_resume_from_a_checkpoint_only_the_first_node_has(tmp_path):
     """A job started again (preempted, or a longer run) with the last.ckpt of global rank 0's disk: node 1 never had
     it, yet every process must start from it. Found by --checkpoint_dir, a folder of each node's own disk, only rank 0
-    would resume and the job hang: one line in every process instead, naming --ckpt_path, which works."""
+    would resume and the job hang: one line in every process instead, naming --ckpt_path, which works. A --ckpt_path
+    that no node has is one line in every process too."""
     folders = node_checkouts(tmp_path, 2)
     ddp = ["--config", "configs/trainer/ddp.yaml", "--trainer.accelerator", "cpu", "--trainer.devices", "1"]
     ddp += ["--trainer.num_nodes", "2", "--test_after_fit", "false", "--checkpoint_dir", "ckpt"]
@@ -192,6 +193,16 @@ def test_two_nodes_resume_from_a_checkpoint_only_the_first_node_has(tmp_path):
             "every process"
         )
     assert torch.load(last, weights_only=False)["global_step"] == 6 * 2  # untouched
+    runs = sorted(folders[0].glob("outputs/*/*"))
+    # A --ckpt_path that is not there: rank 0 alone can tell, and the others must not wait for it in vain.
+    mistyped = wait_job(start_job(folders, "pytorch", 1, fit(*ddp, "--ckpt_path", "ckpt/lats.ckpt")), timeout_s=300)
+    for process in mistyped:
+        assert process.returncode == 1, f"node {process.node}: {process.stderr[-3000:]}"
+        assert process.stderr.strip().splitlines()[-1] == (
+            "error: ckpt/lats.ckpt: no such checkpoint; give --ckpt_path a .ckpt that fit wrote "
+            "(outputs/<exp>/<run>/checkpoints/)"
+        )
+    assert sorted(folders[0].glob("outputs/*/*")) == runs  # no record of a run that never started
     again = run_job(folders, "pytorch", 1, fit(*ddp, "--ckpt_path", "ckpt/last.ckpt"))
     for process in again:
         assert process.returncode == 0, f"node {process.node}: {process.stderr[-3000:]}"

@@ -60,7 +60,7 @@ from scripts.training.tracking import (
     open_sqlite_store,
 )
 from strategies.checkpoint_io import CheckpointError, RankZeroCheckpointIO, check_checkpoint_file
-from strategies.launch_check import check_launch, launched_first
+from strategies.launch_check import check_launch, launched_first, launched_processes
 from strategies.mpi_environment import LaunchError
 
 OUTPUTS = Path("outputs")  # Azure ML uploads ./outputs of every job
@@ -189,9 +189,13 @@ class TemplateCLI(LightningCLI):
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         ckpt_path = subcommand and self.config[subcommand].get("ckpt_path")
-        if ckpt_path and ckpt_path not in ("best", "last", "hpc", "registry") and launched_first():
-            # LightningCLI reads the checkpoint's hyperparameters next, with a bare torch.load: check the file first.
-            # Rank 0 only: on other nodes it need not exist (rank 0 reads it for all: strategies/checkpoint_io.py).
+        # LightningCLI reads the checkpoint's hyperparameters next, with a bare torch.load: check the file first.
+        # Rank 0 only: on other nodes it need not exist (rank 0 reads it for all: strategies/checkpoint_io.py). A
+        # missing one (LightningCLI skips it), when a launcher started other processes too: not here, where they would
+        # wait for this one until torch.distributed's timeout (30 minutes); rank 0's read of it at the run's start
+        # stops every process together.
+        named = ckpt_path and ckpt_path not in ("best", "last", "hpc", "registry")
+        if named and launched_first() and (Path(ckpt_path).exists() or launched_processes() == 1):
             check_checkpoint_file(ckpt_path)
 
     def before_instantiate_classes(self) -> None:
