@@ -103,6 +103,24 @@ def test_devices_that_disagree_with_the_processes_azure_started_is_one_line(tmp_
         assert "Traceback" not in process.stderr
 
 
+def test_a_model_dir_that_rank_0_refuses_stops_every_process_in_one_line(tmp_path):
+    """Rank 0 alone saves the model, so it alone checks --model_dir; the job's other processes must stop with it, not
+    wait for it until torch.distributed's timeout (30 minutes). Nothing of the user's is touched."""
+    (folder,) = node_checkouts(tmp_path, 1)
+    (folder / "mine").mkdir()
+    (folder / "mine" / "notes.txt").write_text("mine")
+    args = fit("--config", "configs/trainer/ddp.yaml", "--trainer.accelerator", "cpu", "--trainer.devices", "2",
+               "--model_dir", "mine")  # fmt: skip
+    for process in wait_job(start_job([folder], "pytorch", 2, args), timeout_s=300):
+        assert process.returncode == 1, f"rank {process.local_rank}: {process.stderr[-3000:]}"
+        assert process.stderr.strip().splitlines()[-1] == (
+            "error: --model_dir mine: neither empty nor an MLflow model's folder; give a new or empty one (nothing in "
+            "it is replaced)"
+        )
+    assert [path.name for path in (folder / "mine").iterdir()] == ["notes.txt"]
+    assert not list(folder.glob("outputs/*/*/config.yaml"))
+
+
 def test_horovod_under_mpirun_with_a_folder_per_process_fits_tests_and_tracks_one_run(tmp_path, azure_tracking):
     """Azure ML's `mpi` distribution starts Horovod with mpirun; each process here runs in a folder of its own (one
     host, so Horovod sees one node of 2: Open MPI cannot make loopback two hosts)."""

@@ -49,6 +49,7 @@ from scripts.training.checkpoints import (
     saved_run_id,
 )
 from scripts.training.progress_bar import ThrottledProgressBar
+from scripts.training.rank_zero_checks import RankZeroChecks
 from scripts.training.sigterm import StopTogether, sigterm_received
 from scripts.training.throughput import EpochThroughput
 from scripts.training.tracking import (
@@ -155,6 +156,7 @@ class TemplateCLI(LightningCLI):
     def __init__(self, *positional, args=None, **kwargs) -> None:
         self.requested = requested_subcommand(sys.argv[1:] if args is None else args)
         self.resumes = False  # fit: from --checkpoint_dir's last.ckpt, as this process found it
+        self.rank_zero_checks = RankZeroChecks()
         super().__init__(*positional, args=args, **kwargs)
 
     def subcommands(self) -> dict[str, set[str]]:
@@ -219,10 +221,10 @@ class TemplateCLI(LightningCLI):
             warnings.filterwarnings("ignore", r"The dirpath has changed from")
         if self.subcommand == "fit":
             check_trains(config.trainer)
-            if config.get("checkpoint_dir") and launched_first():
-                check_writable(Path(config.checkpoint_dir), "--checkpoint_dir")
-            if config.get("model_dir") and launched_first():
-                check_model_dir(Path(config.model_dir), "--model_dir")
+            if config.get("checkpoint_dir"):
+                self.rank_zero_checks.check(check_writable, Path(config.checkpoint_dir), "--checkpoint_dir")
+            if config.get("model_dir"):
+                self.rank_zero_checks.check(check_model_dir, Path(config.model_dir), "--model_dir")
             if ours_only(config.get("checkpoint_dir")):  # Lightning warns of it at every start, resumes included
                 warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
         if self.subcommand == "fit" and (last := resume_from(config)):
@@ -254,8 +256,9 @@ class TemplateCLI(LightningCLI):
         except ValueError as error:  # the Trainer's own checks of its options (a strategy name that does not exist)
             raise ConfigError(f"trainer: {str(error).strip().splitlines()[0]}") from None
         check_launch(trainer.num_devices, trainer.num_nodes)
+        # First: before the run's record is touched.
+        trainer.callbacks.insert(0, self.rank_zero_checks)
         if self.subcommand == "fit" and (folder := self.config.fit.get("checkpoint_dir")):
-            # First: before the run's record is touched.
             trainer.callbacks.insert(0, SameResume(folder, self.resumes))
         trainer.callbacks.append(StopTogether())  # not in trainer.callbacks' option: a config's list would drop it
         bar = trainer.progress_bar_callback
