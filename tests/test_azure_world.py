@@ -193,7 +193,8 @@ def test_two_nodes_resume_from_a_checkpoint_only_the_first_node_has(tmp_path):
     """A job started again (preempted, or a longer run) with the last.ckpt of global rank 0's disk: node 1 never had
     it, yet every process must start from it. Found by --checkpoint_dir, a folder of each node's own disk, only rank 0
     would resume and the job hang: one line in every process instead, naming --ckpt_path, which works. A --ckpt_path
-    that no node has is one line in every process too."""
+    that no node has, or model options other than its own (which only rank 0 can read), is one line in every process
+    too."""
     folders = node_checkouts(tmp_path, 2)
     ddp = ["--config", "configs/trainer/ddp.yaml", "--trainer.accelerator", "cpu", "--trainer.devices", "1"]
     ddp += ["--trainer.num_nodes", "2", "--test_after_fit", "false", "--checkpoint_dir", "ckpt"]
@@ -221,6 +222,18 @@ def test_two_nodes_resume_from_a_checkpoint_only_the_first_node_has(tmp_path):
             "(outputs/<exp>/<run>/checkpoints/)"
         )
     assert sorted(folders[0].glob("outputs/*/*")) == runs  # no record of a run that never started
+    # LightningCLI gives the model the hyperparameters of the checkpoint where it can read it: rank 0 alone. Rank 1
+    # with another warmup would drift from it, silently.
+    warmer = wait_job(start_job(folders, "pytorch", 1, fit(*ddp, "--ckpt_path", "ckpt/last.ckpt",
+                                                           "--model.warmup_steps", "5")), timeout_s=300)  # fmt: skip
+    assert [process.returncode for process in warmer] == [1, 1], warmer[0].stderr[-3000:]
+    assert warmer[1].stderr.strip().splitlines()[-1] == (
+        "error: --model.warmup_steps 5: rank 0 takes 0 from the hyperparameters of --ckpt_path ckpt/last.ckpt "
+        "(LightningCLI gives the model a checkpoint's own), which rank 1 cannot read (nodes that share no disk); give "
+        "--model.warmup_steps 0, as it was trained"
+    )
+    assert warmer[0].stderr.strip().splitlines()[-1].startswith("error: another process builds the model or the data")
+    assert torch.load(last, weights_only=False)["global_step"] == 6 * 2  # untouched
     again = run_job(folders, "pytorch", 1, fit(*ddp, "--ckpt_path", "ckpt/last.ckpt"))
     for process in again:
         assert process.returncode == 0, f"node {process.node}: {process.stderr[-3000:]}"

@@ -153,6 +153,44 @@ class SameResume(L.Callback):
         )
 
 
+class SameHyperparameters(L.Callback):
+    """Every process must build the same module and datamodule. LightningCLI gives the module a --ckpt_path's own
+    hyperparameters, but only where the file is (rank 0's disk, on nodes that share no disk), and a --config file may
+    differ between nodes: processes that differ train replicas that drift apart (another warmup, say) or meet in
+    mismatched collectives. Compared once the processes meet, before anything is restored: one line in every process.
+    Installed by scripts.train."""
+
+    def __init__(self, ckpt_path: str | None) -> None:
+        self.ckpt_path = ckpt_path
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if trainer.world_size == 1:
+            return
+        mine = flatten({"model": dict(pl_module.hparams), "data": dict(getattr(trainer.datamodule, "hparams", {}))})
+        mine = {key: value for key, value in mine.items() if "_instantiator" not in key}
+        first = trainer.strategy.broadcast(mine, src=0)
+        differ = [key for key in dict.fromkeys([*first, *mine]) if str(first.get(key)) != str(mine.get(key))]
+        flag = torch.tensor(float(bool(differ)), device=trainer.strategy.root_device)
+        if not trainer.strategy.reduce(flag, reduce_op="max").item():
+            return
+        if not differ:
+            raise CheckpointError(
+                "another process builds the model or the data with other options than rank 0 (its own line names "
+                "them); give every process the same options"
+            )
+        key = differ[0]
+        if self.ckpt_path and not Path(self.ckpt_path).is_file():
+            raise CheckpointError(
+                f"--{key} {mine.get(key)}: rank 0 takes {first.get(key)} from the hyperparameters of --ckpt_path "
+                f"{self.ckpt_path} (LightningCLI gives the model a checkpoint's own), which rank {trainer.global_rank} "
+                f"cannot read (nodes that share no disk); give --{key} {first.get(key)}, as it was trained"
+            )
+        raise CheckpointError(
+            f"--{key} {mine.get(key)}: rank 0 has {first.get(key)} (a --config file that differs between nodes?); "
+            "give every process the same options"
+        )
+
+
 def flatten(config: dict | list, prefix: str = "") -> dict[str, object]:
     """`{"a": {"b": [{"c": 1}]}}` -> `{"a.b.0.c": 1}`: a config as MLflow parameters, or as compared on a resume."""
     flat: dict[str, object] = {}

@@ -40,6 +40,7 @@ from scripts.training import hook_calls
 from scripts.training.checkpoints import (
     CONFIG_KEY,
     RUN_ID_FILE,
+    SameHyperparameters,
     SameResume,
     add_checkpoint_arguments,
     check_resume,
@@ -258,6 +259,7 @@ class TemplateCLI(LightningCLI):
         check_launch(trainer.num_devices, trainer.num_nodes)
         # First: before the run's record is touched.
         trainer.callbacks.insert(0, self.rank_zero_checks)
+        trainer.callbacks.insert(0, SameHyperparameters(self.config[self.subcommand].get("ckpt_path")))
         if self.subcommand == "fit" and (folder := self.config.fit.get("checkpoint_dir")):
             trainer.callbacks.insert(0, SameResume(folder, self.resumes))
         trainer.callbacks.append(StopTogether())  # not in trainer.callbacks' option: a config's list would drop it
