@@ -448,6 +448,30 @@ def test_a_row_the_model_refuses_on_spark_is_one_line_naming_it(tmp_path, spark,
     assert not (tmp_path / "out" / "_SUCCESS").exists()
 
 
+@pytest.mark.slow
+@needs_java
+@pytest.mark.parametrize(
+    ("task", "rows", "label", "line"),
+    [
+        ("penguins", "penguins", "speces", r"--label speces: \S+ has no such column \(its columns: species, island, "),
+        ("penguins", "penguins", "island", r"--label island: none of its values is a class of the model \(Adelie, "),
+        ("birds", None, "species", r"--label species: images are labelled by the folders they are in; leave --label"),
+    ],
+)
+def test_a_label_the_inputs_cannot_give_is_one_line_not_a_missing_accuracy(tmp_path, spark, models, task, rows, label,
+                                                                           line):  # fmt: skip
+    from scripts.spark import main
+
+    inputs = models[task].inputs
+    if rows:  # a few rows: the line comes from the data, whatever their number
+        inputs = tmp_path / "new.csv"
+        pd.read_csv(models[rows].inputs).iloc[:6].to_csv(inputs, index=False)
+    with pytest.raises(SystemExit) as stop:
+        main(["score", str(models[task].model), str(inputs), "--output", str(tmp_path / "out"), "--label", label])
+    assert re.match(f"error: {line}", stop.value.code), stop.value.code
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     ("argv", "line"),
     [

@@ -58,6 +58,19 @@ def model_udf(spark, model_uri: str):
     return udf, outputs, classes, info.signature.inputs.input_names()
 
 
+def check_label(frame, path: str, label: str | None) -> None:
+    """A --label the inputs cannot have: without it, no accuracy would be printed, and no word said why."""
+    if label is None:
+        return
+    if "path" in frame.columns and "image" in frame.columns:
+        raise SparkScoreError(f"--label {label}: images are labelled by the folders they are in; leave --label out")
+    if label not in frame.columns:
+        raise SparkScoreError(
+            f"--label {label}: {path} has no such column (its columns: {', '.join(frame.columns)}); give the column "
+            "that holds each row's answer"
+        )
+
+
 def predict(spark, model_uri: str, frame):
     """`frame` with the model's output columns after its own; returns (scored frame, output names, class names)."""
     from pyspark.sql import functions as F
@@ -89,7 +102,12 @@ def labelled(scored, classes: list[str], label: str | None):
         prediction = F.when(F.col("class") == name, float(number)).otherwise(prediction)
     frame = frame.withColumn("prediction", prediction)
     if frame.filter(F.col("label").isNotNull()).limit(1).count() == 0:
-        return None  # folders not named by class, or a label column of something else: no accuracy to state
+        if label is not None and scored.limit(1).count():
+            raise SparkScoreError(
+                f"--label {label}: none of its values is a class of the model ({', '.join(classes)}) or a class's "
+                "index; give the column that holds each row's answer"
+            )
+        return None  # folders not named by class: no accuracy to state
     return frame
 
 
@@ -118,6 +136,7 @@ def score(spark, model_uri: str, path: str, output: str | None = None, label: st
     from pyspark.errors import PySparkException
 
     frame = read_inputs(spark, path)
+    check_label(frame, path, label)
     scored, outputs, classes = predict(spark, model_uri, frame)
     try:
         scored = scored.cache()
