@@ -472,6 +472,26 @@ def test_a_label_the_inputs_cannot_give_is_one_line_not_a_missing_accuracy(tmp_p
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
+@needs_java
+@pytest.mark.parametrize(
+    ("task", "inputs", "line"),
+    [
+        ("birds", "penguins", r"\S+/penguins.csv: the model \S+/birds takes images; give a folder of images$"),
+        ("penguins", "birds", r"\S+/val: the model \S+/penguins takes rows; give a CSV of them \(.csv\)$"),
+    ],
+)
+def test_inputs_of_another_kind_than_the_model_takes_are_one_line(tmp_path, spark, models, task, inputs, line):
+    """Spark's answers were a pandas repr cut at its first line, or pyarrow's 'Cannot convert
+    pyarrow.lib.ChunkedArray to pyarrow.lib.Array'."""
+    from scripts.spark import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["score", str(models[task].model), str(models[inputs].inputs), "--output", str(tmp_path / "out")])
+    assert re.match(f"error: {line}", stop.value.code), stop.value.code
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     ("argv", "line"),
     [

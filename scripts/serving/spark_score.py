@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 
 SPARK_OPTIONS = ("--output", "--label", "--master")
+IMAGE_COLUMN = "image"  # the input of the models of images (scripts/serving/pyfunc_model.py)
 FAILED_ROW = re.compile(r"^\s*(\w+(?:\.\w+)*(?:Error|Exception)): (.+)$")
 
 
@@ -37,14 +38,11 @@ def read_inputs(spark, path: str):
     return files.select("path", F.col("content").alias("image")).orderBy("path")
 
 
-def model_udf(spark, model_uri: str):
-    """The model as a Spark UDF and its class names (from its output signature: the `probability_<class>` columns);
-    the UDF returns a struct of the model's output columns."""
-    import os
-
+def model_columns(model_uri: str) -> tuple[list[str], list[str], list[str]]:
+    """The model's input and output column names and its class names, from its signature (the classes: the
+    `probability_<class>` outputs)."""
     import mlflow
 
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # the copy spark_udf makes: no bars
     info = mlflow.models.get_model_info(model_uri)
     outputs = info.signature.outputs.input_names() if info.signature and info.signature.outputs else []
     classes = [name.removeprefix("probability_") for name in outputs if name.startswith("probability_")]
@@ -53,9 +51,28 @@ def model_udf(spark, model_uri: str):
             f"{model_uri}: no probability_<class> outputs in its signature; give a model registered by "
             "`fit --register_model` (an MLflow pyfunc model of this project)"
         )
+    return info.signature.inputs.input_names(), outputs, classes
+
+
+def model_udf(spark, model_uri: str, outputs: list[str]):
+    """The model as a Spark UDF that returns a struct of the model's output columns."""
+    import os
+
+    import mlflow
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # the copy spark_udf makes: no bars
     types = ", ".join(f"`{name}` {'string' if name == 'class' else 'double'}" for name in outputs)
-    udf = mlflow.pyfunc.spark_udf(spark, model_uri, result_type=types, env_manager="local")
-    return udf, outputs, classes, info.signature.inputs.input_names()
+    return mlflow.pyfunc.spark_udf(spark, model_uri, result_type=types, env_manager="local")
+
+
+def check_kind(path: str, model_uri: str, inputs: list[str]) -> None:
+    """A CSV for a model of images, or a folder for a model of rows: the model's own answer would be a pandas repr or
+    pyarrow's 'Cannot convert pyarrow.lib.ChunkedArray to pyarrow.lib.Array'."""
+    takes_images = inputs == [IMAGE_COLUMN]
+    if takes_images and path.lower().endswith(".csv"):
+        raise SparkScoreError(f"{path}: the model {model_uri} takes images; give a folder of images")
+    if not takes_images and not path.lower().endswith(".csv"):
+        raise SparkScoreError(f"{path}: the model {model_uri} takes rows; give a CSV of them (.csv)")
 
 
 def check_label(frame, path: str, label: str | None) -> None:
@@ -71,11 +88,13 @@ def check_label(frame, path: str, label: str | None) -> None:
         )
 
 
-def predict(spark, model_uri: str, frame):
+def predict(spark, model_uri: str, frame, path: str):
     """`frame` with the model's output columns after its own; returns (scored frame, output names, class names)."""
     from pyspark.sql import functions as F
 
-    udf, outputs, classes, inputs = model_udf(spark, model_uri)
+    inputs, outputs, classes = model_columns(model_uri)
+    check_kind(path, model_uri, inputs)
+    udf = model_udf(spark, model_uri, outputs)
     given = [name for name in frame.columns if name in inputs] or [name for name in frame.columns if name != "path"]
     scored = frame.withColumn("prediction_struct", udf(F.struct(*[F.col(f"`{name}`") for name in given])))
     scored = scored.select(*frame.columns, *[F.col(f"prediction_struct.`{name}`").alias(name) for name in outputs])
@@ -137,7 +156,7 @@ def score(spark, model_uri: str, path: str, output: str | None = None, label: st
 
     frame = read_inputs(spark, path)
     check_label(frame, path, label)
-    scored, outputs, classes = predict(spark, model_uri, frame)
+    scored, outputs, classes = predict(spark, model_uri, frame, path)
     try:
         scored = scored.cache()
         rows = scored.count()
