@@ -492,6 +492,25 @@ def test_inputs_of_another_kind_than_the_model_takes_are_one_line(tmp_path, spar
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
+@needs_java
+@pytest.mark.parametrize("column", ["class", "Probability"])
+def test_an_input_column_named_as_an_answer_column_is_one_line(tmp_path, spark, models, column):
+    """A CSV of earlier predictions, or one whose label column is `class`: Spark's answer was AMBIGUOUS_REFERENCE,
+    after a JSON log of its Java trace on the console (column names ignore case in Spark)."""
+    from scripts.spark import main
+
+    rows = pd.read_csv(models["penguins"].inputs).iloc[:6].rename(columns={"species": column})
+    rows.to_csv(tmp_path / "new.csv", index=False)
+    with pytest.raises(SystemExit) as stop:
+        main(["score", str(models["penguins"].model), str(tmp_path / "new.csv"), "--output", str(tmp_path / "out")])
+    assert stop.value.code == (
+        f"error: {tmp_path / 'new.csv'}: its column {column} is also a column of the model's answer (class, "
+        "probability, probability_Adelie, probability_Gentoo, probability_Chinstrap); rename it"
+    )
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     ("argv", "line"),
     [

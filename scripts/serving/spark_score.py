@@ -94,6 +94,11 @@ def predict(spark, model_uri: str, frame, path: str):
 
     inputs, outputs, classes = model_columns(model_uri)
     check_kind(path, model_uri, inputs)
+    answers = {name.lower() for name in outputs}  # Spark's column names ignore case (spark.sql.caseSensitive)
+    if clash := next((name for name in frame.columns if name.lower() in answers), None):
+        raise SparkScoreError(
+            f"{path}: its column {clash} is also a column of the model's answer ({', '.join(outputs)}); rename it"
+        )
     udf = model_udf(spark, model_uri, outputs)
     given = [name for name in frame.columns if name in inputs] or [name for name in frame.columns if name != "path"]
     scored = frame.withColumn("prediction_struct", udf(F.struct(*[F.col(f"`{name}`") for name in given])))
