@@ -430,13 +430,35 @@ def pack_code(repository: Path = REPOSITORY) -> bytes:
     return buffer.getvalue()
 
 
-def start_in_task(repository: str, workdir: str, code: bytes, args: list[str], environment: dict[str, str]):
+def relative_outputs(trainer, environment: dict[str, str]) -> list[str]:
+    """The fit's outputs given as relative paths (the default `outputs` folder, a relative sqlite tracking URI): on a
+    node that runs the code the driver sent, they would land in the task's folder, which Spark removes with the
+    application."""
+    found = []
+    if not Path(str(trainer.default_root_dir or "outputs")).is_absolute():
+        found.append(f"--trainer.default_root_dir {trainer.default_root_dir or 'outputs'}")
+    given = str((getattr(trainer.logger, "init_args", None) or {}).get("tracking_uri") or "")
+    tracking = given or environment.get("MLFLOW_TRACKING_URI", "")
+    if tracking.startswith("sqlite:///") and not tracking.startswith("sqlite:////"):
+        found.append(f"{'--trainer.logger.init_args.tracking_uri' if given else 'MLFLOW_TRACKING_URI'} {tracking}")
+    return found
+
+
+def start_in_task(
+    repository: str,
+    workdir: str,
+    code: bytes,
+    args: list[str],
+    environment: dict[str, str],
+    relative: list[str] | None = None,
+):
     """What TorchDistributor runs in every process of every task. Pickled by value: the executor's Python knows no
     module of this checkout until its folder is on the path.
 
     The checkout at the driver's path when this node has it (this machine, a Databricks Git folder); else the `code`
     the driver sent (a Synapse pool, YARN, Kubernetes), unpacked once per node into the task's folder, which Spark
-    removes with the application. The working directory is the driver's, or its place in the unpacked checkout.
+    removes with the application. The working directory is the driver's, or its place in the unpacked checkout; there
+    the fit's `relative` outputs (relative_outputs) would go with the folder: the task refuses them before training.
     """
     import hashlib
     import io
@@ -446,6 +468,7 @@ def start_in_task(repository: str, workdir: str, code: bytes, args: list[str], e
     import tempfile
     import zipfile
 
+    refusal = None
     if not os.path.isfile(os.path.join(repository, "scripts", "spark.py")):
         unpacked = os.path.abspath(f"lightning-template-code-{hashlib.sha256(code).hexdigest()[:16]}")
         if not os.path.isdir(unpacked):
@@ -458,18 +481,27 @@ def start_in_task(repository: str, workdir: str, code: bytes, args: list[str], e
         inside = os.path.relpath(workdir, repository)
         if not os.path.isdir(workdir):
             workdir = os.path.join(unpacked, inside if not inside.startswith("..") else ".")
+            if relative:
+                refusal = (
+                    f"{relative[0]}: a relative path, and this node runs the code the driver sent from the task's "
+                    "folder, which Spark removes with the application (checkpoints and MLflow run with it); give an "
+                    "absolute path on storage that outlives the cluster (the pool's mounted storage, /dbfs, /Volumes)"
+                )
         repository = unpacked
     sys.path.insert(0, repository)
     from scripts.spark import fit_in_task
 
-    return fit_in_task(workdir, args, environment)
+    return fit_in_task(workdir, args, environment, refusal)
 
 
-def fit_in_task(workdir: str, args: list[str], environment: dict[str, str]) -> dict | None:
-    """scripts.train's fit in this task's process, from `workdir`; global rank 0 returns its results."""
+def fit_in_task(workdir: str, args: list[str], environment: dict[str, str], refusal: str | None = None) -> dict | None:
+    """scripts.train's fit in this task's process, from `workdir`; global rank 0 returns its results. A `refusal`
+    fails the task with it, as the fit's own errors do."""
     os.environ.update(environment)
     rank = int(os.environ.get("RANK", "0"))
     try:
+        if refusal:
+            sys.exit(refusal)
         os.chdir(workdir)
         from scripts.train import main
 
@@ -529,7 +561,10 @@ def fit_on_spark(argv: list[str], spark=None) -> dict:
             sys.stderr = errors
             try:
                 code = pack_code()
-                result = distributor.run(start_in_task, str(REPOSITORY), os.getcwd(), code, task_args, environment)
+                relative = relative_outputs(config.trainer, environment)
+                result = distributor.run(
+                    start_in_task, str(REPOSITORY), os.getcwd(), code, task_args, environment, relative
+                )
             except Exception as error:
                 log.write(f"\n{type(error).__name__}: {error}\n")  # Spark's own report, its Java trace with it
                 line = failure_line(error, errors.failures, errors.killed)

@@ -277,6 +277,26 @@ def test_a_node_without_the_checkout_runs_the_code_the_driver_sent(tmp_path):
     (unpacked,) = tmp_path.glob("lightning-template-code-*")
     assert (unpacked / "scripts" / "train.py").is_file() and (unpacked / "configs" / "penguins.yaml").is_file()
 
+    # There a relative root folder would be the task's, which Spark removes with the application: refused, not trained.
+    args = ["--config", "configs/penguins.yaml", "--trainer.max_epochs", "1"]
+    relative = scripts.spark.relative_outputs(scripts.spark.resolve_trainer(args).trainer, {})
+    assert relative == ["--trainer.default_root_dir outputs"]
+    program = program.replace("'--print_config'], {", f"], relative={relative!r}, environment={{")
+    result = subprocess.run(
+        [sys.executable, "-c", program], input=pickle.dumps((entry, *call[1:4], args)), capture_output=True,
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert re.search(
+        r"spark task failed on rank 0 at [\d.]+: --trainer.default_root_dir outputs: a relative path, and this node "
+        r"runs the code the driver sent from the task's folder, which Spark removes with the application",
+        result.stderr.decode(),
+    ), result.stderr.decode()[-3000:]
+    assert not (unpacked / "outputs").exists()
+    absolute = ["--trainer.default_root_dir", str(tmp_path / "kept"), "--trainer.logger.init_args.tracking_uri"]
+    assert scripts.spark.relative_outputs(scripts.spark.resolve_trainer([*args, *absolute, "sqlite:///x.db"]).trainer,
+                                          {}) == ["--trainer.logger.init_args.tracking_uri sqlite:///x.db"]  # fmt: skip
+
 
 def test_the_failure_reported_is_the_first_one_whatever_order_its_line_arrived_in():
     """The rank that fails first takes the others down (their collectives lose a peer); lines from different tasks
