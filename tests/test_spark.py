@@ -531,6 +531,31 @@ def test_an_input_column_named_as_an_answer_column_is_one_line(tmp_path, spark, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
+@needs_java
+def test_a_header_typed_with_spaces_scores_and_one_of_other_separators_is_one_line(tmp_path, spark, models):
+    """A header typed "island, bill_length_mm, ...": Spark's columns are " bill_length_mm" and so on, which the model
+    reads as its own (as scripts.score does); Spark sent all of them under those names, and the answer was pyarrow's
+    'Cannot convert pyarrow.lib.ChunkedArray to pyarrow.lib.Array'. So was it for a header of no column the model takes
+    (semicolons)."""
+    from scripts.spark import main
+
+    penguins = models["penguins"]
+    rows = pd.read_csv(penguins.inputs).iloc[:6]
+    header, *lines = rows.to_csv(index=False).splitlines()
+    (tmp_path / "spaced.csv").write_text("\n".join([header.replace(",", ", "), *lines]) + "\n")
+    main(["score", str(penguins.model), str(tmp_path / "spaced.csv"), "--output", str(tmp_path / "out")])
+    assert_as_predict(written(tmp_path / "out"), dict(list(penguins.expected.items())[:6]))
+    rows.to_csv(tmp_path / "semicolons.csv", index=False, sep=";")
+    with pytest.raises(SystemExit) as stop:
+        main(["score", str(penguins.model), str(tmp_path / "semicolons.csv")])
+    assert stop.value.code == (
+        f"error: {tmp_path / 'semicolons.csv'}: none of its columns ({';'.join(rows.columns)}) is one the model takes "
+        "(island, bill_length_mm, bill_depth_mm, flipper_length_mm, body_mass_g, Island, CulmenLength, CulmenDepth, "
+        "FlipperLength, BodyMass); give a header of the model's column names, separated by commas"
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "line"),
     [

@@ -99,9 +99,17 @@ def predict(spark, model_uri: str, frame, path: str):
         raise SparkScoreError(
             f"{path}: its column {clash} is also a column of the model's answer ({', '.join(outputs)}); rename it"
         )
+    # A header typed "island, bill_length_mm, ..." gives Spark's columns a leading space: the model's names, as the
+    # model itself and scripts.score read them.
+    given = {name: name.strip() for name in frame.columns if name.strip() in inputs}
+    if not given:
+        raise SparkScoreError(
+            f"{path}: none of its columns ({', '.join(frame.columns)}) is one the model takes ({', '.join(inputs)}); "
+            "give a header of the model's column names, separated by commas"
+        )
     udf = model_udf(spark, model_uri, outputs)
-    given = [name for name in frame.columns if name in inputs] or [name for name in frame.columns if name != "path"]
-    scored = frame.withColumn("prediction_struct", udf(F.struct(*[F.col(f"`{name}`") for name in given])))
+    columns = [F.col(f"`{name}`").alias(stripped) for name, stripped in given.items()]
+    scored = frame.withColumn("prediction_struct", udf(F.struct(*columns)))
     scored = scored.select(*frame.columns, *[F.col(f"prediction_struct.`{name}`").alias(name) for name in outputs])
     return scored, outputs, classes
 
