@@ -430,13 +430,15 @@ def pack_code(repository: Path = REPOSITORY) -> bytes:
     return buffer.getvalue()
 
 
-def relative_outputs(trainer, environment: dict[str, str]) -> list[str]:
-    """The fit's outputs given as relative paths (the default `outputs` folder, a relative sqlite tracking URI): on a
-    node that runs the code the driver sent, they would land in the task's folder, which Spark removes with the
-    application."""
-    found = []
+def relative_outputs(config, environment: dict[str, str]) -> list[str]:
+    """The `fit` config's outputs given as relative paths (the default `outputs` folder, a relative sqlite tracking
+    URI, --model_dir, --metrics_file): on a node that runs the code the driver sent, they would land in the task's
+    folder, which Spark removes with the application."""
+    trainer = config.trainer
+    found = [f"--{option} {config[option]}" for option in ("model_dir", "metrics_file")
+             if config.get(option) and not Path(str(config[option])).is_absolute()]  # fmt: skip
     if not Path(str(trainer.default_root_dir or "outputs")).is_absolute():
-        found.append(f"--trainer.default_root_dir {trainer.default_root_dir or 'outputs'}")
+        found.insert(0, f"--trainer.default_root_dir {trainer.default_root_dir or 'outputs'}")
     given = str((getattr(trainer.logger, "init_args", None) or {}).get("tracking_uri") or "")
     tracking = given or environment.get("MLFLOW_TRACKING_URI", "")
     if tracking.startswith("sqlite:///") and not tracking.startswith("sqlite:////"):
@@ -561,7 +563,7 @@ def fit_on_spark(argv: list[str], spark=None) -> dict:
             sys.stderr = errors
             try:
                 code = pack_code()
-                relative = relative_outputs(config.trainer, environment)
+                relative = relative_outputs(config, environment)
                 result = distributor.run(
                     start_in_task, str(REPOSITORY), os.getcwd(), code, task_args, environment, relative
                 )

@@ -279,7 +279,7 @@ def test_a_node_without_the_checkout_runs_the_code_the_driver_sent(tmp_path):
 
     # There a relative root folder would be the task's, which Spark removes with the application: refused, not trained.
     args = ["--config", "configs/penguins.yaml", "--trainer.max_epochs", "1"]
-    relative = scripts.spark.relative_outputs(scripts.spark.resolve_trainer(args).trainer, {})
+    relative = scripts.spark.relative_outputs(scripts.spark.resolve_trainer(args), {})
     assert relative == ["--trainer.default_root_dir outputs"]
     program = program.replace("'--print_config'], {", f"], relative={relative!r}, environment={{")
     result = subprocess.run(
@@ -294,8 +294,14 @@ def test_a_node_without_the_checkout_runs_the_code_the_driver_sent(tmp_path):
     ), result.stderr.decode()[-3000:]
     assert not (unpacked / "outputs").exists()
     absolute = ["--trainer.default_root_dir", str(tmp_path / "kept"), "--trainer.logger.init_args.tracking_uri"]
-    assert scripts.spark.relative_outputs(scripts.spark.resolve_trainer([*args, *absolute, "sqlite:///x.db"]).trainer,
+    assert scripts.spark.relative_outputs(scripts.spark.resolve_trainer([*args, *absolute, "sqlite:///x.db"]),
                                           {}) == ["--trainer.logger.init_args.tracking_uri sqlite:///x.db"]  # fmt: skip
+    # The files rank 0 writes beside the run: the served model and the metrics.
+    given = ["--model_dir", "model", "--metrics_file", str(tmp_path / "metrics.json")]
+    config = scripts.spark.resolve_trainer([*args, *absolute[:2], *given])
+    assert scripts.spark.relative_outputs(config, {"MLFLOW_TRACKING_URI": "sqlite:///x.db"}) == [
+        "--model_dir model", "MLFLOW_TRACKING_URI sqlite:///x.db"
+    ]  # fmt: skip
 
 
 def test_the_failure_reported_is_the_first_one_whatever_order_its_line_arrived_in():
