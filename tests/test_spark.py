@@ -562,6 +562,19 @@ def test_a_header_typed_with_spaces_scores_and_one_of_other_separators_is_one_li
     )
 
 
+@pytest.mark.slow
+@needs_java
+def test_inputs_and_outputs_given_as_spark_uris_are_spark_s_to_read(tmp_path, spark, models):
+    """dbfs:/Volumes/..., file:/tmp/... (the way Spark itself writes paths): a file system of Spark's, not a path on
+    this disk; they were refused as 'no such file or folder'."""
+    from scripts.spark import main
+
+    penguins = models["penguins"]
+    pd.read_csv(penguins.inputs).iloc[:6].to_csv(tmp_path / "new.csv", index=False)
+    main(["score", str(penguins.model), f"file:{tmp_path / 'new.csv'}", "--output", f"file:{tmp_path / 'out'}"])
+    assert_as_predict(written(tmp_path / "out"), dict(list(penguins.expected.items())[:6]))
+
+
 @pytest.mark.parametrize(
     ("argv", "line"),
     [

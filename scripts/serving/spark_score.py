@@ -20,6 +20,9 @@ from pathlib import Path
 
 SPARK_OPTIONS = ("--output", "--label", "--master")
 IMAGE_COLUMN = "image"  # the input of the models of images (scripts/serving/pyfunc_model.py)
+# A path Spark reads through a file system of its own: dbfs:/..., file:/... (Spark's own spelling of local files),
+# abfss://...; checked there, not on this disk.
+URI = re.compile(r"^[A-Za-z][\w+.-]+:/")
 FAILED_ROW = re.compile(r"^\s*(\w+(?:\.\w+)*(?:Error|Exception)): (.+)$")
 
 
@@ -187,11 +190,11 @@ def score(spark, model_uri: str, path: str, output: str | None = None, label: st
 
 def check_arguments(model_uri: str, path: str, output: str | None) -> None:
     """Mistakes a user can make, before Spark starts."""
-    if "://" not in path and not Path(path).exists():
+    if not URI.match(path) and not Path(path).exists():
         raise SparkScoreError(f"{path}: no such file or folder; give a CSV of rows or a folder of images")
-    if "://" not in path and Path(path).is_file() and not path.lower().endswith(".csv"):
+    if not URI.match(path) and Path(path).is_file() and not path.lower().endswith(".csv"):
         raise SparkScoreError(f"{path}: give a CSV of rows (.csv) or a folder of images")
-    if output and "://" not in output and Path(output).exists():
+    if output and not URI.match(output) and Path(output).exists():
         raise SparkScoreError(f"--output {output}: already exists; give a new folder (nothing is overwritten)")
     if (
         not re.match(r"^(models|runs|file|dbfs|azureml|s3|gs|abfss?|wasbs?|https?):/", model_uri)
