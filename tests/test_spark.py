@@ -575,6 +575,27 @@ def test_inputs_and_outputs_given_as_spark_uris_are_spark_s_to_read(tmp_path, sp
     assert_as_predict(written(tmp_path / "out"), dict(list(penguins.expected.items())[:6]))
 
 
+@pytest.mark.slow
+@needs_java
+def test_labels_written_as_float_indexes_or_with_spaces_give_the_accuracy(tmp_path, spark, models, capsys):
+    """The course's Species index as pandas writes a column with a gap (1.0), and names with a space (" Gentoo"):
+    what the datamodules read as the class, the accuracy counts as it."""
+    from scripts.spark import main
+
+    penguins = models["penguins"]
+    rows = pd.read_csv(penguins.inputs).iloc[::12]  # of the three species
+    species = ["Adelie", "Gentoo", "Chinstrap"]
+    rows["by_index"] = [f"{species.index(name)}.0" for name in rows["species"]]
+    rows["spaced"] = [f" {name}" for name in rows["species"]]
+    rows.to_csv(tmp_path / "new.csv", index=False)
+    answers = list(penguins.expected.values())[::12]
+    assert set(rows["species"]) == set(species)
+    right = sum(label == given for (label, _), given in zip(answers, rows["species"]))
+    for label in ("by_index", "spaced"):
+        main(["score", str(penguins.model), str(tmp_path / "new.csv"), "--label", label])
+        assert f"accuracy: {right / len(rows):.4f}" in capsys.readouterr().out, label
+
+
 @pytest.mark.parametrize(
     ("argv", "line"),
     [

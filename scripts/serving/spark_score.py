@@ -125,12 +125,13 @@ def labelled(scored, classes: list[str], label: str | None):
     if "path" in scored.columns and label is None:
         given = F.element_at(F.split(F.col("path"), "/"), -2)  # photos/chicken/1.jpg: chicken
     elif label is not None and label in scored.columns:
-        given = F.col(f"`{label}`").cast("string")
+        given = F.trim(F.col(f"`{label}`").cast("string"))  # " Adelie" is Adelie, as the datamodules read it
     else:
         return None
     index = F.lit(None).cast("double")
     for number, name in reversed(list(enumerate(classes))):
-        index = F.when((given == name) | (given == str(number)), float(number)).otherwise(index)
+        # An index is read as 1.0 where a cell of its column is empty or written by pandas with one: still class 1.
+        index = F.when(given.isin(name, str(number), f"{number}.0"), float(number)).otherwise(index)
     frame = scored.withColumn("label", index).withColumn("given_label", given)
     prediction = F.lit(None).cast("double")
     for number, name in enumerate(classes):
