@@ -232,7 +232,9 @@ class BirdsDataModule(ClassificationDataModule):
         dataset = ImageFiles(files, labels, self.transform(train=split == "train"))
         rank, world_size = self.rank_and_world_size
         # Training: Lightning's DistributedSampler (shards padded to one length); evaluation: each image once.
-        sampler = EvaluationShard(dataset, rank, world_size) if split in ("val", "test") and world_size > 1 else None
+        sampler = (
+            EvaluationShard(dataset, rank, world_size, split) if split in ("val", "test") and world_size > 1 else None
+        )
         return DataLoader(
             dataset,
             batch_size=self.batch_size,

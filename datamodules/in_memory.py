@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import torch
 
-from datamodules.base import ClassificationDataModule
+from datamodules.base import ClassificationDataModule, check_shardable
 
 
 class InMemoryBatches:
@@ -108,6 +108,8 @@ class InMemoryDataModule(ClassificationDataModule):
     def batches(self, split: str, shuffle: bool = False) -> InMemoryBatches:
         training = split == "train"
         rank, world_size = self.rank_and_world_size
+        if not training:  # evaluation shards are not padded: each process needs a row of its own
+            check_shardable(split, len(self.splits[split][0]), world_size)
         return InMemoryBatches(
             *self.splits[split],
             batch_size=self.batch_size if training or not self.evaluate_in_one_batch else len(self.splits[split][0]),

@@ -390,3 +390,29 @@ def test_sigterm_to_mpirun_and_its_processes_ends_each_with_143_given_the_jobs_g
     assert statuses.read_text().split() == ["143", "143"], (tmp_path / "launcher.log").read_text()[-3000:]
     stopped = torch.load(last, weights_only=False)
     assert stopped["global_step"] == (stopped["epoch"] + 1) * 30  # an epoch's end
+
+
+@pytest.mark.parametrize("task", ["birds", pytest.param("mnist", marks=needs_mnist)])
+def test_fewer_validation_items_than_processes_is_one_line_on_every_process(tmp_path, task):
+    """2 validation items (birds: an image of each class read through a DataLoader; MNIST: rows of in-memory tensors)
+    on 3 processes: one of them would have nothing to evaluate, and Lightning stopped each with a traceback."""
+    if task == "birds":
+        data = bird_folders(tmp_path / "data", splits=("train",), count=2)
+        write_images(data / "val" / "chickens", 1, channel=0, start=10)
+        write_images(data / "val" / "turkeys", 1, channel=1, start=10)
+        options = ["--config", "configs/birds.yaml", "--data.init_args.data_dir", str(data),
+                   "--data.init_args.image_size", "32", "--data.init_args.num_workers", "0"]  # fmt: skip
+    else:
+        options = ["--config", "configs/mnist.yaml", "--data.init_args.data_dir", str(MNIST),
+                   "--data.init_args.val_size", "2"]  # fmt: skip
+    fit = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1", "--test_after_fit", "false"]
+    # No progress bar: rank 0's line would follow its "Sanity Checking" on the same line.
+    outputs = ["--trainer.default_root_dir", str(tmp_path / "o"), "--trainer.enable_progress_bar", "false"]
+    result = run_module("scripts.train", "fit", *options, *DDP, "--trainer.devices", "3", *fit, *outputs)
+    assert result.returncode != 0
+    line = (
+        "error: val split: 2 items for 3 processes, each of which evaluates its own share (one item at least); give "
+        "the val split 3 items or more, or run on 2 processes (--trainer.devices, --trainer.num_nodes)"
+    )
+    assert result.stderr.splitlines().count(line) == 3, result.stderr[-3000:]  # every rank's
+    assert "Traceback" not in result.stderr
