@@ -19,7 +19,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from tests.conftest import REPO, run_module
+from tests.conftest import MNIST, REPO, bird_folders, run_module
 
 pytestmark = pytest.mark.slow
 
@@ -117,6 +117,41 @@ def test_a_fit_stopped_and_started_again_ends_as_one_that_never_stopped_with_eve
     for metric in ("val_loss", "val_acc", "train_loss", "train_acc", "train_samples_per_sec"):
         steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, metric))
         assert steps == list(range(EPOCHS)), metric  # every epoch's, none lost at the stop, none logged twice
+
+
+def random_fit(task: str, tmp_path: Path) -> list[str]:
+    """A fit of 3 epochs that draws random numbers: dropout and MNIST's warps, or birds' shuffled order, random crops
+    and flips in the main process (no DataLoader workers, which keep generators of their own)."""
+    if task == "birds":
+        data = bird_folders(tmp_path / "data", count=4)
+        options = ["--config", "configs/birds.yaml", "--data.init_args.data_dir", str(data),
+                   "--data.init_args.batch_size", "2", "--data.init_args.image_size", "32",
+                   "--data.init_args.num_workers", "0"]  # fmt: skip
+    else:
+        options = ["--config", "configs/mnist.yaml", "--data.init_args.data_dir", str(MNIST),
+                   "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "1"]  # fmt: skip
+    return ["fit", *options, "--trainer.max_epochs", "3", "--trainer.logger", "false", "--test_after_fit", "false"]
+
+
+@pytest.mark.parametrize("task", ["birds"])
+def test_a_fit_resumed_draws_the_random_numbers_one_never_stopped_does(tmp_path, task):
+    """Killed at epoch 1's end and started again: the weights bit for bit those of a fit never stopped (the penguin
+    recipe above draws no random numbers while it trains)."""
+    args = random_fit(task, tmp_path)
+    never = run_module("scripts.train", *args, "--checkpoint_dir", str(tmp_path / "never"))
+    assert never.returncode == 0, never.stderr[-3000:]
+    folder = tmp_path / "resumed"
+    killer = "{class_path: tests.stopping.KillAt, init_args: {hook: on_train_epoch_end, epoch: 1}}"
+    command = [sys.executable, "-m", "scripts.train", *args, "--checkpoint_dir", str(folder)]
+    killed = subprocess.run([*command, "--trainer.callbacks+", killer], cwd=REPO, capture_output=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert load(folder / "last.ckpt")["epoch"] == 0
+    again = run_module("scripts.train", *args, "--checkpoint_dir", str(folder))
+    assert again.returncode == 0, again.stderr[-3000:]
+    final, expected = load(folder / "last.ckpt"), load(tmp_path / "never" / "last.ckpt")
+    assert final["global_step"] == expected["global_step"]
+    for name, weights in expected["state_dict"].items():
+        assert torch.equal(final["state_dict"][name], weights), name
 
 
 def snapshot(outputs: Path) -> tuple[dict, list]:

@@ -50,6 +50,7 @@ from scripts.training.checkpoints import (
     saved_run_id,
 )
 from scripts.training.progress_bar import ThrottledProgressBar
+from scripts.training.random_states import RandomStates
 from scripts.training.rank_zero_checks import RankZeroChecks
 from scripts.training.sigterm import StopTogether, sigterm_received
 from scripts.training.throughput import EpochThroughput
@@ -263,6 +264,7 @@ class TemplateCLI(LightningCLI):
         if self.subcommand == "fit" and (folder := self.config.fit.get("checkpoint_dir")):
             trainer.callbacks.insert(0, SameResume(folder, self.resumes))
         trainer.callbacks.append(StopTogether())  # not in trainer.callbacks' option: a config's list would drop it
+        trainer.callbacks.append(RandomStates())
         bar = trainer.progress_bar_callback
         if type(bar) is TQDMProgressBar and not any(callback is bar for callback in named):  # the Trainer's default
             trainer.callbacks[trainer.callbacks.index(bar)] = ThrottledProgressBar()
