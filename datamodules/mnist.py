@@ -24,6 +24,7 @@ import urllib.request
 import zlib
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -148,6 +149,7 @@ class MNISTDataModule(InMemoryDataModule):
             raise DataError(f"data.init_args.val_size {val_size}: give 1 to 59999 (MNIST has 60000 training images)")
         self.save_hyperparameters()
         self.generator: torch.Generator | None = None
+        self.generator_epoch = 0
 
     def path(self, name: str) -> Path | None:
         """The file holding `name`, gzipped or not; None when neither is there."""
@@ -287,9 +289,14 @@ class MNISTDataModule(InMemoryDataModule):
 
     def warp(self, images: torch.Tensor) -> torch.Tensor:
         """Every image of the batch rotated, scaled and shifted by its own random amount, in one call."""
-        if self.generator is None or self.generator.device != images.device:
+        epoch = self.trainer.current_epoch if self.trainer is not None else 0
+        if self.generator is None or self.generator.device != images.device or self.generator_epoch != epoch:
+            # Seeded anew each epoch by (seed, rank, epoch), as the batches' order is by seed and epoch: a fit resumed
+            # at an epoch's start warps as the uninterrupted one did, with no generator to keep in the checkpoint.
             rank, _ = self.rank_and_world_size
-            self.generator = torch.Generator(images.device).manual_seed(self.seed + rank)
+            seed = np.random.SeedSequence((self.seed & (2**64 - 1), rank, epoch)).generate_state(1, np.uint64)[0]
+            self.generator = torch.Generator(images.device).manual_seed(int(seed))
+            self.generator_epoch = epoch
         n = len(images)
         uniform = torch.rand(n, 4, generator=self.generator, device=images.device) * 2 - 1  # in [-1, 1)
         angle = uniform[:, 0] * math.radians(self.hparams.rotation)

@@ -19,7 +19,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from tests.conftest import MNIST, REPO, bird_folders, run_module
+from tests.conftest import MNIST, REPO, bird_folders, needs_mnist, run_module
 
 pytestmark = pytest.mark.slow
 
@@ -133,7 +133,7 @@ def random_fit(task: str, tmp_path: Path) -> list[str]:
     return ["fit", *options, "--trainer.max_epochs", "3", "--trainer.logger", "false", "--test_after_fit", "false"]
 
 
-@pytest.mark.parametrize("task", ["birds"])
+@pytest.mark.parametrize("task", ["birds", pytest.param("mnist", marks=needs_mnist)])
 def test_a_fit_resumed_draws_the_random_numbers_one_never_stopped_does(tmp_path, task):
     """Killed at epoch 1's end and started again: the weights bit for bit those of a fit never stopped (the penguin
     recipe above draws no random numbers while it trains)."""

@@ -201,7 +201,7 @@ def test_split_is_disjoint_and_seeded() -> None:
 def test_batches_normalised_and_augmentation_only_when_training() -> None:
     data = MNISTDataModule(data_dir=str(SHARED), batch_size=1000, augment=True)
     data.setup("fit")
-    data.trainer = SimpleNamespace(training=False, global_rank=0, world_size=1)
+    data.trainer = SimpleNamespace(training=False, global_rank=0, world_size=1, current_epoch=0)
     raw = next(iter(data.val_dataloader()))
     images, labels = data.on_after_batch_transfer(raw, 0)
     assert images.dtype == torch.float32 and images.shape == (1000, 1, 28, 28) and torch.equal(labels, raw[1])

@@ -8,7 +8,7 @@ callbacks, before the sanity check (which Lightning runs with its own generators
 the first training batch is drawn. Each process of a run restores rank 0's generators, the checkpoint's: those are
 every rank's where seed_everything seeded each process alike and each drew the same numbers (DDP's steps of one
 shape). Not restored: a DataLoader worker's own generator (persistent workers keep drawing from theirs, a resumed fit
-starts new ones), and a module's or datamodule's own torch.Generator.
+starts new ones), and a module's or datamodule's own torch.Generator (MNIST seeds its warps anew every epoch instead).
 """
 
 from __future__ import annotations
