@@ -23,6 +23,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from scripts.training.cli import USER_ERRORS, TemplateCLI, cli_main
 from scripts.training.cli_errors import config_error_line, full_disk_line
+from scripts.training.peer_errors import leave_line, peer_line
 
 
 def main(args: list[str] | None = None) -> TemplateCLI:
@@ -65,12 +66,13 @@ def main(args: list[str] | None = None) -> TemplateCLI:
         while cause is not None and not isinstance(cause, USER_ERRORS):
             cause = cause.__cause__ or cause.__context__
         if cause is None:
-            if line := full_disk_line(error):
+            if line := full_disk_line(error) or peer_line(error):
                 sys.exit(f"error: {line}")
             raise
         message = str(cause).strip()
         if "\n" in message:  # raised in a DataLoader worker: PyTorch re-raises it with the worker's traceback
             message = message.splitlines()[-1].split(": ", 1)[-1]  # "datamodules.errors.DataError: <message>"
+        leave_line(message)  # for the other processes of a DDP job, which would end in gloo's traceback
         sys.exit(f"error: {message}")
     finally:
         if previous is not None:

@@ -416,3 +416,42 @@ def test_fewer_validation_items_than_processes_is_one_line_on_every_process(tmp_
     )
     assert result.stderr.splitlines().count(line) == 3, result.stderr[-3000:]  # every rank's
     assert "Traceback" not in result.stderr
+
+
+def test_a_bad_row_on_one_node_s_disk_ends_every_process_with_that_node_s_line(tmp_path):
+    """Two torchrun "nodes", each reading penguins.csv from its own disk (its working folder), node 1's with a bad
+    value: node 0 failed in its next collective with gloo's "Connection closed by peer" traceback, naming no cause."""
+    from palmerpenguins import load_penguins
+
+    port = free_port()
+    table = load_penguins()
+    nodes = []
+    for node_rank in (0, 1):
+        disk = tmp_path / f"node{node_rank}"
+        disk.mkdir()
+        rows = table.astype({"bill_length_mm": object})
+        if node_rank == 1:
+            rows.loc[5, "bill_length_mm"] = "abc"  # line 7 of the file
+        rows.to_csv(disk / "penguins.csv", index=False)
+        args = [
+            "--nnodes", "2", "--node_rank", str(node_rank), "--nproc_per_node", "1",
+            "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "scripts.train",
+            *penguin_fit(disk, "--config", str(REPO / "configs/trainer/ddp.yaml"), "--trainer.accelerator", "cpu"),
+            "--trainer.devices", "1", "--trainer.num_nodes", "2", "--data.init_args.csv_path", "penguins.csv",
+        ]  # fmt: skip
+        args[args.index("configs/penguins.yaml")] = str(REPO / "configs/penguins.yaml")
+        env = {**own_tmpdir(tmp_path), "PYTHONPATH": str(REPO)}
+        command = [sys.executable, "-m", "torch.distributed.run", *args]
+        nodes.append(
+            subprocess.Popen(command, cwd=disk, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        )
+    (_, err0), (_, err1) = (node.communicate(timeout=600) for node in nodes)
+    assert nodes[0].returncode != 0 and nodes[1].returncode != 0
+    [own] = [line for line in err1.splitlines() if line.startswith("error: ")]
+    assert "penguins.csv" in own and "line 7" in own, err1[-3000:]
+    lines = [line for line in err0.splitlines() if line.startswith("error: ")]
+    assert lines == [
+        f"error: rank 1: {own[len('error: ') :]} (this process stopped with it: the processes train together)"
+    ], err0[-3000:]
+    process = err0.split("failed (exitcode")[0]  # torchrun's own report of a failed process follows, traceback and all
+    assert "Connection closed by peer" not in process and "Traceback" not in process
