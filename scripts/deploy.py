@@ -120,11 +120,25 @@ def print_or_write(entities: tuple, yaml_dir: str | None, kind: str) -> str:
     return "---\n".join(texts)
 
 
-def create(client, operations: str, endpoint, deployment, finish, kept: tuple[str, ...] = ()) -> str:
-    """The endpoint, then the deployment (its code snapshot uploaded, if it has code), through the client's
-    `operations` (online_endpoints / batch_endpoints), then finish(endpoints), whose answer this returns; Azure's
-    refusals as DeployError. An endpoint that is there keeps its traffic and default deployment, and the settings
-    named in `kept` (those the user left to it)."""
+def check_model(client, names: Names) -> None:
+    """The model version is the workspace's: one it lacks would be refused only with the deployment, after a new
+    endpoint was created, left empty."""
+    from azure.core.exceptions import ResourceNotFoundError
+
+    try:
+        client.models.get(names.model, names.version)
+    except ResourceNotFoundError:
+        raise DeployError(
+            f"model {names.model}:{names.version} is not registered in this workspace; nothing was created. Its "
+            f"versions: az ml model list --name {names.model}"
+        ) from None
+
+
+def create(client, names: Names, operations: str, endpoint, deployment, finish, kept: tuple[str, ...] = ()) -> str:
+    """The model checked (check_model), then the endpoint, then the deployment (its code snapshot uploaded, if it has
+    code), through the client's `operations` (online_endpoints / batch_endpoints), then finish(endpoints), whose answer
+    this returns; Azure's refusals as DeployError. An endpoint that is there keeps its traffic and default deployment,
+    and the settings named in `kept` (those the user left to it)."""
     from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, ResourceNotFoundError
 
     from scripts.azure_ml.code_snapshot import code_snapshot
@@ -132,6 +146,7 @@ def create(client, operations: str, endpoint, deployment, finish, kept: tuple[st
     endpoints = getattr(client, operations)
     deployments = getattr(client, operations.replace("endpoints", "deployments"))
     try:
+        check_model(client, names)
         try:
             live = endpoints.get(endpoint.name)
         except ResourceNotFoundError:
@@ -239,7 +254,7 @@ def online(
         return endpoints.get(names.endpoint).scoring_uri
 
     client = workspace_client(subscription_id, resource_group, workspace)
-    scoring_uri = create(client, "online_endpoints", *entities, all_traffic, () if auth_mode else ("auth_mode",))
+    scoring_uri = create(client, names, "online_endpoints", *entities, all_traffic, () if auth_mode else ("auth_mode",))
     credentials = "get-credentials" if entities[0].auth_mode == "key" else "get-credentials (an aml_token)"
     print(f"deployment {names.deployment} takes all traffic of {scoring_uri}")
     print(f"its key: az ml online-endpoint {credentials} -n {names.endpoint}")
@@ -316,7 +331,7 @@ def batch(
         return endpoints.get(names.endpoint).scoring_uri
 
     client = workspace_client(subscription_id, resource_group, workspace)
-    uri = create(client, "batch_endpoints", *entities, default_deployment)
+    uri = create(client, names, "batch_endpoints", *entities, default_deployment)
     kind = "uri_folder" if with_code else "uri_folder (or uri_file for one CSV)"
     print(f"deployment {names.deployment} is the default of {uri}")
     print(f"score data: az ml batch-endpoint invoke -n {names.endpoint} --input PATH --input-type {kind}")

@@ -1,6 +1,6 @@
 """A fake HTTP transport that answers as Azure ML's REST API and a workspace's blob storage would, for MLClient in the
 tests (no Azure is reachable here): jobs, pipeline jobs, components, environments, data assets, datastores, blobs, run
-history and online endpoints.
+history, registered models' versions and online endpoints.
 
     from tests.fake_azure import FakeAzureML, fake_client
 """
@@ -46,6 +46,7 @@ class FakeAzureML(requests.Session):
         self.details_asked = 0
         self.code_hashes: list[str] = []  # the content hashes the workspace was asked for a code snapshot by
         self.computes = {"cpu-cluster", "gpu-cluster", "cpu", "gpu"}  # the workspace's clusters (a pipeline checks)
+        self.models = {"penguins-classifier": {"1", "2", "3"}, "birds-classifier": {"2"}}  # NAME -> its versions
 
     def request(self, method, url, data=None, **kwargs):
         if url.startswith(BLOB_STORE):
@@ -65,6 +66,16 @@ class FakeAzureML(requests.Session):
                        "properties": {"vmSize": "STANDARD_DS3_V2", "scaleSettings": {"maxNodeCount": 4}}}  # fmt: skip
             status, answer = 200, {"id": path, "name": path.rsplit("/", 1)[1], "location": "westeurope",
                                    "properties": cluster}  # fmt: skip
+        elif method == "GET" and (found := re.search(r"/models/([^/]+)/versions/([^/]+)$", path)):
+            name, version = found.groups()
+            if version in self.models.get(name, ()):
+                uri = f"azureml:/{WORKSPACE}/models/{name}/versions/{version}"
+                model = {"modelType": "mlflow_model", "modelUri": uri}
+                model["flavors"] = {"python_function": {"data": {"loader_module": "mlflow.pyfunc.model"}}}
+                status, answer = 200, {"id": path, "name": version, "properties": model}
+            else:  # Azure ML's answer for a version the workspace lacks
+                message = f"Could not find asset with ID: azureml:{name}:{version}"
+                status, answer = 404, {"error": {"code": "UserError", "message": message}}
         elif method == "GET" and path.endswith("/datastores/workspaceblobstore"):
             store = {"datastoreType": "AzureBlob", "accountName": "account", "containerName": "container"}
             store |= {

@@ -264,6 +264,21 @@ def test_a_deployment_without_an_azure_login_is_one_line(monkeypatch):
     assert str(exit.value.code).startswith("error: not signed in to Azure: run `az login`")
 
 
+@pytest.mark.parametrize("kind", ["online", "batch"])
+def test_a_model_version_the_workspace_lacks_is_one_line_before_anything_is_created(monkeypatch, kind):
+    azure = FakeEndpoints()
+    client = fake_client(azure)
+    monkeypatch.setattr("scripts.deploy.workspace_client", lambda *ids: client)
+    batch_args = ["--inputs", "tabular", "--compute", "cpu-cluster"] if kind == "batch" else []
+    with pytest.raises(SystemExit) as exit:
+        main([kind, "penguins-classifier:7", "--endpoint", "penguins", *batch_args])
+    assert exit.value.code == (
+        "error: model penguins-classifier:7 is not registered in this workspace; nothing was created. Its versions: "
+        "az ml model list --name penguins-classifier"
+    )
+    assert [method for method, *_ in azure.requests if method != "GET"] == []  # no endpoint, no environment
+
+
 def test_a_batch_deployment_of_tabular_files_is_the_mlflow_model_alone(tmp_path, capsys):
     text = batch("penguins-classifier:1", "penguins-batch", "tabular", "cpu-cluster", instance_count=2,
                  mini_batch_size=4, dry_run=True)  # fmt: skip
