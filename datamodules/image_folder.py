@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from datamodules.errors import DataError
+from datamodules.ignored_files import hidden, ignored
 from datamodules.preprocessing.images import open_image, pixels
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")  # the image files a folder of data holds (Pillow reads them)
@@ -33,21 +34,6 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")  # the image files a folder 
 # What other tools name their splits (Roboflow's valid/, Keras' and Kaggle's validation/, Train/ made on Windows).
 SPLIT_NAMES = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val",
                "dev": "val", "test": "test", "testing": "test"}  # fmt: skip
-
-
-# Windows Explorer's thumbnail caches and folder settings, left in every folder of photos it has shown.
-WINDOWS_FILES = ("thumbs.db", "ehthumbs.db", "ehthumbs_vista.db", "desktop.ini")
-
-
-def ignored(name: str) -> bool:
-    """Dot files (.DS_Store, macOS's `._x.jpg` resource forks too), macOS zip debris (`__MACOSX/`) and Windows
-    Explorer's files (Thumbs.db, desktop.ini) are no one's data."""
-    return name.startswith(".") or name == "__MACOSX" or name.lower() in WINDOWS_FILES
-
-
-def hidden(path: Path, root: Path) -> bool:
-    """Whether `path` or a folder between it and `root` is `ignored`."""
-    return any(ignored(part) for part in path.relative_to(root).parts)
 
 
 def files_below(folder: Path) -> list[Path]:

@@ -373,21 +373,26 @@ def json_rows(body: bytes, read: set[str] | None = None):
     return rows
 
 
-def csv_checks():
-    """datamodules/preprocessing/penguins.py as deployed with this script, loaded by its path (once): the server puts
-    the model's own code first on sys.path (MLflow's code_paths), and a model registered before the CSV checks were
-    shared ships a copy without them, so `import datamodules.preprocessing.penguins` failed every CSV request. A module
+def repo_module(relative: str):
+    """A torch-free module of this repository as deployed with this script, loaded by its path (once): the server
+    puts the model's own code first on sys.path (MLflow's code_paths), and a model registered before a module was
+    shared ships a copy without it, so `import datamodules.preprocessing.penguins` failed every CSV request. A module
     of another name in datamodules/ would not help: the package is the model's copy there, which has no such module
     (and a model registered with one would ship it, and shadow this script's again)."""
     import importlib.util
 
-    name = "_score_penguin_csv_checks"
+    name = "_score_" + relative.removesuffix(".py").replace("/", "_")
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "datamodules" / "preprocessing" / "penguins.py")
+        spec = importlib.util.spec_from_file_location(name, REPO / relative)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         sys.modules[name] = module
     return sys.modules[name]
+
+
+def csv_checks():
+    """datamodules/preprocessing/penguins.py's CSV checks, predict's own (repo_module)."""
+    return repo_module("datamodules/preprocessing/penguins.py")
 
 
 def csv_rows(body: bytes, where: str = "request body", max_rows: int | None = MAX_ROWS):
@@ -481,14 +486,16 @@ def image_inputs(
 
 
 def image_files(source: Path) -> list[Path]:
-    """The files of a folder at any depth, sorted, as predict reads a folder (datamodules/image_folder.py): hidden
-    ones (.DS_Store, ._x, __MACOSX) left out, linked folders followed."""
+    """The files of a folder at any depth, sorted, as predict reads a folder (datamodules/image_folder.py): the files
+    it leaves out left out (.DS_Store, ._x, __MACOSX, Thumbs.db, desktop.ini: datamodules/ignored_files.py), linked
+    folders followed."""
     if source.is_file():
         return [source]
+    ignored = repo_module("datamodules/ignored_files.py").ignored
     found = []
     for top, folders, names in os.walk(source, followlinks=True):
-        folders[:] = sorted(name for name in folders if not name.startswith(".") and name != "__MACOSX")
-        found += [Path(top) / name for name in names if not name.startswith(".") and (Path(top) / name).is_file()]
+        folders[:] = sorted(name for name in folders if not ignored(name))
+        found += [Path(top) / name for name in names if not ignored(name) and (Path(top) / name).is_file()]
     return sorted(found)
 
 

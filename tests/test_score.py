@@ -412,6 +412,8 @@ def test_batch_scoring_mistakes_are_one_line_and_hidden_files_are_skipped(digits
     (photos / "a.png").write_bytes(png((28, 28), 30))
     (photos / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
     (photos / "._a.png").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
+    (photos / "Thumbs.db").write_bytes(b"\xd0\xcf\x11\xe0 a thumbnail cache")  # Windows Explorer's, as training skips
+    (photos / "inner" / "desktop.ini").write_text("[.ShellClassInfo]\n")
     (photos / "huge.gif").write_bytes(gif((4000, 4000), 40))
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / "b.png").write_bytes(png((28, 28), 220))
