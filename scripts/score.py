@@ -505,7 +505,7 @@ def score_files(model: Model, source: Path, chunk: int, skipped: list[str] | Non
     if model.kind == "rows":
         if not source.is_file():
             raise RequestError(f"{source}: a folder; this model scores rows: give a CSV file of them")
-        frame = csv_rows(source.read_bytes(), str(source), max_rows=None)
+        frame = complete_rows(model, csv_rows(source.read_bytes(), str(source), max_rows=None), source, skipped)
         answers = []
         for start in range(0, len(frame), chunk):
             part = frame.iloc[start : start + chunk]
@@ -531,6 +531,22 @@ def score_files(model: Model, source: Path, chunk: int, skipped: list[str] | Non
     if not answers:
         raise RequestError(f"{source}: no image could be scored ({skipped[-1][len('skipped ') :]})")
     return answers
+
+
+def complete_rows(model: Model, frame, source: Path, skipped: list[str] | None):
+    """The CSV's rows with a value in every column the model reads; each other row named in `skipped` by its line,
+    in predict's words (a batch answers the rest, as predict does; a request's incomplete row is refused instead)."""
+    read = [column for column in frame.columns if model.columns is None or column in model.columns]
+    gaps = frame[read].isna()
+    lacking = gaps.any(axis=1)
+    if skipped is None or not read or not lacking.any():
+        return frame
+    for index in frame.index[lacking]:
+        missing = ", ".join(column for column in read if gaps.loc[index, column])
+        skipped.append(f"{source}: line {index + 2} has no {missing}: skipped, no answer for it")
+    if lacking.all():
+        raise RequestError(f"{source}: no row has all of {', '.join(read)}; fill in the empty cells")
+    return frame[~lacking]
 
 
 def writable(target: Path) -> Path:

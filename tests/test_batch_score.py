@@ -74,7 +74,7 @@ def test_run_over_a_folder_of_photos_answers_as_predict_and_logs_a_file_it_canno
     assert line.startswith(f"{tmp_path / 'notes.jpg'}: image 1: not a readable image")
 
 
-def test_run_over_csv_files_answers_each_row_as_predict_and_logs_a_file_with_an_unknown_island(
+def test_run_over_csv_files_answers_each_complete_row_as_predict_and_logs_a_file_with_an_unknown_island(
     models,
     batch_score,
     tmp_path,
@@ -83,20 +83,24 @@ def test_run_over_csv_files_answers_each_row_as_predict_and_logs_a_file_with_an_
     penguins = models["penguins"]
     script = batch_score(penguins.model)
     rows = pd.read_csv(penguins.inputs)
-    rows.iloc[:30].to_csv(tmp_path / "a.csv", index=False)
+    gap = rows.iloc[:30].copy()
+    gap.iloc[5, gap.columns.get_loc("flipper_length_mm")] = None  # skipped, as predict skips it; the others answered
+    gap.to_csv(tmp_path / "a.csv", index=False)
     rows.iloc[30:].rename(columns={"island": "Island", "bill_length_mm": "CulmenLength", "bill_depth_mm": "CulmenDepth",
                                    "flipper_length_mm": "FlipperLength", "body_mass_g": "BodyMass"}).to_csv(
         tmp_path / "b.csv", index=False)  # fmt: skip
     bad = rows.iloc[:3].copy()
     bad.iloc[1, bad.columns.get_loc("island")] = "Atlantis"
     bad.to_csv(tmp_path / "bad.csv", index=False)
-    with caplog.at_level(logging.ERROR):
+    with caplog.at_level(logging.WARNING):
         answers = script.run([str(tmp_path / "a.csv"), str(tmp_path / "bad.csv"), str(tmp_path / "b.csv")])
-    assert list(answers["file"]) == ["a.csv"] * 30 + ["b.csv"] * (len(rows) - 30)
-    assert list(answers["row"]) == list(range(30)) + list(range(len(rows) - 30))
-    assert_answers(answers, penguins.expected)
-    (line,) = [record.getMessage() for record in caplog.records]
-    assert line.startswith(f"{tmp_path / 'bad.csv'}: ") and "Atlantis" in line
+    assert list(answers["file"]) == ["a.csv"] * 29 + ["b.csv"] * (len(rows) - 30)
+    assert list(answers["row"]) == [row for row in range(30) if row != 5] + list(range(len(rows) - 30))
+    assert_answers(answers, {name: answer for i, (name, answer) in enumerate(penguins.expected.items()) if i != 5})
+    skipped, refused = [record.getMessage() for record in caplog.records if record.name == "batch_score"]
+    gap_line = "row 5 (from 0, as the output's) has no flipper_length_mm: skipped, no answer for it"
+    assert skipped == f"{tmp_path / 'a.csv'}: {gap_line}"
+    assert refused.startswith(f"{tmp_path / 'bad.csv'}: ") and "Atlantis" in refused
 
 
 def test_the_script_runs_from_the_command_line_on_a_folder(models):

@@ -268,6 +268,25 @@ def test_csv_rows_are_named_by_their_line_in_the_body_blank_lines_counted(pengui
     assert [line.split(",")[0] for line in capsys.readouterr().out.splitlines()] == ["input", "line 3", "line 7"]
 
 
+def test_batch_scoring_answers_the_complete_rows_and_names_the_incomplete_ones_as_predict(penguins, tmp_path, capsys):
+    """A row with an empty cell is skipped with predict's line, not the whole file refused; a request refuses it."""
+    from scripts.score import main
+
+    body = HEADER + ROW + "Dream,40,18,,3800,\n" + ROW.replace("Biscoe", "Torgersen") + ",,,,\n"
+    (tmp_path / "gaps.csv").write_text(body.replace(HEADER, HEADER.replace("\n", ",sex\n")))  # sex: not read
+    main([str(penguins), str(tmp_path / "gaps.csv")])
+    out, err = capsys.readouterr()
+    assert [line.split(",")[0] for line in out.splitlines()] == ["input", "line 2", "line 4"]
+    assert err == f"{tmp_path / 'gaps.csv'}: line 3 has no flipper_length_mm: skipped, no answer for it\n"
+    (tmp_path / "none.csv").write_text(HEADER + "Dream,40,18,,3800\n")
+    with pytest.raises(SystemExit) as exit:
+        main([str(penguins), str(tmp_path / "none.csv")])
+    assert exit.value.code == (
+        f"error: {tmp_path / 'none.csv'}: no row has all of island, bill_length_mm, bill_depth_mm, flipper_length_mm, "
+        "body_mass_g; fill in the empty cells"
+    )  # predict's words
+
+
 def test_the_csv_checks_are_the_scripts_own_not_an_older_models(penguins, monkeypatch):
     """The server puts the model's code first on sys.path: a model registered before the checks were shared ships a
     datamodules/preprocessing/penguins.py without them, and importing them from there failed every CSV request."""

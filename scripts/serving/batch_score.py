@@ -8,7 +8,8 @@ paths, and appends the rows run returns to predictions.csv. Locally, on a folder
 Self-contained (the model, pandas and MLflow; nothing of this project), as Azure ML's batch driver loads it by path.
 A file the model refuses (not an image, a row with an unknown island) is logged with the model's message and left out
 of the output; Azure ML counts it against the deployment's error threshold, and the mini-batch's other files are
-still scored.
+still scored. A table's row with an empty cell the model reads is logged by its row and left out, the file's other
+rows answered, as predict skips an incomplete row of a CSV.
 """
 
 from __future__ import annotations
@@ -47,9 +48,26 @@ def score_file(path: str) -> pd.DataFrame:
     if read is None:
         inputs = pd.DataFrame({"image": [Path(path).read_bytes()]})
         return pd.concat([pd.DataFrame({"file": [Path(path).name]}), model.predict(inputs)], axis=1)
-    rows = read(path)
+    rows = complete_rows(read(path), path)
     answers = model.predict(rows).reset_index(drop=True)
-    return pd.concat([pd.DataFrame({"file": Path(path).name, "row": range(len(rows))}), answers], axis=1)
+    return pd.concat([pd.DataFrame({"file": Path(path).name, "row": rows.index}), answers], axis=1)
+
+
+def complete_rows(rows: pd.DataFrame, path: str) -> pd.DataFrame:
+    """The table's rows with a value in every column the model reads (its signature's), indexed by their row in the
+    file; each other row is logged by its row, in predict's words, and left out: the rest are answered, as predict
+    answers a CSV's complete rows."""
+    schema = model.metadata.get_input_schema()
+    names = set(schema.input_names()) if schema is not None and schema.has_input_names() else set(rows.columns)
+    read = [column for column in rows.columns if column in names]
+    gaps = rows[read].isna()
+    lacking = gaps.any(axis=1).to_numpy()
+    for index in rows.index[lacking]:
+        missing = ", ".join(column for column in read if gaps.loc[index, column])
+        log.warning("%s: row %d (from 0, as the output's) has no %s: skipped, no answer for it", path, index, missing)
+    if lacking.all() and len(rows):
+        raise ValueError(f"no row has all of {', '.join(read)}; fill in the empty cells")
+    return rows[~lacking]
 
 
 def run(mini_batch: list[str]) -> pd.DataFrame:
