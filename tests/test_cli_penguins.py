@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -230,3 +231,37 @@ def test_a_fit_that_trains_no_step_is_one_line_and_a_failed_run(train_cli, tmp_p
     client = MlflowClient(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert [run.info.status for run in runs] == ["FAILED"]
+
+
+def test_a_registry_refusal_after_the_fit_is_one_line_that_keeps_the_fit_and_says_how_to_register_it(
+    train_cli, tmp_path
+):
+    """A real store whose registry refuses the new version, as a concurrent registration of the same name does
+    (RESOURCE_ALREADY_EXISTS): the printed command registers the run's model once the registry takes it."""
+    import shlex
+    import sqlite3
+    import subprocess
+
+    store = tmp_path / "outputs" / "mlflow.db"
+    store.parent.mkdir()
+    MlflowClient(f"sqlite:///{store}").search_experiments()  # MLflow's own migrations make the store
+    with sqlite3.connect(store) as db:
+        db.execute("CREATE TRIGGER taken BEFORE INSERT ON model_versions BEGIN SELECT RAISE(ABORT, "
+                   "'UNIQUE constraint failed: model_versions.name, model_versions.version'); END")  # fmt: skip
+    result = train_cli("fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", "1",
+                       "--register_model", MODEL)  # fmt: skip
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    line = result.stderr.strip().splitlines()[-1]
+    client, run = only_run(tmp_path / "outputs")
+    best = Path(re.search(r"best checkpoint: (\S+)", result.stdout).group(1))
+    assert line.startswith(f"error: --register_model {MODEL}: the MLflow registry refused it (") and best.is_file()
+    assert f"the fit, its MLflow run and its checkpoints are kept (best: {best}), the model is logged" in line
+    assert run.info.status == "FINISHED" and "test_acc" in run.data.metrics
+    with sqlite3.connect(store) as db:
+        db.execute("DROP TRIGGER taken")
+    later = line.split("register it later with ", 1)[1]
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # `python`: this environment's
+    done = subprocess.run(later, shell=True, cwd=REPO, capture_output=True, text=True, env={**os.environ, "PATH": path})
+    assert done.returncode == 0, done.stderr[-2000:]
+    (version,) = client.search_model_versions(f"name = '{MODEL}'")
+    assert version.run_id == run.info.run_id and shlex.split(later)[0].startswith("MLFLOW_TRACKING_URI=")

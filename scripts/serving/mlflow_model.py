@@ -12,6 +12,7 @@ import ast
 import importlib.util
 import itertools
 import os
+import shlex
 import shutil
 import tempfile
 import warnings
@@ -28,6 +29,11 @@ TOLERANCE = 1e-4  # float32 kernels of ONNX Runtime and PyTorch differ around 1e
 
 class ExportError(Exception):
     """A bad checkpoint, output path or export; the message names the file and what to do."""
+
+
+class RegistryError(ExportError):
+    """The MLflow registry refused a new version (a name's version taken by a concurrent registration, no permission);
+    the model's files are logged to the run already: runs:/RUN_ID/model registers them later."""
 
 
 def test_inputs(datamodule: ClassificationDataModule, batches: int) -> list[torch.Tensor]:
@@ -310,16 +316,27 @@ def register_model(
         return register_folder(tracking_uri, run_id, f"{folder}/model", name)
 
 
+def register_later(tracking_uri: str | None, run_id: str, name: str) -> str:
+    """The shell command that registers the run's logged model (`model/`) as a version of `name`: MLflow's own
+    register_model, what a RegistryError's message offers."""
+    code = f"import mlflow; mlflow.register_model({f'runs:/{run_id}/model'!r}, {name!r})"
+    command = f"python -c {shlex.quote(code)}"
+    return f"MLFLOW_TRACKING_URI={shlex.quote(tracking_uri)} {command}" if tracking_uri else command
+
+
 def register_folder(tracking_uri: str, run_id: str, folder: str | Path, name: str) -> str:
     """Logs a saved model folder as the run's `model/` artifacts and registers it as a new version of `name`; returns
     the version. register_model, and an Azure ML pipeline's register step (a train step's model output), use it."""
     import mlflow
     from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
 
     MlflowClient(tracking_uri).log_artifacts(run_id, str(folder), "model")
     mlflow.set_tracking_uri(tracking_uri)  # register_model's client, and the registry's, follow it
     try:
         version = mlflow.register_model(f"runs:/{run_id}/model", name)
+    except MlflowException as error:
+        raise RegistryError(str(error.message).strip().splitlines()[0]) from None
     finally:
         mlflow.set_tracking_uri(None)
     return str(version.version)

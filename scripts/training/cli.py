@@ -35,7 +35,15 @@ from datamodules.base import ClassificationDataModule
 from datamodules.errors import DataError
 from lightning_modules.classifier import ClassificationModule, DivergedError, OptimizerError
 from lightning_modules.transfer_net import WeightsError, skip_pretrained_weights
-from scripts.serving.mlflow_model import ExportError, register_model, save_model, serving_inputs, test_inputs
+from scripts.serving.mlflow_model import (
+    ExportError,
+    RegistryError,
+    register_later,
+    register_model,
+    save_model,
+    serving_inputs,
+    test_inputs,
+)
 from scripts.training import hook_calls
 from scripts.training.checkpoints import (
     CONFIG_KEY,
@@ -335,6 +343,13 @@ class TemplateCLI(LightningCLI):
         try:
             inputs = serving_inputs(self.datamodule)
             version = register_model(tracking_uri, logger.run_id, network, example, classes, name, inputs)
+        except RegistryError as error:  # after the whole fit: what is kept, and how to register it without another
+            later = register_later(tracking_uri, logger.run_id, name)
+            raise ConfigError(
+                f"--register_model {name}: the MLflow registry refused it ({error}); the fit, its MLflow run and its "
+                f"checkpoints are kept (best: {checkpoint.best_model_path}), the model is logged to the run as "
+                f"runs:/{logger.run_id}/model: register it later with {later}"
+            ) from None
         except ExportError as error:
             raise ConfigError(f"--register_model {name}: {error}") from None
         print(f"registered model: {name} version {version}")
