@@ -395,6 +395,25 @@ def test_the_register_step_refuses_what_it_cannot_use_in_one_line(tmp_path, monk
             "a letter or digit, e.g. penguins"
         )
 
+    # A registry that refuses the version (a concurrent registration took it): one line, the files kept in the run.
+    import sqlite3
+
+    from mlflow import MlflowClient
+
+    monkeypatch.chdir(tmp_path)  # the new run's artifacts: outputs/mlartifacts here
+    MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_experiments()  # MLflow's own migrations make it
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:
+        db.execute("CREATE TRIGGER taken BEFORE INSERT ON model_versions BEGIN SELECT RAISE(ABORT, "
+                   "'UNIQUE constraint failed: model_versions.name, model_versions.version'); END")  # fmt: skip
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with pytest.raises(SystemExit) as exit:
+        register([str(tmp_path / "model"), str(tmp_path), "--name", "m", "--threshold", "0.5"])
+    line = exit.value.code
+    assert line.startswith("error: --name m: the MLflow registry refused it (") and "\n" not in line
+    assert f"register it later with MLFLOW_TRACKING_URI={store} python -c " in line
+    run_id = line.split("runs:/")[1].split("/")[0]
+    assert [artifact.path for artifact in MlflowClient(store).list_artifacts(run_id, "model")] == ["model/MLmodel"]
+
 
 def test_main_prints_one_line_for_an_unknown_option(capsys):
     with pytest.raises(SystemExit) as exit:

@@ -75,10 +75,17 @@ def register_step(model: Path, metrics: Path, name: str, metric: str, threshold:
     if not reaches(metric, value, threshold):
         print(f"not registered: {metric} {value:.4f} does not reach the threshold ({relation} {threshold:g})")
         return ""
-    from scripts.serving.mlflow_model import register_folder
+    from scripts.serving.mlflow_model import RegistryError, register_folder, register_later
 
     tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{LOCAL_STORE}"
-    version = register_folder(tracking_uri, step_run(tracking_uri), model, name)
+    run_id = step_run(tracking_uri)
+    try:
+        version = register_folder(tracking_uri, run_id, model, name)
+    except RegistryError as error:
+        raise RegisterError(
+            f"--name {name}: the MLflow registry refused it ({error}); the model is logged to run {run_id} as "
+            f"runs:/{run_id}/model: register it later with {register_later(tracking_uri, run_id, name)}"
+        ) from None
     print(f"registered model: {name} version {version} ({metric} {value:.4f}, the threshold {relation} {threshold:g})")
     return version
 
