@@ -450,9 +450,15 @@ def test_spark_udf_scores_photos_read_as_binary_files_as_predict(tmp_path, spark
     from scripts.spark import main
 
     birds = models["birds"]
-    main(["score", str(birds.model), str(birds.inputs), "--output", str(tmp_path / "out")])
+    photos = tmp_path / "photos"
+    shutil.copytree(birds.inputs, photos)
+    (min(photos.iterdir()) / "desktop.ini").write_text("[.ShellClassInfo]\n")  # Windows Explorer's: no one's data
+    (photos / "Thumbs.db").write_bytes(b"\xd0\xcf\x11\xe0 a thumbnail cache")
+    (photos / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    main(["score", str(birds.model), str(photos), "--output", str(tmp_path / "out")])
     answers = written(tmp_path / "out")
-    assert [path.removeprefix("file:") for path in answers["path"]] == list(birds.expected)  # every file, in order
+    paths = [path.removeprefix("file:").replace(str(photos), str(birds.inputs)) for path in answers["path"]]
+    assert paths == list(birds.expected)  # every image, in order, and nothing else
     assert_as_predict(answers, birds.expected)
     right = sum(label == name.split("/")[-2] for name, (label, _) in birds.expected.items())  # folders name classes
     assert f"accuracy: {right / len(birds.expected):.4f}" in capsys.readouterr().out
