@@ -4,8 +4,10 @@ outage tests); named by class path on the command line:
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -32,10 +34,12 @@ class KillAt(L.Callback):
 
 class WaitAt(L.Callback):
     """At the end of each epoch in `epochs`: writes `folder/at-<epoch>`, then waits for `folder/go-<epoch>`, while a
-    test changes the world around the fit (stops its tracking server, say)."""
+    test changes the world around the fit (stops its tracking server, say). SIGUSR1 writes every thread's stack to
+    stderr: what a test shows when the fit takes longer than it should."""
 
     def __init__(self, folder: str, epochs: list[int]) -> None:
         self.folder, self.epochs = Path(folder), epochs
+        faulthandler.register(signal.SIGUSR1, all_threads=True, file=sys.stderr)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         epoch = trainer.current_epoch

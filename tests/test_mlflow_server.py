@@ -229,11 +229,16 @@ def test_a_tracking_outage_mid_fit_costs_training_no_wait_and_no_metric(mlflow_s
     assert run.info.status == "FINISHED"
 
 
-def sigterm(fit: subprocess.Popen) -> tuple[str, float]:
-    """SIGTERM to the fit; its stderr and the seconds it took to end."""
+def sigterm(fit: subprocess.Popen, bound_s: float) -> tuple[str, float]:
+    """SIGTERM to the fit; its stderr and the seconds it took to end. A fit still running after `bound_s` is sent
+    SIGUSR1 (tests.stopping.WaitAt writes every thread's stack to stderr then): the failure shows where it waited."""
     fit.send_signal(signal.SIGTERM)
     started = time.monotonic()
-    _, stderr = fit.communicate(timeout=120)
+    try:
+        _, stderr = fit.communicate(timeout=bound_s)
+    except subprocess.TimeoutExpired:
+        fit.send_signal(signal.SIGUSR1)
+        _, stderr = fit.communicate(timeout=120)
     return stderr, time.monotonic() - started
 
 
@@ -252,13 +257,14 @@ def test_sigterm_cuts_a_checkpoint_s_wait_for_a_hung_tracking_server_short(mlflo
             assert fit.poll() is None and time.monotonic() < deadline, "no request reached the hung server"
             time.sleep(0.05)
         time.sleep(1.5)
-        stderr, stopped_in = sigterm(fit)
+        stderr, stopped_in = sigterm(fit, bound_s=9)
     finally:
         fit.kill()
         proxy.down()
     assert fit.returncode == 143, stderr[-3000:]
-    # ~3 s: the run's end waits 2 s for the server. Had the checkpoint waited its 10 s, ~8.5 s more.
-    assert stopped_in < 7, stopped_in
+    # 2.6 s idle, up to 6.3 s at a load of 12 on 2 cores: the run's end waits 2 s for the server. Had the checkpoint
+    # waited its 10 s, 8.5 s more: 11 s at the least.
+    assert stopped_in < 9, f"{stopped_in:.1f} s; the fit's stderr:\n{stderr[-8000:]}"
 
 
 @pytest.mark.slow
@@ -272,12 +278,13 @@ def test_sigterm_ends_a_fit_within_seconds_while_the_tracking_server_hangs(mlflo
         wait_for(tmp_path / "at-3", fit)
         (tmp_path / "go-3").touch()
         time.sleep(1)
-        stderr, stopped_in = sigterm(fit)
+        stderr, stopped_in = sigterm(fit, bound_s=20)
     finally:
         fit.kill()
         proxy.down()
     assert fit.returncode == 143, stderr[-3000:]
-    assert stopped_in < 20  # the requirement: within seconds, whatever MLflow is doing
+    # The requirement: within seconds, whatever MLflow is doing.
+    assert stopped_in < 20, f"{stopped_in:.1f} s; the fit's stderr:\n{stderr[-8000:]}"
     assert "Traceback" not in stderr
     last = stderr.strip().splitlines()[-1]
     assert last.startswith(f"warning: the tracking server {proxy.url} has not answered since ")
