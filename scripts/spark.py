@@ -210,25 +210,99 @@ def task_gpus(spark) -> int:
     return int(amount)
 
 
-def local_slots(master: str) -> int | None:
-    """Task slots of a local master (local[K], local[*], local-cluster[W,C,M]); None for a cluster's."""
+@dataclass
+class Slots:
+    """The task slots of a Spark cluster, as Spark counts them for a barrier stage: executors x the tasks one executor
+    runs at once (its cores / spark.task.cpus, and its GPUs / spark.task.resource.gpu.amount where tasks take GPUs)."""
+
+    where: str  # "the master local[2]", "this cluster"
+    executors: int
+    cores: int  # of each executor
+    task_cpus: int = 1
+    gpus: int | None = None  # of each executor, where tasks take GPUs
+    task_gpus: int = 0
+
+    @property
+    def count(self) -> int:
+        per_executor = self.cores // self.task_cpus
+        if self.gpus is not None and self.task_gpus:
+            per_executor = min(per_executor, self.gpus // self.task_gpus)
+        return self.executors * per_executor
+
+    def arithmetic(self) -> str:
+        executors = f"{self.executors} executor{'s' if self.executors != 1 else ''}"
+        text = f"{executors} x ({self.cores} cores // spark.task.cpus {self.task_cpus})"
+        if self.gpus is not None and self.task_gpus:
+            text += f", GPUs: {self.gpus} // spark.task.resource.gpu.amount {self.task_gpus}"
+        return text
+
+
+def local_slots(master: str, task_cpus: int = 1) -> Slots | None:
+    """The slots of a local master (local, local[K], local[*], local-cluster[W,C,M]); None for a cluster's."""
+    where = f"the master {master}"
     if master == "local":
-        return 1
-    if found := re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]", master):
-        return (os.cpu_count() or 1) if found[1] == "*" else int(found[1])
+        return Slots(where, 1, 1, task_cpus)
+    if found := re.fullmatch(r"local\[(\d+|\*)(?:,\s*\d+)?\]", master):
+        return Slots(where, 1, (os.cpu_count() or 1) if found[1] == "*" else int(found[1]), task_cpus)
     if found := re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*(\d+)\]", master):
-        return int(found[1]) * int(found[2])
+        return Slots(where, int(found[1]), int(found[2]), task_cpus)
     return None
 
 
-def check_slots(master: str, num_processes: int) -> None:
-    """Refuses more processes than a local master runs at once: the barrier stage would wait for slots forever."""
-    slots = local_slots(master)
-    if slots is not None and slots < num_processes:
-        raise SparkFitError(
-            f"--num_processes {num_processes}: the master {master} runs {slots} tasks at once; give --master "
-            f"local[{num_processes}] (or local-cluster[{num_processes},1,1024])"
-        )
+def spark_context(spark):
+    """The session's SparkContext; None for a Spark Connect session (sc://, a Databricks shared cluster)."""
+    from pyspark.errors import PySparkException
+
+    try:
+        return spark.sparkContext
+    except (PySparkException, AttributeError):
+        return None
+
+
+def session_slots(spark) -> Slots | None:
+    """The slots of the session's master: a local one's from its URL, a cluster's from its executors."""
+    task_cpus = int(spark.conf.get("spark.task.cpus", "1") or "1")
+    return local_slots(spark.conf.get("spark.master", "") or "", task_cpus) or cluster_slots(spark)
+
+
+def cluster_slots(spark) -> Slots | None:
+    """The slots of the executors registered now; None where Spark may add executors (dynamic allocation) or the
+    cores of one are not known, or under Spark Connect (no executors to count from the client)."""
+    context = spark_context(spark)
+    conf = context.getConf() if context is not None else None
+    if conf is None or conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true":
+        return None
+    # pyspark has no executor list; Scala's SparkContext.getExecutorMemoryStatus (public) has one block manager per
+    # executor, and the driver's.
+    executors = context._jsc.sc().getExecutorMemoryStatus().size() - 1
+    cores = conf.get("spark.executor.cores")
+    if cores is None and conf.get("spark.default.parallelism") is None and executors > 0:
+        cores = context.defaultParallelism // executors  # the executors' cores, all told, when nothing overrides it
+    if executors < 1 or not cores:
+        return None
+    gpus = conf.get("spark.executor.resource.gpu.amount")
+    task_gpus = conf.get("spark.task.resource.gpu.amount", "0") or "0"  # a whole number: task_gpus checked it
+    task_cpus = int(conf.get("spark.task.cpus", "1") or "1")
+    return Slots("this cluster", executors, int(cores), task_cpus, int(gpus) if gpus else None, int(task_gpus))
+
+
+def check_slots(slots: Slots | None, num_processes: int, tasks: int | None = None) -> None:
+    """Refuses more Spark tasks than the cluster runs at once: Spark waits for slots a barrier stage cannot get
+    (40 tries, 15 s apart), then fails the job."""
+    tasks = num_processes if tasks is None else tasks
+    if slots is None or slots.count >= tasks:
+        return
+    per_task = f" ({num_processes // tasks} processes each)" if tasks != num_processes else ""
+    fix = (
+        f"give --master local[{tasks * slots.task_cpus}] (or local-cluster[{tasks},{slots.task_cpus},1024])"
+        if slots.where.startswith("the master local")
+        else "give the cluster more executors or cores, lower spark.task.cpus, or fewer --num_processes"
+    )
+    raise SparkFitError(
+        f"--num_processes {num_processes}: its {tasks} Spark task{'s' if tasks != 1 else ''}{per_task} run at once "
+        f"(a barrier stage), and {slots.where} has {slots.count} task slot{'s' if slots.count != 1 else ''} "
+        f"({slots.arithmetic()}); {fix}"
+    )
 
 
 class LocalSpark:
@@ -304,8 +378,8 @@ def session(spark, master: str | None, default_master: str, processes: int | Non
         raise SparkFitError(f"--master {master}: this process already has a Spark session; leave --master out")
     if spark is not None:
         return spark, None
-    if processes:
-        check_slots(master or default_master, processes)
+    if processes:  # spark.task.cpus is the JVM's to read: 1 until it runs
+        check_slots(local_slots(master or default_master), processes)
     local = LocalSpark(master or default_master)  # plain python: a session on this machine, or on --master
     return local.session, local
 
@@ -549,8 +623,8 @@ def fit_on_spark(argv: list[str], spark=None) -> dict:
 
     spark, local = session(spark, master, f"local[{num_processes}]", processes=num_processes)
     try:
-        check_slots(spark.conf.get("spark.master", "") or "", num_processes)
         launch = plan_launch(config.trainer, num_processes, task_gpus(spark))
+        check_slots(session_slots(spark), num_processes, launch.num_nodes)
         environment = tracking_environment(config.trainer.logger)
         from pyspark.ml.torch.distributor import TorchDistributor
 

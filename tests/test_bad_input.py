@@ -599,7 +599,8 @@ CASES = [
          module="scripts.spark", env={"JAVA_HOME": "/none"}),  # no JVM would start: Spark is never asked
     Case("spark-more-processes-than-slots", ["fit", "--config", "configs/penguins.yaml", "--num_processes", "3",
                                              "--master", "local[2]", "--trainer.default_root_dir", "{outputs}"],
-         "error: --num_processes 3: the master local[2] runs 2 tasks at once; give --master local[3] (or "
+         "error: --num_processes 3: its 3 Spark tasks run at once (a barrier stage), and the master local[2] has 2 "
+         "task slots (1 executor x (2 cores // spark.task.cpus 1)); give --master local[3] (or "
          "local-cluster[3,1,1024])", module="scripts.spark", env={"JAVA_HOME": "/none"}),
     Case("spark-without-java", ["fit", "--config", "configs/penguins.yaml", "--num_processes", "1",
                                 "--trainer.default_root_dir", "{outputs}"],

@@ -243,6 +243,46 @@ def test_launches_spark_cannot_run_are_one_line(config, processes, task_gpus, li
     assert str(error.value).startswith(line)
 
 
+@pytest.mark.parametrize(
+    ("slots", "processes", "tasks", "line"),
+    [
+        (("local[4]", 2), 3, 3, "its 3 Spark tasks run at once (a barrier stage), and the master local[4] has 2 task "
+                                "slots (1 executor x (4 cores // spark.task.cpus 2)); give --master local[6] (or "
+                                "local-cluster[3,2,1024])"),
+        ((2, 2, 2), 4, 4, "its 4 Spark tasks run at once (a barrier stage), and this cluster has 2 task slots (2 "
+                          "executors x (2 cores // spark.task.cpus 2)); give the cluster more executors or cores"),
+        ((2, 16, 1, 1, 2), 8, 4, "its 4 Spark tasks (2 processes each) run at once (a barrier stage), and this cluster "
+                                 "has 0 task slots (2 executors x (16 cores // spark.task.cpus 1), GPUs: 1 // "
+                                 "spark.task.resource.gpu.amount 2)"),
+        ((2, 4, 2), 4, 4, None),
+        (("local-cluster[2, 1, 1024]", 1), 2, 2, None),
+    ],
+)  # fmt: skip
+def test_more_tasks_than_the_cluster_s_slots_are_one_line_with_spark_s_count(slots, processes, tasks, line):
+    """Spark counts a barrier stage's slots as executors x (cores // spark.task.cpus) (and GPUs // the task's): with
+    more tasks than that it retries 40 times, 15 s apart, then fails the job."""
+    from scripts.spark import Slots, SparkFitError, check_slots, local_slots
+
+    given = local_slots(*slots) if isinstance(slots[0], str) else Slots("this cluster", *slots)
+    if line is None:
+        check_slots(given, processes, tasks)
+        return
+    with pytest.raises(SparkFitError) as error:
+        check_slots(given, processes, tasks)
+    assert str(error.value).startswith(f"--num_processes {processes}: {line}"), str(error.value)
+
+
+@pytest.mark.slow
+@needs_java
+def test_a_cluster_s_slots_are_its_registered_executors_cores(spark):
+    """The count a cluster's master gets (spark://, yarn, k8s, Databricks): the executors registered with the driver
+    (through Scala's SparkContext.getExecutorMemoryStatus: this is its canary) and their cores."""
+    from scripts.spark import Slots, cluster_slots, session_slots
+
+    assert cluster_slots(spark) == Slots("this cluster", executors=2, cores=1, task_cpus=1)
+    assert session_slots(spark) == Slots(f"the master {MASTER}", executors=2, cores=1, task_cpus=1)
+
+
 @pytest.mark.slow
 def test_a_node_without_the_checkout_runs_the_code_the_driver_sent(tmp_path):
     """TorchDistributor pickles the task's entry on the driver and runs it in a Python that cannot import this
