@@ -15,7 +15,8 @@ local[N]: N processes on this machine). The config is checked here first, so a t
 Each task runs `scripts.train fit` with the Trainer's devices x num_nodes set from N and the GPUs Spark gives a task
 (1 x N on CPUs; with spark.task.resource.gpu.amount g, g processes per task: g x N/g). A node that has this checkout
 at the driver's path (this machine, a Databricks Git folder) runs it from the driver's working directory; any other
-node runs the code and configs the driver sends with the tasks. Data paths must be readable where the tasks run.
+node runs the code and configs the driver sends with the tasks. Data paths must be readable where the tasks run
+(on a cluster the driver asks its executors first).
 Rank 0 alone tracks (Databricks' MLflow there, else what scripts.train uses) and writes files. This process prints
 rank 0's `test_acc`, or the error of the task that failed in one line and exits 1.
 """
@@ -384,6 +385,69 @@ def session(spark, master: str | None, default_master: str, processes: int | Non
     return local.session, local
 
 
+# The datamodule arguments that name data on disk (as scripts/azure_ml/components.py's DATA_OPTIONS, and birds'
+# archive), read by every task.
+DATA_PATHS = ("data_dir", "csv_path", "archive")
+SHARED_PATHS = (
+    "/Volumes/... or /dbfs/... on Databricks, the pool's mounted storage (/synfs/...) on Synapse, a shared folder on a "
+    "cluster of your own"
+)
+
+
+def fit_inputs(config) -> dict[str, str]:
+    """The files and folders of this disk that every task of the fit reads ({option: path}): the datamodule's data
+    paths and --ckpt_path, those that exist here (a missing one is the tasks' to fetch, or to name in their error)."""
+    from scripts.serving.spark_score import URI
+
+    data = (config.get("data") or {}).get("init_args") or {}
+    given = {f"--data.init_args.{name}": data.get(name) for name in DATA_PATHS}
+    given["--ckpt_path"] = config.get("ckpt_path")
+    return {option: str(path) for option, path in given.items()
+            if path and not URI.match(str(path)) and os.path.exists(path)}  # fmt: skip
+
+
+def unseen_paths(spark, paths: dict[str, str]) -> tuple[str, str, str, str] | None:
+    """(key, host, what this process has at the path, what an executor there has) for the first of `paths` ({key:
+    path of this disk}) that an executor does not see as this process does: nothing there, or a file of another size;
+    None when every executor sees them all (or under Spark Connect, unasked). One small Spark job, a task per core of
+    the cluster."""
+    wanted = {key: os.path.abspath(path) for key, path in paths.items()}
+
+    def look(_):  # runs in the executors: pickled by value, it needs nothing of this checkout
+        import os
+        import socket
+
+        def what(path: str) -> str:
+            if os.path.isfile(path):
+                return f"a file of {os.path.getsize(path)} bytes"
+            return "a folder" if os.path.isdir(path) else "nothing"
+
+        yield socket.gethostname(), {key: what(path) for key, path in wanted.items()}
+
+    _, here = next(look(None))
+    context = spark_context(spark)
+    if context is None:  # Spark Connect: no RDD job to ask the executors with
+        return None
+    tasks = max(context.defaultParallelism, 1)
+    for host, seen in context.parallelize(range(tasks), tasks).mapPartitions(look).collect():
+        for key in wanted:
+            if seen[key] != here[key]:
+                return key, host, here[key], seen[key]
+    return None
+
+
+def check_fit_inputs(spark, config) -> None:
+    """Refuses data of this disk that the executors do not see: the tasks would fail on it late, or read another file
+    of the same name."""
+    inputs = fit_inputs(config)
+    if inputs and (unseen := unseen_paths(spark, inputs)):
+        option, host, here, there = unseen
+        raise SparkFitError(
+            f"{option} {inputs[option]}: {here} on this machine, {there} on the executor on {host} (the tasks read "
+            f"their data where they run); give a path every node reads: {SHARED_PATHS}"
+        )
+
+
 def tracking_environment(logger) -> dict[str, str]:
     """The MLflow variables this process has, for the tasks (executors do not share the driver's environment); on
     Databricks, its own tracking and the credentials executors need to reach it."""
@@ -625,6 +689,8 @@ def fit_on_spark(argv: list[str], spark=None) -> dict:
     try:
         launch = plan_launch(config.trainer, num_processes, task_gpus(spark))
         check_slots(session_slots(spark), num_processes, launch.num_nodes)
+        if local_slots(spark.conf.get("spark.master", "") or "") is None:  # executors elsewhere, not on this disk
+            check_fit_inputs(spark, config)
         environment = tracking_environment(config.trainer.logger)
         from pyspark.ml.torch.distributor import TorchDistributor
 

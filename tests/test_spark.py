@@ -102,6 +102,36 @@ def test_two_spark_tasks_train_the_weights_one_process_does_into_one_run_with_on
 
 @pytest.mark.slow
 @needs_java
+def test_data_the_executors_do_not_see_is_one_line_before_the_fit(tmp_path, spark):
+    """On a cluster whose executors run on other machines, a CSV of the driver's disk alone failed in every task, or
+    trained on another file of that name there: the executors are asked first (a local master's run here: not asked).
+    /dev/fd/N of a file this process holds open is a path of this process alone, as the driver's disk is to nodes."""
+    import socket
+
+    from scripts.spark import SparkFitError, check_fit_inputs, resolve_trainer
+
+    rows = tmp_path / "penguins.csv"
+    rows.write_text("species,island\nAdelie,Torgersen\n")  # 32 bytes
+    args = ["--config", "configs/penguins.yaml", "--data.init_args.csv_path"]
+    check_fit_inputs(spark, resolve_trainer([*args, str(rows)]))  # every executor sees it: nothing to say
+    with rows.open() as held:
+        private = os.dup2(held.fileno(), 987)  # a number no executor's Python has open
+        try:
+            config = resolve_trainer([*args, "/dev/fd/987"])
+            with pytest.raises(SparkFitError) as error:
+                check_fit_inputs(spark, config)
+        finally:
+            os.close(private)
+    assert str(error.value) == (
+        f"--data.init_args.csv_path /dev/fd/987: a file of 32 bytes on this machine, nothing on the executor on "
+        f"{socket.gethostname()} (the tasks read their data where they run); give a path every node reads: "
+        "/Volumes/... or /dbfs/... on Databricks, the pool's mounted storage (/synfs/...) on Synapse, a shared folder "
+        "on a cluster of your own"
+    )
+
+
+@pytest.mark.slow
+@needs_java
 def test_a_data_error_in_the_tasks_is_one_line_naming_the_file(tmp_path, spark):
     """The driver checks the config, not the data (the data are where the tasks run): the tasks' error comes back."""
     from scripts.spark import main
