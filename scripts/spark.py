@@ -448,6 +448,37 @@ def check_fit_inputs(spark, config) -> None:
         )
 
 
+def check_score_paths(spark, path: str, output: str | None) -> None:
+    """Refuses a scoring input or --output of this disk that the executors do not see: Spark reads the input and
+    writes the predictions where its tasks run. The --output's folder is asked for by a file put there a moment."""
+    from scripts.serving.spark_score import URI
+
+    def local(given: str) -> str | None:
+        return re.sub(r"^file:(//)?", "", given) if given.startswith("file:") or not URI.match(given) else None
+
+    instead = "give a URI Spark reads (dbfs:/..., abfss://...) or a path every node reads (/Volumes/... on Databricks)"
+    if (given := local(path)) and (unseen := unseen_paths(spark, {"input": given})):
+        _, host, here, there = unseen
+        raise SparkFitError(
+            f"{path}: {here} on this machine, {there} on the executor on {host} (Spark reads it where its tasks run); "
+            f"{instead}"
+        )
+    if not (output and (given := local(output))):
+        return
+    folder = Path(os.path.abspath(given)).parent
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".scripts-spark-score-") as marker:
+            unseen = unseen_paths(spark, {"output": marker.name})
+    except OSError:  # a folder not there or not writable: Spark's own error names it
+        return
+    if unseen:
+        raise SparkFitError(
+            f"--output {output}: the executor on {unseen[1]} does not see this machine's folder {folder} (Spark "
+            "writes the predictions where its tasks run); give a URI Spark writes (dbfs:/..., abfss://...) or a "
+            "folder every node sees (/Volumes/... on Databricks)"
+        )
+
+
 def tracking_environment(logger) -> dict[str, str]:
     """The MLflow variables this process has, for the tasks (executors do not share the driver's environment); on
     Databricks, its own tracking and the credentials executors need to reach it."""
@@ -737,6 +768,8 @@ def score_on_spark(argv: list[str], spark=None) -> dict:
         check_arguments(model_uri, path, values.get("--output"))
         spark, local = session(spark, values.get("--master"), "local[*]")
         try:
+            if local_slots(spark.conf.get("spark.master", "") or "") is None:  # executors elsewhere, not on this disk
+                check_score_paths(spark, path, values.get("--output"))
             return score(spark, model_uri, path, values.get("--output"), values.get("--label"))
         finally:
             if local:

@@ -640,6 +640,44 @@ def test_a_header_typed_with_spaces_scores_and_one_of_other_separators_is_one_li
 
 @pytest.mark.slow
 @needs_java
+def test_a_scoring_input_or_output_the_executors_do_not_see_is_one_line(tmp_path, spark):
+    """Spark reads the input and writes --output where its tasks run: on other machines a CSV of the driver's disk
+    failed in the tasks with a Java traceback, and the part files stayed on the executors' disks. The executors are
+    asked first (the output's folder by a file put there a moment); /dev/fd/N as in the fit's test."""
+    import socket
+
+    from scripts.spark import SparkFitError, check_score_paths
+
+    rows = tmp_path / "new.csv"
+    rows.write_text("island\nDream\n")  # 13 bytes
+    check_score_paths(spark, str(rows), str(tmp_path / "out"))  # every executor sees both
+    check_score_paths(spark, f"file:{rows}", f"file://{tmp_path / 'out'}")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["new.csv"]  # the marker file gone
+    held = [os.open(rows, os.O_RDONLY), os.open(tmp_path, os.O_RDONLY)]
+    private = [os.dup2(fd, number) for fd, number in zip(held, (987, 986))]  # numbers no executor's Python has open
+    try:
+        with pytest.raises(SparkFitError) as error:
+            check_score_paths(spark, "/dev/fd/987", None)
+        assert str(error.value) == (
+            f"/dev/fd/987: a file of 13 bytes on this machine, nothing on the executor on {socket.gethostname()} "
+            "(Spark reads it where its tasks run); give a URI Spark reads (dbfs:/..., abfss://...) or a path every "
+            "node reads (/Volumes/... on Databricks)"
+        )
+        with pytest.raises(SparkFitError) as error:
+            check_score_paths(spark, str(rows), "/dev/fd/986/out")
+        assert str(error.value) == (
+            f"--output /dev/fd/986/out: the executor on {socket.gethostname()} does not see this machine's folder "
+            "/dev/fd/986 (Spark writes the predictions where its tasks run); give a URI Spark writes (dbfs:/..., "
+            "abfss://...) or a folder every node sees (/Volumes/... on Databricks)"
+        )
+    finally:
+        for fd in [*private, *held]:
+            os.close(fd)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["new.csv"]
+
+
+@pytest.mark.slow
+@needs_java
 def test_inputs_and_outputs_given_as_spark_uris_are_spark_s_to_read(tmp_path, spark, models):
     """dbfs:/Volumes/..., file:/tmp/... (the way Spark itself writes paths): a file system of Spark's, not a path on
     this disk; they were refused as 'no such file or folder'."""
