@@ -503,6 +503,35 @@ def tracking_environment(logger) -> dict[str, str]:
     return environment
 
 
+def registry_environment(config, environment: dict[str, str], spark) -> dict[str, str]:
+    """`environment` with the registry that --register_model registers in, as this process would: set by
+    mlflow.set_registry_uri (MLFLOW_REGISTRY_URI, already there) or Databricks' spark.mlflow.modelRegistryUri (the
+    tasks have no session to read it from), else MLflow's default for the tracking URI (Unity Catalog, databricks-uc,
+    for Databricks'). Unity Catalog names a model catalog.schema.model; MLflow completes a shorter name from the
+    session's catalog and schema, which the tasks lack: the registry would refuse it after the whole fit."""
+    name = str(config.get("register_model") or "")
+    if not name:
+        return environment
+    registry = environment.get("MLFLOW_REGISTRY_URI") or spark.conf.get("spark.mlflow.modelRegistryUri", None) or ""
+    if registry:
+        environment = {**environment, "MLFLOW_REGISTRY_URI": registry}
+    logger = config.trainer.logger
+    tracking = str((getattr(logger, "init_args", None) or {}).get("tracking_uri") or "")
+    tracking = tracking or environment.get("MLFLOW_TRACKING_URI", "")
+    unity = registry.startswith("databricks-uc") or (not registry and tracking.startswith("databricks"))
+    if unity and len(parts := name.split(".")) < 3:
+        catalog, schema = spark.catalog.currentCatalog(), spark.catalog.currentDatabase()
+        if catalog in ("spark_catalog", "hive_metastore"):  # no Unity Catalog catalog in use: its usual ones
+            catalog, schema = "main", "default"
+        why = f"MLFLOW_REGISTRY_URI {registry}" if registry else f"MLflow's default registry for {tracking}"
+        raise SparkFitError(
+            f"--register_model {name}: the tasks register in Unity Catalog ({why}), which names models "
+            "catalog.schema.model, and have no Spark session to complete a shorter name from; give --register_model "
+            f"{'.'.join([catalog, schema][: 3 - len(parts)] + parts)}"
+        )
+    return environment
+
+
 class TaskErrors:
     """This process's stderr while the tasks run. TorchDistributor writes the lines its tasks print there; all of them
     go to `log` (a file), and to the console until a task fails: what follows a failure is tracebacks. The lines that
@@ -722,7 +751,7 @@ def fit_on_spark(argv: list[str], spark=None) -> dict:
         check_slots(session_slots(spark), num_processes, launch.num_nodes)
         if local_slots(spark.conf.get("spark.master", "") or "") is None:  # executors elsewhere, not on this disk
             check_fit_inputs(spark, config)
-        environment = tracking_environment(config.trainer.logger)
+        environment = registry_environment(config, tracking_environment(config.trainer.logger), spark)
         from pyspark.ml.torch.distributor import TorchDistributor
 
         distributor = TorchDistributor(num_processes=num_processes, local_mode=False, use_gpu=launch.use_gpu)

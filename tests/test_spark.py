@@ -476,6 +476,44 @@ def test_on_databricks_the_tasks_track_to_its_mlflow_with_the_driver_s_credentia
     assert environment["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5000" and "DATABRICKS_TOKEN" not in environment
 
 
+@pytest.mark.slow
+@needs_java
+def test_a_unity_catalog_registry_takes_three_part_names_from_the_tasks(spark):
+    """On Databricks MLflow registers in Unity Catalog (its default for the `databricks` tracking URI, or
+    set_registry_uri("databricks-uc")), whose models are catalog.schema.model. MLflow completes a shorter name from
+    the Spark session's catalog and schema; the tasks have none, and the registry refused it after the whole fit."""
+    from jsonargparse import Namespace
+
+    from scripts.spark import SparkFitError, registry_environment
+
+    def config(name: str) -> Namespace:
+        logger = Namespace(class_path="scripts.training.tracking.BufferedMLFlowLogger", init_args=Namespace())
+        return Namespace(register_model=name, trainer=Namespace(logger=logger))
+
+    for environment, name, line in [
+        ({"MLFLOW_TRACKING_URI": "databricks"}, "penguins", "(MLflow's default registry for databricks), which names "
+         "models catalog.schema.model, and have no Spark session to complete a shorter name from; give "
+         "--register_model main.default.penguins"),
+        ({"MLFLOW_REGISTRY_URI": "databricks-uc"}, "ml.penguins", "(MLFLOW_REGISTRY_URI databricks-uc), which names "
+         "models catalog.schema.model, and have no Spark session to complete a shorter name from; give "
+         "--register_model main.ml.penguins"),
+    ]:  # fmt: skip
+        with pytest.raises(SparkFitError) as error:
+            registry_environment(config(name), environment, spark)
+        assert str(error.value) == f"--register_model {name}: the tasks register in Unity Catalog {line}"
+    given = {"MLFLOW_TRACKING_URI": "databricks"}
+    assert registry_environment(config("main.default.penguins"), given, spark) == given
+    assert registry_environment(config("penguins"), {"MLFLOW_TRACKING_URI": "sqlite:///x.db"}, spark)  # any name
+    spark.conf.set("spark.mlflow.modelRegistryUri", "databricks-uc")  # a Databricks cluster's own setting
+    try:
+        with pytest.raises(SparkFitError, match="Unity Catalog .MLFLOW_REGISTRY_URI databricks-uc"):
+            registry_environment(config("penguins"), {}, spark)
+        environment = registry_environment(config("main.default.penguins"), {}, spark)
+    finally:
+        spark.conf.unset("spark.mlflow.modelRegistryUri")
+    assert environment == {"MLFLOW_REGISTRY_URI": "databricks-uc"}  # handed to the tasks, which have no session
+
+
 # ---- scoring with the registered model: mlflow.pyfunc.spark_udf ----
 
 
