@@ -718,13 +718,19 @@ def test_a_scoring_input_or_output_the_executors_do_not_see_is_one_line(tmp_path
 @needs_java
 def test_inputs_and_outputs_given_as_spark_uris_are_spark_s_to_read(tmp_path, spark, models):
     """dbfs:/Volumes/..., file:/tmp/... (the way Spark itself writes paths): a file system of Spark's, not a path on
-    this disk; they were refused as 'no such file or folder'."""
+    this disk; they were refused as 'no such file or folder'. One that is not there is Spark's to say: one line."""
     from scripts.spark import main
 
     penguins = models["penguins"]
     pd.read_csv(penguins.inputs).iloc[:6].to_csv(tmp_path / "new.csv", index=False)
     main(["score", str(penguins.model), f"file:{tmp_path / 'new.csv'}", "--output", f"file:{tmp_path / 'out'}"])
     assert_as_predict(written(tmp_path / "out"), dict(list(penguins.expected.items())[:6]))
+    with pytest.raises(SystemExit) as stop:  # was Spark's PATH_NOT_FOUND AnalysisException, a traceback
+        main(["score", str(penguins.model), f"file:{tmp_path / 'old.csv'}"])
+    assert stop.value.code == (
+        f"error: file:{tmp_path / 'old.csv'}: no such file or folder where Spark reads it; give a CSV of rows or a "
+        "folder of images"
+    )
 
 
 @pytest.mark.slow

@@ -177,7 +177,14 @@ def score(spark, model_uri: str, path: str, output: str | None = None, label: st
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
-    frame = read_inputs(spark, path)
+    try:
+        frame = read_inputs(spark, path)
+    except PySparkException as error:  # a URI, left to Spark: no such file there, say
+        if "PATH_NOT_FOUND" in str(error):
+            raise SparkScoreError(
+                f"{path}: no such file or folder where Spark reads it; give a CSV of rows or a folder of images"
+            ) from None
+        raise SparkScoreError(failure_line(error)) from None
     check_label(frame, path, label)
     scored, outputs, classes = predict(spark, model_uri, frame, path)
     try:
