@@ -108,7 +108,8 @@ def test_data_the_executors_do_not_see_is_one_line_before_the_fit(tmp_path, spar
     /dev/fd/N of a file this process holds open is a path of this process alone, as the driver's disk is to nodes."""
     import socket
 
-    from scripts.spark import SparkFitError, check_fit_inputs, resolve_trainer
+    from scripts.spark import resolve_trainer
+    from scripts.training.spark_cluster import SparkFitError, check_fit_inputs
 
     rows = tmp_path / "penguins.csv"
     rows.write_text("species,island\nAdelie,Torgersen\n")  # 32 bytes
@@ -291,7 +292,7 @@ def test_launches_spark_cannot_run_are_one_line(config, processes, task_gpus, li
 def test_more_tasks_than_the_cluster_s_slots_are_one_line_with_spark_s_count(slots, processes, tasks, line):
     """Spark counts a barrier stage's slots as executors x (cores // spark.task.cpus) (and GPUs // the task's): with
     more tasks than that it retries 40 times, 15 s apart, then fails the job."""
-    from scripts.spark import Slots, SparkFitError, check_slots, local_slots
+    from scripts.training.spark_cluster import Slots, SparkFitError, check_slots, local_slots
 
     given = local_slots(*slots) if isinstance(slots[0], str) else Slots("this cluster", *slots)
     if line is None:
@@ -307,7 +308,7 @@ def test_more_tasks_than_the_cluster_s_slots_are_one_line_with_spark_s_count(slo
 def test_a_cluster_s_slots_are_its_registered_executors_cores(spark):
     """The count a cluster's master gets (spark://, yarn, k8s, Databricks): the executors registered with the driver
     (through Scala's SparkContext.getExecutorMemoryStatus: this is its canary) and their cores."""
-    from scripts.spark import Slots, cluster_slots, session_slots
+    from scripts.training.spark_cluster import Slots, cluster_slots, session_slots
 
     assert cluster_slots(spark) == Slots("this cluster", executors=2, cores=1, task_cpus=1)
     assert session_slots(spark) == Slots(f"the master {MASTER}", executors=2, cores=1, task_cpus=1)
@@ -484,7 +485,7 @@ def test_a_unity_catalog_registry_takes_three_part_names_from_the_tasks(spark):
     the Spark session's catalog and schema; the tasks have none, and the registry refused it after the whole fit."""
     from jsonargparse import Namespace
 
-    from scripts.spark import SparkFitError, registry_environment
+    from scripts.training.spark_cluster import SparkFitError, registry_environment
 
     def config(name: str) -> Namespace:
         logger = Namespace(class_path="scripts.training.tracking.BufferedMLFlowLogger", init_args=Namespace())
@@ -684,7 +685,7 @@ def test_a_scoring_input_or_output_the_executors_do_not_see_is_one_line(tmp_path
     asked first (the output's folder by a file put there a moment); /dev/fd/N as in the fit's test."""
     import socket
 
-    from scripts.spark import SparkFitError, check_score_paths
+    from scripts.training.spark_cluster import SparkFitError, check_score_paths
 
     rows = tmp_path / "new.csv"
     rows.write_text("island\nDream\n")  # 13 bytes
