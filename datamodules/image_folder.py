@@ -28,7 +28,9 @@ from datamodules.errors import DataError
 from datamodules.ignored_files import hidden, ignored
 from datamodules.preprocessing.images import open_image, pixels
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")  # the image files a folder of data holds (Pillow reads them)
+# The names of image files (in any case): a file so named is meant as an image, and a damaged one is refused by name
+# rather than passed over. Others are told by their bytes (`is_image`). Windows and browsers save JPEGs as .jfif, .jpe.
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".gif")
 
 
 # What other tools name their splits (Roboflow's valid/, Keras' and Kaggle's validation/, Train/ made on Windows).
@@ -90,11 +92,7 @@ def class_folders(split_dir: Path) -> list[Path]:
     be read again as a class named after the link."""
     if not split_dir.is_dir():
         raise DataError(f"{split_dir}: no such folder; give data_dir a folder of class subfolders of images")
-    loose = sorted(
-        p.name
-        for p in split_dir.iterdir()
-        if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not hidden(p, split_dir)
-    )
+    loose = sorted(p.name for p in split_dir.iterdir() if p.is_file() and not hidden(p, split_dir) and is_image(p))
     if loose:
         shown = ", ".join(loose[:3]) + (f" and {len(loose) - 3} more" if len(loose) > 3 else "")
         raise DataError(
@@ -248,16 +246,26 @@ def read_image(path: Path, grey: bool = False) -> torch.Tensor:
     return image
 
 
-def decode_error(path: Path) -> str | None:
-    """Why `path` is not one readable RGB image, or None when it is (decodes it whole, once)."""
-    if path.suffix.lower() not in IMAGE_SUFFIXES:
-        return f"not a {'/'.join(s[1:].upper() for s in IMAGE_SUFFIXES)} file by its name"
-    return decode(path)[1]
+def is_image(path: Path) -> bool:
+    """Whether the file `path` is meant as an image: named as one (IMAGE_SUFFIXES) or, whatever its name, one by its
+    first bytes (a JPEG saved as photo.jfif, or with no suffix at all); reads its header only."""
+    if path.suffix.lower() in IMAGE_SUFFIXES:
+        return True
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path):
+            return True
+    except Image.DecompressionBombError:  # an image, too large: decoding it says so
+        return True
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError):
+        return False
 
 
 def check_readable(paths: list[Path]) -> None:
-    """One DataError listing every file that does not decode, so a run never dies mid-epoch on one."""
-    bad = [(path, reason) for path in paths if (reason := decode_error(path)) is not None]
+    """One DataError listing every file that does not decode, so a run never dies mid-epoch on one. A file is an
+    image by its bytes, not its name: a JPEG named .jfif or .JPE is read, a text file named .jpg is refused."""
+    bad = [(path, reason) for path in paths if (reason := decode(path)[1]) is not None]
     if bad:
         lines = "; ".join(f"{path} ({reason})" for path, reason in bad)
         raise DataError(f"{len(bad)} file(s) are not readable images: {lines}; remove or replace them")

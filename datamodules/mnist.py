@@ -7,9 +7,9 @@ The files (`train-images-idx3-ubyte` etc., gzipped or not) live in `data_dir`; `
 downloads missing ones from torchvision's mirrors and checks their MD5. The whole set stays a
 uint8 tensor (N, 1, 28, 28), on the training GPU when there is one; batches are slices of it
 (`InMemoryBatches`), scaled, normalised and, when training with `augment`, randomly warped a
-whole batch at a time in `on_after_batch_transfer`. Predict reads a folder of PNG/JPEG/WebP images
-(white digit on black, as MNIST; any size, made grey 28x28; dark digits on a light background are inverted, saying
-so on stderr) or an idx file of images.
+whole batch at a time in `on_after_batch_transfer`. Predict reads a folder of images, told by their bytes (PNG, JPEG
+saved as .jpg, .jfif or .jpe, WebP, GIF; white digit on black, as MNIST; any size, made grey 28x28; dark digits on a
+light background are inverted, saying so on stderr) or an idx file of images.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ import torch
 import torch.nn.functional as F
 
 from datamodules.errors import DataError
-from datamodules.image_folder import IMAGE_SUFFIXES, hidden
+from datamodules.image_folder import hidden, is_image
 from datamodules.in_memory import InMemoryDataModule
 from datamodules.preprocessing import digits as preprocessing
 from datamodules.preprocessing.digits import MEAN, STD
-from datamodules.preprocessing.images import open_image
+from datamodules.preprocessing.images import FORMATS, open_image
 
 # Each file's idx magic number and the MD5 of its uncompressed bytes. torchvision's `resources`
 # hash the .gz files, but equally good copies differ in their gzip headers (CI's copy does), so
@@ -117,7 +117,7 @@ class MNISTDataModule(InMemoryDataModule):
     """
     Args:
         data_dir: folder holding the four idx files (gzipped or not); missing ones are downloaded there.
-        predict_path: a folder of PNG/JPEG/WebP images, one image, or an idx file of images to classify.
+        predict_path: a folder of images (PNG, JPEG, WebP, GIF), one image, or an idx file of images to classify.
         batch_size: images per step and process.
         val_size: training images held out for validation (seeded, the same on every rank).
         augment: warp training batches by a random small rotation, scale and shift per image.
@@ -234,27 +234,26 @@ class MNISTDataModule(InMemoryDataModule):
         path = Path(self.hparams.predict_path)
         if path.is_dir():
             entries = sorted(p for p in path.iterdir() if not hidden(p, path))
-            files = [p for p in entries if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()]
+            files = [p for p in entries if p.is_file() and is_image(p)]  # a JPEG is one whatever its suffix (.jfif)
             if not files:
-                raise DataError(f"{path}: no {', '.join(IMAGE_SUFFIXES)} image in this folder")
-            # What is not read is named, as penguins' rows skipped are: a GIF or BMP digit, or a subfolder of digits,
-            # got no answer, and the answers were fewer than the files without a word.
+                raise DataError(f"{path}: no image ({FORMATS}) in this folder")
+            # What is not read is named, as penguins' rows skipped are: a subfolder of digits, or a file that is no
+            # image, got no answer, and the answers were fewer than the files without a word.
             if skipped := [p for p in entries if p not in files]:
                 more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
                 print(
-                    f"{skipped[0]}{more}: not a {', '.join(IMAGE_SUFFIXES)} file directly in {path}: skipped, no "
-                    "answer for it",
+                    f"{skipped[0]}{more}: not an image ({FORMATS}) directly in {path}: skipped, no answer for it",
                     file=sys.stderr,
                 )
             return torch.stack([read_digit(p) for p in files]), [str(p) for p in files]
         if not path.is_file():
             raise DataError(f"{path}: no such file or folder; give predict_path a folder of images or an idx file")
-        if path.suffix.lower() in IMAGE_SUFFIXES:
+        if is_image(path):
             return read_digit(path).unsqueeze(0), [str(path)]
         data = unzip(path.read_bytes(), path)
-        if data[:4] != struct.pack(">I", 2051):  # a GIF digit, a zip of PNGs: the training files' advice misled
+        if data[:4] != struct.pack(">I", 2051):  # a zip of PNGs: the training files' advice misled
             raise DataError(
-                f"{path}: neither a {', '.join(IMAGE_SUFFIXES)} image nor an idx file of images; give predict_path a "
+                f"{path}: neither an image ({FORMATS}) nor an idx file of images; give predict_path a "
                 "folder of images, one image, or an idx file of images"
             )
         images = parse_idx(data, 2051, path).unsqueeze(1)

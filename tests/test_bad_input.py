@@ -118,7 +118,7 @@ def make_user_folder(user: Path) -> None:
     (user / "digits-none" / "readme.txt").write_text("no digits here\n")
     (user / "digits-broken").mkdir()
     (user / "digits-broken" / "7.png").write_bytes(b"\x89PNG not really")
-    (user / "7.gif").write_bytes(b"GIF89a" + bytes(40))  # one digit, in a format predict's files are not
+    (user / "digits.zip").write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip: neither an image nor an idx file
     bird_folders(user / "birds-broken", count=2)
     (user / "birds-broken" / "val" / "turkeys" / "broken.jpg").write_bytes(b"\xff\xd8 not really")
     bird_folders(user / "birds-broken-late", count=2)
@@ -413,15 +413,15 @@ CASES = [
                                       "--data.init_args.mirrors", "[http://127.0.0.1:{port}]"],
          "error: {user}/notes.txt: a file, not a folder; give data.init_args.data_dir the folder holding the four "
          "MNIST files (or one to download them to)"),
-    Case("mnist-predict-a-gif", ["predict", *MNIST, "--ckpt_path", "{mnist_ckpt}", "--data.init_args.predict_path",
-                                 "{user}/7.gif"],
-         "error: {user}/7.gif: neither a .jpg, .jpeg, .png, .webp image nor an idx file of images; give predict_path a "
-         "folder of images, one image, or an idx file of images"),
+    Case("mnist-predict-a-zip", ["predict", *MNIST, "--ckpt_path", "{mnist_ckpt}", "--data.init_args.predict_path",
+                                 "{user}/digits.zip"],
+         "error: {user}/digits.zip: neither an image (JPEG, PNG, WebP or GIF) nor an idx file of images; give "
+         "predict_path a folder of images, one image, or an idx file of images"),
     Case("mnist-val-size-0", ["fit", *MNIST, "--data.init_args.val_size", "0"],
          "error: data.init_args.val_size 0: give 1 to 59999 (MNIST has 60000 training images)"),
     Case("mnist-predict-no-images", ["predict", *MNIST, "--ckpt_path", "{mnist_ckpt}",
                                      "--data.init_args.predict_path", "{user}/digits-none"],
-         "error: {user}/digits-none: no .jpg, .jpeg, .png, .webp image in this folder"),
+         "error: {user}/digits-none: no image (JPEG, PNG, WebP or GIF) in this folder"),
     Case("mnist-predict-broken-image", ["predict", *MNIST, "--ckpt_path", "{mnist_ckpt}",
                                         "--data.init_args.predict_path", "{user}/digits-broken"],
          f"error: {{user}}/digits-broken/7.png: not a readable image ({NOT_AN_IMAGE}); remove or replace it"),

@@ -190,6 +190,26 @@ def test_every_unreadable_file_is_reported_at_setup_in_one_error(tmp_path):
     assert "truncated" in str(error.value)  # torchvision's reason comes along
 
 
+def test_a_photo_is_an_image_by_its_bytes_whatever_its_suffix(tmp_path):
+    """Windows and browsers save JPEGs as .jfif or .jpe: set-up refused them, and with them the whole run, as "not a
+    JPG/JPEG/PNG/WEBP file by its name"; a photo with no suffix too, and a loose .jfif beside the class folders was
+    passed over rather than named as not labelled."""
+    root = bird_folders(tmp_path / "birds", count=2)
+    renamed = {"train/chickens/1.jpg": "1.jfif", "train/turkeys/1.jpg": "1.JPE", "val/chickens/1.jpg": "1.JPG",
+               "val/turkeys/0.png": "photo"}  # fmt: skip
+    for name, new in renamed.items():
+        (root / name).rename((root / name).with_name(new))
+    dm = birds_data(root, predict_path=str(root / "train" / "turkeys"))
+    dm.setup("fit")
+    files = {path.relative_to(root).as_posix() for split in ("train", "val") for path in dm.splits[split][0]}
+    assert {str(Path(name).with_name(new).as_posix()) for name, new in renamed.items()} <= files
+    dm.setup("predict")
+    assert sorted(Path(name).name for name in dm.predict_names) == ["0.png", "1.JPE"]
+    shutil.copy(root / "train" / "chickens" / "1.jfif", root / "train" / "stray.jfif")
+    with pytest.raises(DataError, match=r"images not labelled \(stray.jfif lie directly in it\)"):
+        birds_data(root).setup("fit")
+
+
 def test_without_verify_images_a_bad_file_fails_when_its_batch_is_loaded(tmp_path):
     root = bird_folders(tmp_path / "birds", count=2)
     broken = root / "train" / "chickens" / "broken.jpg"

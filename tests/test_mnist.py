@@ -146,20 +146,28 @@ def test_predict_inverts_dark_digits_on_white_saying_so_and_skips_dot_files(tmp_
     assert torch.equal(served[0], served[1])  # the scoring script answers as predict does
 
 
-def test_predict_names_what_in_its_folder_it_does_not_read(tmp_path: Path, capsys) -> None:
-    """A GIF or BMP digit, or a subfolder of them, got no answer, without a word: fewer answers than files."""
+def test_predict_reads_images_by_their_bytes_and_names_what_in_its_folder_it_does_not_read(tmp_path: Path, capsys):
+    """A subfolder of digits, or a file that is no image, got no answer, without a word: fewer answers than files. A
+    digit is an image by its bytes: a JPEG saved as .jfif or .jpe (Windows', browsers'), a GIF or a BMP, or one with
+    no suffix, was passed over by its name, and given alone it was read as a broken idx file."""
     from PIL import Image
 
-    for name in ("0.png", "1.JPG", "2.gif", "3.bmp", "sub/4.png"):
+    for name, kind in (("0.png", "PNG"), ("1.JPG", "JPEG"), ("2.gif", "GIF"), ("3.bmp", "BMP"), ("4.jfif", "JPEG"),
+                       ("5.JPE", "JPEG"), ("6", "PNG"), ("sub/7.png", "PNG")):  # fmt: skip
         (tmp_path / name).parent.mkdir(exist_ok=True)
-        Image.new("L", (28, 28)).save(tmp_path / name)
+        Image.new("L", (28, 28)).save(tmp_path / name, format=kind)
+    (tmp_path / "notes.txt").write_text("digits from the form\n")
     data = MNISTDataModule(predict_path=str(tmp_path))
     data.setup("predict")
-    assert data.predict_names == [str(tmp_path / "0.png"), str(tmp_path / "1.JPG")]
+    assert data.predict_names == [str(tmp_path / name) for name in ("0.png", "1.JPG", "2.gif", "3.bmp", "4.jfif",
+                                                                     "5.JPE", "6")]  # fmt: skip
     assert capsys.readouterr().err == (
-        f"{tmp_path / '2.gif'} and 2 more: not a .jpg, .jpeg, .png, .webp file directly in {tmp_path}: skipped, no "
-        "answer for it\n"
+        f"{tmp_path / 'notes.txt'} and 1 more: not an image (JPEG, PNG, WebP or GIF) directly in {tmp_path}: skipped, "
+        "no answer for it\n"
     )
+    one = MNISTDataModule(predict_path=str(tmp_path / "4.jfif"))
+    one.setup("predict")
+    assert one.predict_names == [str(tmp_path / "4.jfif")] and one.splits["predict"][0].shape == (1, 1, 28, 28)
 
 
 @needs_mnist
