@@ -201,6 +201,7 @@ def test_mlflow_models_serve_answers_penguins_as_the_pyfunc_and_refuses_bad_rows
             # Rows of no column the signature names (a list of lists, misspelt names): MLflow passes on no rows.
             ({"inputs": split["data"][:2]}, "request: missing columns; each row"),
             ({"dataframe_records": [{"Island ": "Biscoe", "bill_length": 50.4}]}, "request: missing columns; each row"),
+            ({"dataframe_split": {**split, "data": []}}, "request: no rows in it; send at least one row"),  # was 200 []
             ({"dataframe_split": {**split, "data": [[*split["data"][0][:3], True, *split["data"][0][4:]]]}},
              "request: row 1, column flipper_length_mm: a bool (True); give one string or number per cell"),
         ]  # fmt: skip
@@ -295,6 +296,10 @@ def test_mlflow_models_serve_answers_photos_sent_as_base64_and_refuses_bad_ones_
             body = {"dataframe_split": {"columns": ["image"], "data": [[base64.b64encode(data).decode()]]}}
             status, answer = server.post(json.dumps(body).encode())
             assert status == 400 and answer["error_code"] == "BAD_REQUEST" and message in answer["message"], answer
+        # An empty batch was answered 200 with no predictions, which the scoring script and predict refuse.
+        for body in ({"dataframe_split": {"columns": ["image"], "data": []}}, {"inputs": []}, {"instances": []}):
+            status, answer = server.post(json.dumps(body).encode())
+            assert status == 400 and "request: no images in it; send at least one image" in answer["message"], answer
     finally:
         server.stop()
 

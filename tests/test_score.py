@@ -63,6 +63,8 @@ def test_the_pyfunc_refuses_bad_images_naming_them(digits):
         (pd.DataFrame({"picture": [png((28, 28))]}), "Model is missing inputs ['image']"),  # MLflow's schema check
         (pd.DataFrame({"image": [png((10000, 6000))]}), "image 1: 10000x6000 pixels; send images of at most 40"),
         (pd.DataFrame({"image": ["not base64!"]}), "image 1: not base64 text; encode each image's bytes as base64"),
+        # mlflow models serve's {"dataframe_split": {"columns": ["image"], "data": []}}: answered 200, no predictions
+        (pd.DataFrame({"image": pd.Series([], dtype=object)}), "request: no images in it; send at least one image"),
     ]
     for frame, message in cases:
         with pytest.raises(MlflowException) as error:
@@ -457,6 +459,8 @@ def test_the_pyfunc_used_directly_refuses_a_cell_of_the_wrong_type(penguins):
             model.answer(pd.DataFrame([{**PENGUIN, column: value}]))
         assert str(error.value).startswith(f"request: row 1, column {column}: a {kind} (")
     assert len(model.answer(pd.DataFrame([PENGUIN]))) == 1
+    with pytest.raises(InputError, match=r"^request: no rows in it; send at least one row$"):
+        mlflow.pyfunc.load_model(str(penguins)).predict(pd.DataFrame(columns=list(PENGUIN), dtype=object))
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,9 @@ code_paths), so the model runs wherever its requirements are installed (.venv-se
 Input: rows tasks: a DataFrame in the datamodule's column names (penguins: either CSV schema's); image tasks: a
 DataFrame with one column `image` holding each image's bytes or base64 text. Output: a DataFrame, one row per input in
 order: `class`, `probability` (the class's), then `probability_<class>` for every class. A bad input raises InputError
-(an MlflowException and a ValueError) whose one-line message names the row or image and what to send.
+(an MlflowException and a ValueError) whose one-line message names the row or image and what to send; so does a batch
+of none (`mlflow models serve` answered `{"dataframe_split": {..., "data": []}}` 200 with no predictions, where the
+scoring script, predict and batch scoring refuse an empty request or file).
 """
 
 from __future__ import annotations
@@ -74,9 +76,6 @@ class ClassifierModel(PythonModel):
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         return self.answer(model_input)
 
-    def columns(self) -> list[str]:
-        return ["class", "probability", *(f"probability_{name}" for name in self.class_names)]
-
     def answer(self, inputs, names: list[str] | None = None) -> pd.DataFrame:
         """The output DataFrame for `inputs` (a DataFrame, or for images a list of encoded images); `names` names each
         input in messages (default: row i / image i, counted from 1)."""
@@ -91,8 +90,8 @@ class ClassifierModel(PythonModel):
             # every name misspelt, {}) come as a frame of no columns and no rows, which is no empty batch.
             self.probabilities(inputs, names)  # the preprocessing's own message, naming the columns it needs
             raise InputError("no column the model reads; send rows in the data's column names")
-        if len(inputs) == 0:
-            return pd.DataFrame({column: [] for column in self.columns()})
+        if len(inputs) == 0:  # a client's empty list, refused as every runtime refuses it: no answer passes for one
+            raise InputError(f"request: no {noun}s in it; send at least one {noun}")
         if self.kind == "images":
             from datamodules.errors import DataError
             from datamodules.preprocessing.images import OversizeImage, check_size
