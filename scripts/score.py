@@ -505,7 +505,10 @@ def score_files(model: Model, source: Path, chunk: int, skipped: list[str] | Non
     if model.kind == "rows":
         if not source.is_file():
             raise RequestError(f"{source}: a folder; this model scores rows: give a CSV file of them")
-        frame = complete_rows(model, csv_rows(source.read_bytes(), str(source), max_rows=None), source, skipped)
+        frame = csv_rows(source.read_bytes(), str(source), max_rows=None)
+        if frame.empty:  # as a request's CSV and predict's: no predictions and exit 0 would look like a scored file
+            raise RequestError(f"{source}: a CSV header and no rows; put one penguin a line below it")
+        frame = complete_rows(model, frame, source, skipped)
         answers = []
         for start in range(0, len(frame), chunk):
             part = frame.iloc[start : start + chunk]

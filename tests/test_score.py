@@ -287,6 +287,13 @@ def test_batch_scoring_answers_the_complete_rows_and_names_the_incomplete_ones_a
         f"error: {tmp_path / 'none.csv'}: no row has all of island, bill_length_mm, bill_depth_mm, flipper_length_mm, "
         "body_mass_g; fill in the empty cells"
     )  # predict's words
+    (tmp_path / "header.csv").write_text(HEADER + "\n")  # a header and a blank line: exit 0, no predictions
+    with pytest.raises(SystemExit) as exit:
+        main([str(penguins), str(tmp_path / "header.csv")])
+    assert (
+        exit.value.code
+        == f"error: {tmp_path / 'header.csv'}: a CSV header and no rows; put one penguin a line below it"
+    )
 
 
 def test_the_csv_checks_are_the_scripts_own_not_an_older_models(penguins, monkeypatch):
