@@ -635,6 +635,26 @@ def test_inputs_of_another_kind_than_the_model_takes_are_one_line(tmp_path, spar
 
 @pytest.mark.slow
 @needs_java
+def test_inputs_with_nothing_to_score_are_one_line_not_scored_0_inputs(tmp_path, spark, models):
+    """A CSV of a header and no rows, a folder of no image (its Thumbs.db left out): "scored 0 inputs", exit 0 and an
+    empty output, where predict, the endpoint and scripts.score refuse them."""
+    from scripts.spark import main
+
+    header = tmp_path / "header.csv"
+    header.write_text(models["penguins"].inputs.read_text().splitlines()[0] + "\n")
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "Thumbs.db").write_bytes(b"\xd0\xcf\x11\xe0 a thumbnail cache")
+    cases = [("penguins", header, "a CSV header and no rows; put one row to score a line below it"),
+             ("birds", tmp_path / "photos", "no files in it; give a folder of images")]  # fmt: skip
+    for task, inputs, line in cases:
+        with pytest.raises(SystemExit) as stop:
+            main(["score", str(models[task].model), str(inputs), "--output", str(tmp_path / task)])
+        assert stop.value.code == f"error: {inputs}: {line}"
+        assert not (tmp_path / task).exists()
+
+
+@pytest.mark.slow
+@needs_java
 @pytest.mark.parametrize("column", ["class", "Probability"])
 def test_an_input_column_named_as_an_answer_column_is_one_line(tmp_path, spark, models, column):
     """A CSV of earlier predictions, or one whose label column is `class`: Spark's answer was AMBIGUOUS_REFERENCE,

@@ -116,6 +116,10 @@ def predict(spark, model_uri: str, frame, path: str):
             f"{path}: none of its columns ({', '.join(frame.columns)}) is one the model takes ({', '.join(inputs)}); "
             "give a header of the model's column names, separated by commas"
         )
+    # Refused as predict, the endpoint and scripts.score refuse it ("scored 0 inputs" looked done), before the model
+    # is loaded on the executors: Spark reads one row of the input to tell.
+    if frame.isEmpty():
+        raise SparkScoreError(nothing_to_score(path))
     udf = model_udf(spark, model_uri, outputs)
     columns = [F.col(f"`{name}`").alias(stripped) for name, stripped in given.items()]
     scored = frame.withColumn("prediction_struct", udf(F.struct(*columns)))
@@ -160,6 +164,12 @@ def accuracy(frame) -> float:
     evaluator = MulticlassClassificationEvaluator(labelCol="label", predictionCol="prediction", metricName="accuracy")
     # Only the two columns: the evaluator reads a column named `probability` as its vector of class probabilities.
     return evaluator.evaluate(frame.filter(frame.label.isNotNull()).select("label", "prediction"))
+
+
+def nothing_to_score(path: str) -> str:
+    if path.lower().endswith(".csv"):
+        return f"{path}: a CSV header and no rows; put one row to score a line below it"
+    return f"{path}: no files in it; give a folder of images"
 
 
 def failure_line(error: Exception) -> str:
