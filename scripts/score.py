@@ -21,7 +21,7 @@ Requests (POST /score):
   body (Content-Type: image/jpeg, image/png, application/octet-stream), or JSON `{"images": [BASE64, ...]}` (or
   `{"image": BASE64}`).
 - both: Azure ML's no-code request {"input_data": {"columns": [...], "data": [[...], ...]}}, and `mlflow models serve`'s
-  {"dataframe_split": ...} or {"dataframe_records": [...]}.
+  {"dataframe_split": ...}, {"dataframe_records": [...]}, {"instances": [...]} or {"inputs": ...}.
 The answer: `{"predictions": [{"input", "class", "probability", "probabilities": {class: p}}, ...]}` in input order.
 A request the model cannot answer gets a 4xx and `{"message": "..."}` naming the culprit (400: malformed, 413: too
 large, 415: an unsupported content type), as the server's own errors do; never a 500 (docs/serving.md lists them).
@@ -345,16 +345,34 @@ def input_data(given):
         ) from None
 
 
+RECORD_KEYS = ("dataframe_records", "instances", "inputs")  # `mlflow models serve`'s requests of rows as objects
+
+
+def mlflow_records(given) -> tuple[str, object] | None:
+    """(key, its rows) of `mlflow models serve`'s {"dataframe_records": [...]}, {"instances": [...]} or {"inputs":
+    [...]} (rows as objects), or {"inputs": {column: [values]}} (a column of values each, as rows); None for any other
+    JSON. A client of MLflow's server sent `instances` or `inputs` here and was told of missing columns."""
+    key = next((key for key in RECORD_KEYS if isinstance(given, dict) and key in given), None)
+    if key is None or (key != "dataframe_records" and set(given) - {key, "params"}):  # a row with such a field
+        return None
+    rows = given[key]
+    columns = key == "inputs" and isinstance(rows, dict) and rows and all(isinstance(v, list) for v in rows.values())
+    if columns and len({len(values) for values in rows.values()}) == 1:
+        rows = [dict(zip(rows, values)) for values in zip(*rows.values())]
+    return key, rows
+
+
 def json_rows(body: bytes, read: set[str] | None = None):
     """JSON rows: an object, a list of objects, Azure ML's {"input_data": ...} or `mlflow models serve`'s
-    {"dataframe_split": ...} or {"dataframe_records": [...]}. A field of the columns the model reads (`read`; None:
-    every field) must be a string, a number or null; the others are ignored, as every other runtime ignores them."""
+    {"dataframe_split": ...}, {"dataframe_records": [...]}, {"instances": [...]} or {"inputs": ...}. A field of the
+    columns the model reads (`read`; None: every field) must be a string, a number or null; the others are ignored, as
+    every other runtime ignores them."""
     rows = json_body(body)
     frame = input_data(rows)
     if frame is not None:
         return frame
-    if isinstance(rows, dict) and "dataframe_records" in rows:  # taken as a row, its name was the field refused
-        rows = rows["dataframe_records"]
+    if (records := mlflow_records(rows)) is not None:  # taken as a row, its name was the field refused
+        rows = records[1]
     rows = [rows] if isinstance(rows, dict) else rows
     if not isinstance(rows, list) or not rows or not all(isinstance(row, dict) for row in rows):
         raise RequestError("send one row as a JSON object, or several as a non-empty list of objects")
@@ -455,10 +473,10 @@ def json_images(body: bytes) -> list[tuple[str, bytes]]:
             key = next(key for key in SPLIT_KEYS if key in given)
             raise RequestError(f'{key}: send one column "image" holding each image as base64 text')
         given = {"images": frame["image"].tolist()}
-    elif isinstance(given, dict) and "dataframe_records" in given:  # mlflow models serve's
-        records = given["dataframe_records"]
+    elif (found := mlflow_records(given)) is not None:  # mlflow models serve's
+        key, records = found
         if not (isinstance(records, list) and all(isinstance(r, dict) and list(r) == ["image"] for r in records)):
-            raise RequestError('dataframe_records: send a list of objects {"image": base64}, one per image')
+            raise RequestError(f'{key}: send a list of objects {{"image": base64}}, one per image')
         given = {"images": [record["image"] for record in records]}
     if isinstance(given, dict) and isinstance(given.get("image"), str):
         encoded = [given["image"]]

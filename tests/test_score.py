@@ -200,13 +200,16 @@ def test_a_bad_rows_request_is_a_4xx_naming_the_field_row_or_limit(penguins, mon
 
 
 def test_requests_written_for_mlflow_models_serve_get_the_answers_of_the_same_inputs(penguins, photos, monkeypatch):
-    """A client of `mlflow models serve` (dataframe_split, dataframe_records) pointed at the endpoint: the answers of
-    the same rows or images sent the script's own way, not a 400 for a field named dataframe_split."""
+    """A client of `mlflow models serve` (dataframe_split, dataframe_records, instances, inputs) pointed at the
+    endpoint: the answers of the same rows or images sent the script's own way, not a 400 for a field named
+    dataframe_split, or, for instances and inputs, 'missing columns' (rows) or 'send images as JSON'."""
     rows = [PENGUIN, {**PENGUIN, "island": "Dream", "body_mass_g": 3800}]
     plain = post(penguins, json.dumps(rows), "application/json", monkeypatch)
     assert plain[0] == 200 and len(plain[1]["predictions"]) == 2
     split = {"columns": list(PENGUIN), "data": [list(row.values()) for row in rows]}
-    for body in ({"dataframe_split": split}, {"dataframe_records": rows}):
+    columns = {name: [row[name] for row in rows] for name in PENGUIN}
+    for body in ({"dataframe_split": split}, {"dataframe_records": rows}, {"instances": rows}, {"inputs": rows},
+                 {"inputs": columns}):  # fmt: skip
         assert post(penguins, json.dumps(body), "application/json", monkeypatch) == plain, body
     buffer = io.BytesIO()
     Image.new("RGB", (40, 30), (10, 200, 30)).save(buffer, format="PNG")
@@ -214,7 +217,8 @@ def test_requests_written_for_mlflow_models_serve_get_the_answers_of_the_same_in
     plain = post(photos, json.dumps({"images": [text, text]}), "application/json", monkeypatch)
     assert plain[0] == 200 and len(plain[1]["predictions"]) == 2
     for body in ({"dataframe_split": {"columns": ["image"], "data": [[text], [text]]}},
-                 {"dataframe_records": [{"image": text}, {"image": text}]}):  # fmt: skip
+                 {"dataframe_records": [{"image": text}, {"image": text}]}, {"instances": [{"image": text}] * 2},
+                 {"inputs": {"image": [text, text]}}):  # fmt: skip
         assert post(photos, json.dumps(body), "application/json", monkeypatch) == plain, body
     status, answer = post(photos, json.dumps({"dataframe_records": [{"picture": text}]}), "application/json",
                           monkeypatch)  # fmt: skip
