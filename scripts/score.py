@@ -34,7 +34,6 @@ the model for torch users).
 
 from __future__ import annotations
 
-import base64
 import binascii
 import csv
 import io
@@ -484,11 +483,12 @@ def json_images(body: bytes) -> list[tuple[str, bytes]]:
         encoded = given["images"]
     else:
         raise RequestError('send images as JSON {"images": [base64, ...]} or {"image": base64}')
+    # As the model reads base64 text (in lines, or a web page's data URL): this script's copy of its code (repo_module).
+    base64_image = repo_module("scripts/serving/pyfunc_model.py").base64_image
     files = []
     for i, text in enumerate(encoded):
-        try:  # without line breaks, as the model reads base64 text: MIME's (`base64 photo.jpg`) wraps at 76 characters
-            text = "".join(text.split()) if isinstance(text, str) else text
-            files.append((f"image {i + 1}", base64.b64decode(text, validate=True)))
+        try:
+            files.append((f"image {i + 1}", base64_image(text)))
         except (binascii.Error, TypeError, ValueError):
             raise RequestError(f"image {i + 1}: not base64 text; encode each image's bytes as base64") from None
     return files

@@ -485,18 +485,27 @@ def photos(tmp_path_factory):
     return folder
 
 
-def test_base64_wrapped_in_lines_is_the_same_image(photos, monkeypatch):
+def test_base64_wrapped_in_lines_or_as_a_data_url_is_the_same_image(photos, monkeypatch):
     """`base64 photo.jpg` and Python's encodebytes wrap their text at 76 characters, as MIME does; MLflow's server
-    decodes it so (base64.decodebytes), and the scoring script must answer it as it answers the unwrapped text."""
+    decodes it so (base64.decodebytes), and the scoring script must answer it as it answers the unwrapped text. A web
+    page's FileReader.readAsDataURL gives `data:image/png;base64,<the text>`: it was refused as not base64 text, by the
+    script and by the model itself (`mlflow models serve`'s inputs and instances hand it on as the text's bytes)."""
+    import mlflow
+
     buffer = io.BytesIO()
     Image.new("RGB", (120, 90), (10, 200, 30)).save(buffer, format="PNG")
     plain = base64.b64encode(buffer.getvalue()).decode()
     wrapped = base64.encodebytes(buffer.getvalue()).decode()
     assert "\n" in wrapped.strip()
+    data_url = "data:image/png;base64," + plain
     answers = [
-        post(photos, json.dumps({"images": [text]}), "application/json", monkeypatch) for text in (plain, wrapped)
+        post(photos, json.dumps({"images": [text]}), "application/json", monkeypatch)
+        for text in (plain, wrapped, data_url)
     ]
-    assert answers[0][0] == 200 and answers[1] == answers[0], answers
+    assert answers[0][0] == 200 and answers[1] == answers[0] and answers[2] == answers[0], answers
+    model = mlflow.pyfunc.load_model(str(photos))
+    by_model = [model.predict(pd.DataFrame({"image": [image]})) for image in (plain, data_url, data_url.encode())]
+    assert by_model[1].equals(by_model[0]) and by_model[2].equals(by_model[0])
 
 
 def test_a_strip_of_a_picture_is_refused_before_the_crop_resizes_it_to_gigabytes(photos, monkeypatch):

@@ -149,15 +149,27 @@ def as_frame(inputs, kind: str) -> pd.DataFrame:
 
 # Base64 text, perhaps in lines: no image file is that (each format's header or sizes hold other bytes).
 BASE64_TEXT = re.compile(rb"[A-Za-z0-9+/\s]+=?=?\s*")
+# What a browser's FileReader.readAsDataURL (and a canvas's toDataURL) puts before an image's base64.
+DATA_URL = re.compile(r"\s*data:[\w.+-]+/[\w.+-]+(;[\w.+-]+=[\w.+-]+)*;base64,", re.IGNORECASE)
+
+
+def base64_image(text: str | bytes) -> bytes:
+    """The bytes of an image as base64 text: in one line or in MIME's lines of 76 characters (`base64 photo.jpg`,
+    encodebytes), or as a data URL (`data:image/jpeg;base64,...`: a web page's FileReader, which was refused as not
+    base64 text). binascii.Error (a ValueError) when it is not base64."""
+    text = text.decode("ascii", "replace") if isinstance(text, bytes) else text
+    if found := DATA_URL.match(text):
+        text = text[found.end() :]
+    return base64.b64decode("".join(text.split()), validate=True)
 
 
 def undone_base64(data: bytes) -> bytes:
     """`data`, or what it encodes when it is base64 text: `mlflow models serve` hands on the base64 of an `inputs` or
     `instances` request's binary column as the text's bytes, undecoded (its dataframe_split and dataframe_records are
     decoded), and the image was refused as 'not a readable image'."""
-    if BASE64_TEXT.fullmatch(data):
+    if BASE64_TEXT.fullmatch(data) or DATA_URL.match(data[:200].decode("ascii", "replace")):
         try:
-            return base64.b64decode(b"".join(data.split()), validate=True)
+            return base64_image(data)
         except binascii.Error:
             pass
     return data
@@ -176,8 +188,8 @@ def image_bytes(frame: pd.DataFrame) -> list[bytes]:
         if isinstance(value, bytes | bytearray | memoryview):
             images.append(undone_base64(bytes(value)))
         elif isinstance(value, str):
-            try:  # without line breaks: MIME's base64 (`base64 photo.jpg`, encodebytes) wraps at 76 characters
-                images.append(base64.b64decode("".join(value.split()), validate=True))
+            try:
+                images.append(base64_image(value))
             except (binascii.Error, ValueError):
                 raise InputError(f"image {i + 1}: not base64 text; encode each image's bytes as base64") from None
         else:
