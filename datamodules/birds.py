@@ -31,6 +31,7 @@ from datamodules.image_folder import (
     class_folders,
     fetch_archive,
     files_below,
+    is_image,
     list_images,
     read_image,
     read_once,
@@ -38,6 +39,7 @@ from datamodules.image_folder import (
 )
 from datamodules.preprocessing import birds as preprocessing
 from datamodules.preprocessing.birds import IMAGENET_MEAN, IMAGENET_STD
+from datamodules.preprocessing.images import FORMATS
 
 SPLITS = ("train", "val", "test")
 
@@ -213,9 +215,16 @@ class BirdsDataModule(ClassificationDataModule):
             return [path]
         if not path.is_dir():
             raise DataError(f"{path}: no such file or folder; give predict_path a folder of images or one image")
-        files = files_below(path)
+        found = files_below(path)
+        # A file that is no image (notes.txt, a zip of the same photos) is named and skipped, as MNIST's predict and
+        # scripts.score skip it: it refused the whole folder. A damaged image is still refused, by check_readable.
+        files = [file for file in found if is_image(file)]
         if not files:
             raise DataError(f"{path}: no images in this folder")
+        skipped = [file for file in found if file not in files]
+        if skipped and (self.trainer is None or self.trainer.is_global_zero):
+            more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+            print(f"{skipped[0]}{more}: not an image ({FORMATS}): skipped, no answer for it", file=sys.stderr)
         return files
 
     def transform(self, train: bool):

@@ -210,6 +210,25 @@ def test_a_photo_is_an_image_by_its_bytes_whatever_its_suffix(tmp_path):
         birds_data(root).setup("fit")
 
 
+def test_predict_names_and_skips_a_file_that_is_no_image_and_refuses_a_damaged_one(tmp_path, capsys):
+    """A notes.txt or a zip beside the photos refused the whole predict, where MNIST's predict and scripts.score skip
+    it saying so; a photo that does not decode is still refused, by name."""
+    write_images(tmp_path / "photos", 2, 0)
+    (tmp_path / "photos" / "notes.txt").write_text("taken at dawn\n")
+    (tmp_path / "photos" / "more").mkdir()
+    (tmp_path / "photos" / "more" / "all.zip").write_bytes(b"PK\x05\x06" + bytes(18))
+    dm = birds_data(tmp_path / "nowhere", classes=list(CLASSES), predict_path=str(tmp_path / "photos"))
+    dm.setup("predict")
+    assert [Path(name).name for name in dm.predict_names] == ["0.png", "1.jpg"]
+    assert capsys.readouterr().err == (
+        f"{tmp_path / 'photos' / 'more' / 'all.zip'} and 1 more: not an image (JPEG, PNG, WebP or GIF): skipped, no "
+        "answer for it\n"
+    )
+    (tmp_path / "photos" / "2.jpg").write_bytes(b"\xff\xd8 not really")
+    with pytest.raises(DataError, match=r"1 file\(s\) are not readable images: \S+/2.jpg"):
+        birds_data(tmp_path / "nowhere", classes=list(CLASSES), predict_path=str(tmp_path / "photos")).setup("predict")
+
+
 def test_without_verify_images_a_bad_file_fails_when_its_batch_is_loaded(tmp_path):
     root = bird_folders(tmp_path / "birds", count=2)
     broken = root / "train" / "chickens" / "broken.jpg"
