@@ -7,6 +7,8 @@ config: submit it, print its YAML, run it here, or register its components.
         --dry_run true                                   # its YAML, for az ml job create -f
     python -m scripts.pipeline configs/penguins.yaml --local true --score_data configs/examples/penguins.csv
     python -m scripts.pipeline configs/birds.yaml --compute gpu-cluster --components true --version 1   # register them
+    python -m scripts.pipeline configs/birds.yaml --compute serverless --instance_type Standard_NC4as_T4_v3 \
+        --presets+ configs/trainer/gpu.yaml --data azureml:birds:1   # no cluster: serverless VMs, a GPU one to train
 
 The train step is the task's `scripts.train fit` (the designer's "Train PyTorch Model": epochs, batch_size,
 warmup_step_number, learning_rate, random_seed, patience, print_freq, the config's values as defaults), on --nodes x
@@ -70,12 +72,14 @@ def pipeline(
     subscription_id: str | None = None,
     resource_group: str | None = None,
     workspace: str | None = None,
+    instance_type: str | None = None,
 ) -> str:
     """Builds the pipeline and submits it (or prints its YAML, runs it here, registers its components).
 
     Args:
         task: the task's config, e.g. configs/birds.yaml.
-        compute: the Azure ML compute cluster every step runs on.
+        compute: the Azure ML compute cluster every step runs on, or serverless (Azure ML's serverless compute: the
+            VM size of --instance_type, or one Azure ML picks, a CPU one).
         presets: configs added after it, e.g. configs/trainer/gpu.yaml (not ddp*.yaml: the train step adds those).
         nodes: machines of the train step (its instance count).
         processes_per_node: processes on each, one per GPU.
@@ -105,6 +109,9 @@ def pipeline(
         version: with components, the version to register them as, a number.
         stream: follow the submitted pipeline's logs and exit with its status.
         subscription_id, resource_group, workspace: the workspace, when there is no config.json.
+        instance_type: with --compute serverless, the VM size of the train and evaluate steps, e.g.
+            Standard_NC4as_T4_v3 (a GPU size for configs that run on GPUs); register and score run on CPUs: a GPU
+            size leaves theirs to Azure ML (a CPU one).
     """
     if not compute and not local and not components:
         raise SubmitError("give the compute cluster to run on: --compute NAME (or --local true to run it here)")
@@ -136,7 +143,7 @@ def pipeline(
 
     plan = plan_pipeline([task, *(presets or [])], compute, nodes, processes_per_node, distribution, train_args, data,
                          test_data, score_data, model_name, metric, threshold, name, experiment, image, environment,
-                         tier, timeout, shm_size, sweep, components)  # fmt: skip
+                         tier, timeout, shm_size, sweep, components, instance_type)  # fmt: skip
     if local:
         from scripts.azure_ml.local_pipeline import run_local
 

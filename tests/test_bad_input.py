@@ -160,6 +160,7 @@ BIRDS = ["--config", "configs/birds.yaml", "--data.init_args.image_size", "32", 
          "--data.init_args.archive", "null"]  # fmt: skip
 MNIST = ["--config", "configs/mnist.yaml", "--data.init_args.val_size", "2"]
 SUBMIT = ["configs/penguins.yaml", "--compute", "c"]
+AZURE = ("scripts.submit", "scripts.pipeline")  # their refusals come before the Azure SDK's import
 NOT_AN_IMAGE = "not a JPEG, PNG, WebP or GIF image"  # the decoder's reason (datamodules/preprocessing/images.py)
 GIVE_CKPT = (
     "needs --ckpt_path: the .ckpt a fit wrote (outputs/<exp>/<run>/checkpoints/best.ckpt; `make evaluate` and "
@@ -586,6 +587,13 @@ CASES = [
     Submit("submit-from-another-folder", [str(REPO / "configs/penguins.yaml"), "--compute", "c"],
          "error: environment.yml is not in this folder: run from the repository's root (the job's code)",
            cwd="{user}", env={"PYTHONPATH": str(REPO)}),
+    Case("pipeline-serverless-gpus-without-a-gpu-size", ["configs/birds.yaml", "--compute", "serverless",
+                                                         "--presets+", "configs/trainer/gpu.yaml"],
+         "error: --compute serverless: the configs run on GPUs and serverless picks a CPU VM; give --instance_type a "
+         "GPU size, e.g. Standard_NC4as_T4_v3", module="scripts.pipeline"),
+    Case("pipeline-instance-type-of-a-cluster", [*SUBMIT, "--instance_type", "Standard_DS3_v2"],
+         "error: --instance_type Standard_DS3_v2: the VM size of serverless compute; the cluster c has its own: leave "
+         "it out, or give --compute serverless", module="scripts.pipeline"),
     # ---- Azure ML deployment, Spark: each before the Azure SDK is imported, or before a JVM starts ----
     Case("deploy-gpu-size-for-the-cpu-environment", ["online", "penguins-classifier:1", "--endpoint", "penguins",
                                                       "--instance_type", "Standard_NC4as_T4_v3", "--dry_run", "true"],
@@ -688,7 +696,7 @@ def run_case(case: Case, folder: Path, template: Path, checkpoints: dict[str, Pa
             args[1:1] = ["--config", "configs/penguins.yaml"]  # the penguins task unless the case names one
     environ = {**os.environ, **{key: value.format(**values) for key, value in case.env.items()}}
     cwd = case.cwd.format(**values)
-    if case.module == "scripts.submit":  # a fresh interpreter: -X importtime tells what it imported before the error
+    if case.module in AZURE:  # a fresh interpreter: -X importtime tells what it imported before the error
         result = subprocess.run([sys.executable, "-X", "importtime", "-m", case.module, *args], cwd=cwd, env=environ,
                                 capture_output=True, text=True, timeout=600)  # fmt: skip
     else:
@@ -724,7 +732,7 @@ def test_a_mistake(case: Case, outcomes: dict[str, Outcome]):
     user's written over, no run recorded."""
     outcome = outcomes[case.name]
     stderr = outcome.result.stderr
-    if case.module == "scripts.submit":  # the check comes before the ~4 s import of the Azure SDK
+    if case.module in AZURE:  # the check comes before the ~4 s import of the Azure SDK
         imported = [text.rsplit("|", 1)[-1].strip() for text in stderr.splitlines() if text.startswith("import time:")]
         assert not [name for name in imported if name.startswith("azure")]
         stderr = "\n".join(text for text in stderr.splitlines() if not text.startswith("import time:"))

@@ -156,6 +156,22 @@ def test_a_submission_puts_the_pipeline_with_its_four_steps(monkeypatch, capsys)
     assert job["computeId"] == f"{WORKSPACE}/computes/cpu-cluster"
 
 
+def test_serverless_compute_is_the_pipelines_default_on_the_vm_size_each_step_needs(monkeypatch, capsys):
+    """Azure ML's documented way for a pipeline: serverless as its settings' default compute. --instance_type is the
+    VM size of train and evaluate (both run the GPU config); register and score run on CPUs: with a GPU size given,
+    theirs is left to Azure ML, which picks a CPU one."""
+    azure = fake_workspace(monkeypatch)
+    name = pipeline("configs/birds.yaml", "serverless", ["configs/trainer/gpu.yaml"], nodes=2, data="azureml:birds:1",
+                    environment="azureml:lightning-training-gpu:1", instance_type="Standard_NC4as_T4_v3")  # fmt: skip
+    (job,) = [body["properties"] for method, path, body in azure.requests if path.endswith(f"/jobs/{name}")]
+    assert "computeId" not in job and job["settings"]["default_compute"] == f"{WORKSPACE}/computes/serverless"
+    sizes = {step: (body.get("resources") or {}).get("instance_type") for step, body in job["jobs"].items()}
+    gpu = "Standard_NC4as_T4_v3"
+    assert sizes == {"train": gpu, "evaluate": gpu, "register": None, "score": None}
+    assert job["jobs"]["train"]["resources"]["instance_count"] == 2
+    assert not [path for method, path, _ in azure.requests if "/computes/" in path]  # no cluster looked up
+
+
 def test_a_compute_the_workspace_does_not_have_is_one_line(monkeypatch, capsys):
     fake_workspace(monkeypatch)
     with pytest.raises(SystemExit) as exit:

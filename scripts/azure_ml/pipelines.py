@@ -15,7 +15,17 @@ from pathlib import Path
 import yaml
 
 from scripts.azure_ml.components import TaskComponents, plan_components
-from scripts.azure_ml.jobs import PRESETS, Plan, SubmitError, check_uploaded_name, is_local, parse_reference, plan_job
+from scripts.azure_ml.jobs import (
+    GPU_SIZE,
+    PRESETS,
+    SERVERLESS,
+    Plan,
+    SubmitError,
+    check_uploaded_name,
+    is_local,
+    parse_reference,
+    plan_job,
+)
 
 STEPS = ("train", "evaluate", "register", "score")
 METRICS = ("test_acc", "test_loss")  # what the evaluate step's test writes; acc reaches at or above, loss at or below
@@ -31,7 +41,7 @@ class DataInput:
 class PipelinePlan:
     components: TaskComponents
     job: Plan  # the train step's launch, environment, tier, timeout and shared memory
-    compute: str
+    compute: str  # a cluster's name, SERVERLESS, or "" (run here)
     nodes: int
     processes_per_node: int
     experiment: str
@@ -45,6 +55,7 @@ class PipelinePlan:
     image: str | None = None
     shm_size: str | None = None  # as given
     train_args: str = ""
+    instance_type: str | None = None  # serverless compute's VM size for train and evaluate (and the others if a CPU's)
 
     @property
     def launch_config(self) -> str | None:
@@ -100,13 +111,19 @@ def plan_pipeline(
     shm_size: str | None = None,
     sweep: str | None = None,
     components_only: bool = False,
+    instance_type: str | None = None,
 ) -> PipelinePlan:
     """Every check that needs no SDK: the cheap ones first, then the configs through the training CLI.
     `components_only`: for the components alone, which name no data."""
     from scripts.azure_ml.assets import check_name
     from scripts.azure_ml.components import check_prefix
-    from scripts.azure_ml.jobs import BASE_IMAGE, compute_name, experiment_of, job_experiment
+    from scripts.azure_ml.jobs import BASE_IMAGE, check_compute, compute_name, experiment_of, job_experiment
 
+    if instance_type is not None and not compute:
+        raise SubmitError(
+            f"--instance_type {instance_type}: the VM size of serverless compute; give --compute serverless with it, "
+            "or leave it out"
+        )
     if compute:
         compute = compute_name(compute)
         if compute.lower() == "local":  # the SDK fails on a pipeline with it, past its own checks
@@ -124,6 +141,8 @@ def plan_pipeline(
         raise SubmitError("--timeout with --sweep: a sweep's limits are its file's budget.time and budget.trial_time")
     job = plan_job(configs, nodes, processes_per_node, distribution, None, train_args, image or BASE_IMAGE, True,
                    environment, tier, timeout, shm_size)  # fmt: skip
+    if compute:  # a cluster's name, or serverless with a VM size that fits the configs (a GPU one for GPUs)
+        compute = check_compute(compute, instance_type, job.configs, job.gpu) or SERVERLESS
     spec, sweep_args, sweep_inputs = None, "", {}
     if sweep:
         from scripts.sweeps.azure import load_for_azure, search_space_names, trial_args
@@ -153,7 +172,7 @@ def plan_pipeline(
     )
     return PipelinePlan(components, job, compute, nodes, processes_per_node, experiment,
                         model_name, metric, threshold, training, testing, scoring, spec, image, shm_size,
-                        train_args)  # fmt: skip
+                        train_args, instance_type)  # fmt: skip
 
 
 def sweep_input_type(param) -> str:
@@ -185,8 +204,10 @@ def build_pipeline(plan: PipelinePlan):
 
     from scripts.azure_ml.jobs import dataloader_workers, launch_distribution, launch_variables, shm_size_of
 
+    serverless = plan.compute == SERVERLESS
     components = build_components_of(plan)
     job = plan.job
+    sizes = step_sizes(plan)
 
     def given(data: DataInput | None):
         return None if data is None else Input(type=data.type, path=data.path, mode="ro_mount")
@@ -198,7 +219,8 @@ def build_pipeline(plan: PipelinePlan):
         train_inputs["training_data"] = given(plan.training_data)
     train = components["train"](**train_inputs)
     train.name = "train"  # before another step names its outputs: ${{parent.jobs.train.outputs.model}}
-    train.resources = {"instance_count": plan.nodes, **({"shm_size": job.shm_size} if job.shm_size else {})}
+    train.resources = {"instance_count": plan.nodes, **({"shm_size": job.shm_size} if job.shm_size else {}),
+                       **sizes["train"]}  # fmt: skip
     train.distribution = launch_distribution(job, plan.processes_per_node)
     train.environment_variables = launch_variables(job) or {}
     evaluate_inputs = {"checkpoints": None}
@@ -210,7 +232,7 @@ def build_pipeline(plan: PipelinePlan):
     if plan.sweep is not None:
         from scripts.sweeps.azure import sweep_node
 
-        steps["train"] = sweep_node(train, plan.sweep, plan.compute, job.tier)
+        steps["train"] = sweep_node(train, plan.sweep, None if serverless else plan.compute, job.tier)
         steps["train"].name = "train"
     evaluate_inputs["checkpoints"] = steps["train"].outputs.checkpoints
     steps["evaluate"] = components["evaluate"](**evaluate_inputs)
@@ -227,21 +249,38 @@ def build_pipeline(plan: PipelinePlan):
     steps["score"].name = "score"
     evaluate_shm = shm_size_of(plan.shm_size, dataloader_workers(plan.components.configs, plan.train_args), 1)
     if evaluate_shm:  # one process
-        steps["evaluate"].resources = {"shm_size": evaluate_shm}
+        steps["evaluate"].resources = {"shm_size": evaluate_shm, **sizes["evaluate"]}
+    elif sizes["evaluate"]:
+        steps["evaluate"].resources = sizes["evaluate"]
+    for name in ("register", "score"):
+        if sizes[name]:
+            steps[name].resources = sizes[name]
     for name, step in steps.items():
         if job.tier and name != "train":
             step.queue_settings = {"job_tier": job.tier}
         if job.timeout_s:  # each step's own limit (a sweep's are its file's: --timeout is refused with it)
             step.limits = {"timeout": job.timeout_s}
     shape = job.shape if plan.sweep is None else f"sweep {plan.sweep.name}"
-    return PipelineJob(
+    pipeline = PipelineJob(
         jobs=steps,
-        compute=plan.compute,
+        compute=None if serverless else plan.compute,
         experiment_name=plan.experiment,
         display_name=f"{plan.components.task}: train ({shape}) -> evaluate -> register -> score",
         description=f"scripts.pipeline of {' + '.join(plan.components.configs)}",
         tags={"metric": plan.metric, "threshold": str(plan.threshold), "model_name": plan.model_name},
     )
+    if serverless:  # Azure ML's documented way for pipelines: serverless as the default compute of every step
+        pipeline.settings.default_compute = SERVERLESS
+    return pipeline
+
+
+def step_sizes(plan: PipelinePlan) -> dict[str, dict[str, str]]:
+    """Each step's serverless VM size, as its resources take it: --instance_type for train and evaluate (a GPU size
+    when the configs run on GPUs: evaluate's `scripts.train test` runs on them too); register and score run on CPUs
+    (MLflow, ONNX Runtime), so they get a CPU size given, and with a GPU size none: Azure ML picks a CPU VM."""
+    given = {"instance_type": plan.instance_type} if plan.instance_type else {}
+    cpu = {} if GPU_SIZE.match(plan.instance_type or "") else given
+    return {"train": given, "evaluate": given, "register": cpu, "score": cpu}
 
 
 def pipeline_yaml(job, folder: Path = Path(".")) -> str:
