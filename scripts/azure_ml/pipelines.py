@@ -234,6 +234,10 @@ def build_pipeline(plan: PipelinePlan):
 
         steps["train"] = sweep_node(train, plan.sweep, None if serverless else plan.compute, job.tier)
         steps["train"].name = "train"
+        # The SDK's sweep node copies the component alone: the node's nodes, shared memory and VM size go on the sweep
+        # node's resources (its trials'), how their processes start on the trial.
+        steps["train"].resources = train.resources
+        steps["train"].trial.distribution = train.distribution
     evaluate_inputs["checkpoints"] = steps["train"].outputs.checkpoints
     steps["evaluate"] = components["evaluate"](**evaluate_inputs)
     steps["evaluate"].name = "evaluate"
