@@ -39,16 +39,13 @@ from typing import Literal
 
 from scripts.azure_ml.assets import default_kind
 from scripts.azure_ml.endpoints import SERVE_ENVIRONMENT, Names
-from scripts.azure_ml.jobs import (
+from scripts.azure_ml.jobs import SubmitError, check_not_written_over, check_yaml_dir, parse_reference
+from scripts.azure_ml.workspace import (
     GPU_SIZE,
     VM_SIZE,
-    SubmitError,
-    check_not_written_over,
     check_workspace_ids,
-    check_yaml_dir,
     compute_name,
     not_signed_in,
-    parse_reference,
     workspace_client,
 )
 

@@ -27,16 +27,8 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from scripts.azure_ml.jobs import (
-    SubmitError,
-    check_workspace_ids,
-    check_yaml_dir,
-    check_yaml_file,
-    not_signed_in,
-    submit_job,
-    workspace_client,
-    write_yaml_file,
-)
+from scripts.azure_ml.jobs import SubmitError, check_yaml_dir, check_yaml_file, submit_job, write_yaml_file
+from scripts.azure_ml.workspace import check_workspace_ids, not_signed_in, workspace_client
 from scripts.training.cli_errors import argument_error_line
 
 

@@ -41,14 +41,13 @@ from scripts.azure_ml.jobs import (
     SubmitError,
     accelerator_of,
     build_job,
-    check_workspace_ids,
     check_yaml_file,
     cpu_image_note,
     job_yaml,
     submit_job,
-    workspace_client,
     write_yaml_file,
 )
+from scripts.azure_ml.workspace import check_workspace_ids, workspace_client
 from scripts.training.cli_errors import argument_error_line
 
 

@@ -16,7 +16,8 @@ import pytest
 import requests
 import yaml
 
-from scripts.azure_ml.jobs import BASE_IMAGE, GPU_IMAGE, SubmitError, build_job, workspace_client
+from scripts.azure_ml.jobs import BASE_IMAGE, GPU_IMAGE, SubmitError, build_job
+from scripts.azure_ml.workspace import workspace_client
 from scripts.submit import main, submit
 from tests.conftest import REPO, run_module
 from tests.fake_azure import (

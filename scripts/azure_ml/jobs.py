@@ -1,6 +1,7 @@
 """Azure ML command jobs built from training configs, checked before the SDK is imported: the plan (what runs, on
-which image, how processes are started), the job itself, its YAML, and the workspace client. scripts.submit runs them;
-scripts.deploy and scripts/sweeps/azure.py reuse the images, the launch rules and the client.
+which image, how processes are started), the job itself, its YAML, and its submission (the workspace and compute it
+goes to: scripts/azure_ml/workspace.py). scripts.submit runs them; scripts.deploy and scripts/sweeps/azure.py reuse the
+images and the launch rules.
 
     python -m scripts.submit configs/penguins.yaml --compute cpu-cluster --dry_run true
 """
@@ -21,6 +22,8 @@ from typing import Literal
 import yaml
 
 from scripts.azure_ml.code_snapshot import is_uploaded
+from scripts.azure_ml.errors import SubmitError
+from scripts.azure_ml.workspace import GPU_SIZE, check_compute, not_signed_in
 
 BASE_IMAGE = "mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04:latest"  # Open MPI: the mpirun of `mpi` jobs
 # GPU jobs: Azure ML's Open MPI image on CUDA with the InfiniBand user space (libibverbs) and Mellanox's NCCL RDMA/SHARP
@@ -59,17 +62,6 @@ SHM_SIZE = re.compile(r"[1-9][0-9]*[bkmg]")  # Docker's --shm-size, as Azure ML 
 # for these tasks' batches (birds: 16 x 3 x 224 x 224 float32, 10 MB), 2 GB at least.
 SHM_GB_PER_WORKER, SHM_GB_MIN = 1, 2
 REFERENCE = re.compile(r"(?:azureml:)?([A-Za-z0-9][A-Za-z0-9_.-]*):([0-9]+)")
-# Serverless compute: no cluster; Azure ML's documented way is a job with no compute, its VM size (if any) in resources.
-SERVERLESS = "serverless"
-# A compute's name (no space, '/' or ':', which would make another resource's ARM id), or its ARM id.
-COMPUTE_NAME = re.compile(r"(/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.MachineLearningServices"
-                          r"/workspaces/[^/]+/computes/)?[A-Za-z0-9][\w-]*", re.IGNORECASE)  # fmt: skip
-VM_SIZE = re.compile(r"Standard_\w+")
-GPU_SIZE = re.compile(r"Standard_N", re.IGNORECASE)  # Azure's N-series (NC, ND, NG, NV): the VM sizes with GPUs
-
-
-class SubmitError(Exception):
-    """A bad config path, option or workspace; the message names it and what to give instead."""
 
 
 def trainer_setting(configs: list[str], key: str) -> object:
@@ -159,45 +151,6 @@ def cpu_image_note(
         f"note: {configs[0]} leaves trainer.accelerator to Lightning: the job gets the CPU image and "
         f"{processes_per_node} process(es) per node on CPUs; for GPUs add --presets+ configs/trainer/gpu.yaml"
     )
-
-
-def compute_name(compute: str, instead: str = " or serverless") -> str:
-    """--compute as the SDK takes it: a compute's name or ARM id, without the `azureml:` of Azure ML's YAML (the SDK
-    would send it as part of the name)."""
-    name = compute.removeprefix("azureml:")
-    if not COMPUTE_NAME.fullmatch(name):
-        raise SubmitError(
-            f"--compute {compute!r}: not a compute's name; give a cluster's name (letters, digits and hyphens, e.g. "
-            f"cpu-cluster){instead}"
-        )
-    return name
-
-
-def check_compute(compute: str, instance_type: str | None, configs: list[str], gpu: bool) -> str | None:
-    """The job's compute as the SDK takes it: the cluster's name, or None for serverless compute (which then runs on
-    instance_type's VM size, or one Azure ML picks: a CPU one)."""
-    name = compute_name(compute)
-    if name.lower() == "local":  # azure-ai-ml's local runs fail for command jobs (Azure/azure-sdk-for-python#37867)
-        raise SubmitError(
-            f"--compute {compute}: Azure ML's local runs are not supported for these jobs; to train on this machine "
-            f"run python -m scripts.train fit --config {configs[0]}, or give a compute cluster's name or serverless"
-        )
-    serverless = name.lower() == SERVERLESS
-    if instance_type is not None:
-        if not serverless:
-            raise SubmitError(
-                f"--instance_type {instance_type}: the VM size of serverless compute; the cluster {name} has its "
-                "own: leave it out, or give --compute serverless"
-            )
-        if not VM_SIZE.fullmatch(instance_type):
-            raise SubmitError(f"--instance_type {instance_type!r}: give an Azure VM size such as Standard_DS3_v2")
-    if serverless and gpu and not GPU_SIZE.match(instance_type or ""):
-        given = f"--instance_type {instance_type} is a CPU size" if instance_type else "serverless picks a CPU VM"
-        raise SubmitError(
-            f"--compute serverless: the configs run on GPUs and {given}; give --instance_type a GPU size, e.g. "
-            "Standard_NC4as_T4_v3"
-        )
-    return None if serverless else name
 
 
 def resolved_config(configs: list[str], train_args: str = "") -> dict:
@@ -553,34 +506,6 @@ def job_yaml(job, folder: Path = Path(".")) -> str:
     return yaml.safe_dump(relative_to(folder, data), sort_keys=False)
 
 
-def check_workspace_ids(subscription_id: str | None, resource_group: str | None, workspace: str | None) -> None:
-    if (subscription_id or resource_group or workspace) and not (subscription_id and resource_group and workspace):
-        raise SubmitError("name the workspace with all three of --subscription_id --resource_group --workspace")
-
-
-def workspace_client(subscription_id: str | None, resource_group: str | None, workspace: str | None):
-    check_workspace_ids(subscription_id, resource_group, workspace)
-    import logging
-
-    from azure.ai.ml import MLClient
-    from azure.identity import DefaultAzureCredential
-
-    # Without a login DefaultAzureCredential logs each credential it tried (14 lines) before it raises; the caller's
-    # ClientAuthenticationError is one line saying to sign in, and the managed identity's try of the cloud metadata
-    # address (the way an Azure VM signs in) says nothing to anyone not on one.
-    logging.getLogger("azure.identity").setLevel(logging.CRITICAL)
-    credential = DefaultAzureCredential()
-    if subscription_id and resource_group and workspace:
-        return MLClient(credential, subscription_id, resource_group, workspace)
-    try:
-        return MLClient.from_config(credential)
-    except Exception:  # the SDK raises its ValidationException when no config.json is found
-        raise SubmitError(
-            "no Azure ML workspace: put its config.json (the studio's 'Download config file') in this folder, "
-            "or give --subscription_id --resource_group --workspace"
-        ) from None
-
-
 def follow(client, name: str) -> None:
     """Prints the job's logs until it ends; raises SubmitError unless it completed."""
     from azure.ai.ml.exceptions import JobException
@@ -655,14 +580,6 @@ def write_yaml_file(given: str, text: str) -> None:
     except OSError as error:
         raise SubmitError(f"--yaml_file {given}: cannot write it ({error.strerror}); give another path") from None
     print(f"wrote {given}: az ml job create -f {given}")
-
-
-def not_signed_in(again: str) -> str:
-    """The one line for a missing Azure login; `again` is the command's verb (submit, deploy, register)."""
-    return (
-        "not signed in to Azure: run `az login` (or set AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET "
-        f"for a service principal), then {again} again"
-    )
 
 
 def submit_job(client, job, code_holders: list, stream: bool) -> str:

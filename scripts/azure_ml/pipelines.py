@@ -15,17 +15,8 @@ from pathlib import Path
 import yaml
 
 from scripts.azure_ml.components import TaskComponents, plan_components
-from scripts.azure_ml.jobs import (
-    GPU_SIZE,
-    PRESETS,
-    SERVERLESS,
-    Plan,
-    SubmitError,
-    check_uploaded_name,
-    is_local,
-    parse_reference,
-    plan_job,
-)
+from scripts.azure_ml.jobs import PRESETS, Plan, SubmitError, check_uploaded_name, is_local, parse_reference, plan_job
+from scripts.azure_ml.workspace import GPU_SIZE, SERVERLESS
 
 STEPS = ("train", "evaluate", "register", "score")
 METRICS = ("test_acc", "test_loss")  # what the evaluate step's test writes; acc reaches at or above, loss at or below
@@ -117,7 +108,8 @@ def plan_pipeline(
     `components_only`: for the components alone, which name no data."""
     from scripts.azure_ml.assets import check_name
     from scripts.azure_ml.components import check_prefix
-    from scripts.azure_ml.jobs import BASE_IMAGE, check_compute, compute_name, experiment_of, job_experiment
+    from scripts.azure_ml.jobs import BASE_IMAGE, experiment_of, job_experiment
+    from scripts.azure_ml.workspace import check_compute, compute_name
 
     if instance_type is not None and not compute:
         raise SubmitError(
