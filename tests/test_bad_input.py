@@ -564,6 +564,10 @@ CASES = [
          "error: --stream follows a submitted job: leave out --dry_run"),
     Submit("submit-workspace-half-named", [*SUBMIT, "--workspace", "ws"],
          "error: name the workspace with all three of --subscription_id --resource_group --workspace"),
+    Submit("submit-subscription-not-a-guid", [*SUBMIT, "--subscription_id", "my-subscription", "--resource_group", "rg",
+                                              "--workspace", "penguins-ws"],
+         "error: --subscription_id 'my-subscription': Azure takes a GUID, 8-4-4-4-12 hexadecimal digits; give the "
+         "workspace's, as its config.json (the studio's 'Download config file') has it"),
     Submit("submit-tier", [*SUBMIT, "--tier", "low"],
          "error: --tier: 'low' is not a valid value; give spot, standard (python -m scripts.submit --help lists the "
          "options)"),

@@ -275,7 +275,7 @@ def test_a_horovod_submission_uploads_only_its_build_context_and_puts_the_enviro
 
 
 def test_the_workspace_comes_from_config_json_or_all_three_ids(tmp_path, monkeypatch):
-    ids = {"subscription_id": "00000000-0000-0000-0000-000000000001", "resource_group": "rg", "workspace_name": "ws"}
+    ids = {"subscription_id": "00000000-0000-0000-0000-000000000001", "resource_group": "rg", "workspace_name": "ws1"}
     (tmp_path / "config.json").write_text(json.dumps(ids))
     monkeypatch.chdir(tmp_path)
     client = workspace_client(None, None, None)
@@ -287,6 +287,50 @@ def test_the_workspace_comes_from_config_json_or_all_three_ids(tmp_path, monkeyp
     (tmp_path / "config.json").unlink()
     with pytest.raises(SubmitError, match="no Azure ML workspace: put its config.json"):
         workspace_client(None, None, None)
+
+
+GUID = "00000000-0000-0000-0000-000000000001"
+CONFIG = {"subscription_id": GUID, "resource_group": "rg", "workspace_name": "ws1"}  # the studio's config.json
+
+
+@pytest.mark.parametrize(
+    ("ids", "config", "line"),
+    [
+        (("abc", "rg", "ws1"), None,
+         "--subscription_id 'abc': Azure takes a GUID, 8-4-4-4-12 hexadecimal digits; give the workspace's, as its "
+         "config.json (the studio's 'Download config file') has it"),
+        ((GUID, "my rg", "ws1"), None, "--resource_group 'my rg': Azure takes 1-90 letters, digits, '_', '-', '.',"),
+        ((GUID, "rg.", "ws1"), None, "--resource_group 'rg.': Azure takes 1-90 letters, digits, '_', '-', '.', '(' and "
+         "')', not ending in '.'"),
+        ((GUID, "rg", "ws"), None, "--workspace 'ws': Azure takes 3-33 letters, digits, '_' and '-', starting with"),
+        ((None, None, None), json.dumps(CONFIG).replace("}", ",}"),
+         "{config}: not JSON (Expecting property name enclosed in double quotes at line 1); download the workspace's "
+         "config.json again (the studio's 'Download config file'), or give --subscription_id --resource_group "
+         "--workspace"),
+        ((None, None, None), json.dumps({**CONFIG, "workspace_name": None}),
+         "{config}: no workspace_name in it; download the workspace's config.json again"),
+        ((None, None, None), json.dumps({**CONFIG, "subscription_id": GUID[:-1]}),
+         f"{{config}}: subscription_id '{GUID[:-1]}': Azure takes a GUID, 8-4-4-4-12 hexadecimal digits; download"),
+        ((None, None, None), json.dumps({**CONFIG, "workspace_name": 7}),
+         "{config}: workspace_name 7: Azure takes 3-33 letters"),
+    ],
+)  # fmt: skip
+def test_workspace_ids_azure_refuses_are_one_line_before_any_request(ids, config, line, tmp_path, monkeypatch):
+    """A mistyped id (an option, or in config.json, found here or above, .azureml/ first, as MLClient.from_config
+    finds it) would reach Azure as an error of the request, after the code's upload; a config.json that is not JSON,
+    or lacks an id, was 'no workspace: put its config.json in this folder'."""
+    folder = tmp_path / "project" / "src"
+    folder.mkdir(parents=True)
+    monkeypatch.chdir(folder)
+    path = tmp_path / "project" / ".azureml" / "config.json"
+    if config is not None:
+        path.parent.mkdir()
+        path.write_text(config)
+    asked = []
+    monkeypatch.setattr(requests.Session, "request", lambda *args, **kwargs: asked.append(args))
+    with pytest.raises(SubmitError) as error:
+        workspace_client(*ids)
+    assert str(error.value).startswith(line.format(config=path)) and not asked
 
 
 @pytest.mark.parametrize(("final", "code"), [("Completed", 0), ("Failed", 1)])
@@ -569,7 +613,7 @@ def test_a_named_workspace_without_a_login_is_the_one_line_alone(tmp_path):
     credentials it tried stay out; the project's line is all there is."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("AZURE_", "MSI_", "IDENTITY_"))}
     env |= {"HOME": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
-    ids = ["--subscription_id", "00000000-0000-0000-0000-000000000000", "--resource_group", "rg", "--workspace", "ws"]
+    ids = ["--subscription_id", "00000000-0000-0000-0000-000000000000", "--resource_group", "rg", "--workspace", "ws1"]
     result = run_module("scripts.submit", "configs/penguins.yaml", "--compute", "cpu-cluster", *ids, env=env)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [

@@ -3,7 +3,9 @@ cluster's name, or serverless compute on a VM size that fits the configs), check
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 from scripts.azure_ml.errors import SubmitError
 
@@ -14,6 +16,23 @@ COMPUTE_NAME = re.compile(r"(/subscriptions/[^/]+/resourceGroups/[^/]+/providers
                           r"/workspaces/[^/]+/computes/)?[A-Za-z0-9][\w-]*", re.IGNORECASE)  # fmt: skip
 VM_SIZE = re.compile(r"Standard_\w+")
 GPU_SIZE = re.compile(r"Standard_N", re.IGNORECASE)  # Azure's N-series (NC, ND, NG, NV): the VM sizes with GPUs
+# A workspace's ids as Azure takes them (Azure Resource Manager's naming rules; the workspace's name as Azure ML's REST
+# API checks it), by config.json's key: its option, the rule, and the rule in words. A mistyped one would otherwise
+# reach Azure, after the code's upload, as an error of the request.
+WORKSPACE_IDS = {
+    "subscription_id": ("--subscription_id", re.compile(r"[0-9A-Fa-f]{8}(?:-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}"),
+                        "a GUID, 8-4-4-4-12 hexadecimal digits"),
+    "resource_group": ("--resource_group", re.compile(r"[-\w.()]{0,89}[-\w()]"),  # \w: any letter or digit, and '_'
+                       "1-90 letters, digits, '_', '-', '.', '(' and ')', not ending in '.'"),
+    "workspace_name": ("--workspace", re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{2,32}"),
+                       "3-33 letters, digits, '_' and '-', starting with a letter or digit"),
+}  # fmt: skip
+# Where MLClient.from_config looks for the workspace's file, in this order, each in this folder and the 20 above it.
+CONFIG_FOLDERS, CONFIG_NAMES, CONFIG_LEVELS = (".azureml", "aml_config", ""), ("config.json", "project.json"), 20
+FROM_THE_STUDIO = (
+    "download the workspace's config.json again (the studio's 'Download config file'), or give --subscription_id "
+    "--resource_group --workspace"
+)
 
 
 def compute_name(compute: str, instead: str = " or serverless") -> str:
@@ -56,12 +75,58 @@ def check_compute(compute: str, instance_type: str | None, configs: list[str], g
 
 
 def check_workspace_ids(subscription_id: str | None, resource_group: str | None, workspace: str | None) -> None:
+    """The workspace's ids given as options: all three or none, each as Azure takes it."""
     if (subscription_id or resource_group or workspace) and not (subscription_id and resource_group and workspace):
         raise SubmitError("name the workspace with all three of --subscription_id --resource_group --workspace")
+    given = {"subscription_id": subscription_id, "resource_group": resource_group, "workspace_name": workspace}
+    for key, value in given.items() if workspace else ():
+        option, rule, words = WORKSPACE_IDS[key]
+        if not rule.fullmatch(value):
+            raise SubmitError(
+                f"{option} {value!r}: Azure takes {words}; give the workspace's, as its config.json (the studio's "
+                "'Download config file') has it"
+            )
+
+
+def config_file(start: Path) -> Path | None:
+    """The workspace's config file MLClient.from_config reads from `start`, or None."""
+    folders = [start, *start.parents][: CONFIG_LEVELS + 1]
+    for subfolder in CONFIG_FOLDERS:
+        for name in CONFIG_NAMES:
+            for folder in folders:
+                if (folder / subfolder / name).is_file():
+                    return folder / subfolder / name
+    return None
+
+
+def check_config_file(path: Path) -> None:
+    """The workspace's config file, read as MLClient.from_config reads it: JSON with the three ids (or an ARM `Scope`
+    naming them), each as Azure takes it."""
+    try:
+        config = json.loads(path.read_text())
+    except OSError as error:
+        raise SubmitError(f"{path}: cannot read it ({error.strerror}); {FROM_THE_STUDIO}") from None
+    except ValueError as error:  # not JSON, or not text
+        why = f" ({error.msg} at line {error.lineno})" if isinstance(error, json.JSONDecodeError) else ""
+        raise SubmitError(f"{path}: not JSON{why}; {FROM_THE_STUDIO}") from None
+    if isinstance(config, dict) and config.get("Scope"):  # /subscriptions/S/resourceGroups/R/providers/.../workspaces/W
+        parts = [*str(config["Scope"]).split("/"), *[None] * 9]
+        config = {"subscription_id": parts[2], "resource_group": parts[4], "workspace_name": parts[8]}
+    missing = [key for key in WORKSPACE_IDS if not isinstance(config, dict) or config.get(key) is None]
+    if missing:
+        raise SubmitError(f"{path}: no {', '.join(missing)} in it; {FROM_THE_STUDIO}")
+    for key, (_, rule, words) in WORKSPACE_IDS.items():
+        if not (isinstance(config[key], str) and rule.fullmatch(config[key])):
+            raise SubmitError(f"{path}: {key} {config[key]!r}: Azure takes {words}; {FROM_THE_STUDIO}")
 
 
 def workspace_client(subscription_id: str | None, resource_group: str | None, workspace: str | None):
+    """The MLClient of the workspace the options name, else of its config file (found here or above); its ids are
+    checked before any request."""
     check_workspace_ids(subscription_id, resource_group, workspace)
+    found = None if workspace else config_file(Path.cwd())
+    if found is not None:
+        check_config_file(found)
     import logging
 
     from azure.ai.ml import MLClient
@@ -75,7 +140,7 @@ def workspace_client(subscription_id: str | None, resource_group: str | None, wo
     if subscription_id and resource_group and workspace:
         return MLClient(credential, subscription_id, resource_group, workspace)
     try:
-        return MLClient.from_config(credential)
+        return MLClient.from_config(credential, path=found)
     except Exception:  # the SDK raises its ValidationException when no config.json is found
         raise SubmitError(
             "no Azure ML workspace: put its config.json (the studio's 'Download config file') in this folder, "
