@@ -141,6 +141,18 @@ def test_a_sweep_is_the_train_step(capsys, tmp_path, birds_folder):
     assert (train.compute, train.resources.instance_type) == (None, "Standard_F4s_v2")  # the pipeline's serverless
 
 
+def test_the_steps_read_the_configs_in_the_order_their_image_was_chosen_by(tmp_path, monkeypatch, capsys):
+    """A GPU preset given before Horovod's, whose config sets the CPU build's accelerator: the steps read Horovod's
+    first, as scripts.submit's job does, so the GPU preset wins in them as it did in choosing the GPU image."""
+    monkeypatch.setattr("scripts.azure_ml.jobs.HOROVOD_CONTEXT", tmp_path / "horovod-image")  # not this repo's outputs/
+    presets = ["configs/trainer/gpu.yaml", "configs/trainer/horovod.yaml"]
+    text = pipeline("configs/penguins.yaml", "gpu", presets, score_data=str(PENGUINS), dry_run=True)
+    steps = yaml.safe_load(text)["jobs"]
+    order = "--config configs/penguins.yaml --config configs/trainer/horovod.yaml --config configs/trainer/gpu.yaml"
+    assert order in steps["train"]["component"]["command"] and order in steps["evaluate"]["component"]["command"]
+    assert steps["train"]["component"]["environment"]["build"]["path"] == str(tmp_path / "horovod-image-gpu")
+
+
 def fake_workspace(monkeypatch) -> FakeAzureML:
     azure = FakeAzureML()
     monkeypatch.setattr(

@@ -148,7 +148,9 @@ def plan_pipeline(
         # A sweep node searches its component's inputs: the trial's options, each from the input of its name.
         sweep_args = trial_args(spec).replace("${{search_space.", "${{inputs.")
         sweep_inputs = {names[p.option]: sweep_input_type(p) for p in spec.params}
-    components = plan_components(configs, train_args, name, sweep_args, sweep_inputs)
+    # The configs in the order the job reads them (Horovod's before a GPU preset, which wins: launch_first), the order
+    # its image was chosen by.
+    components = plan_components(job.configs, train_args, name, sweep_args, sweep_inputs)
     wanted = components.data_type
     training = data_input(data, "--data", wanted) if data else None
     if training is not None and not components.data_option:
