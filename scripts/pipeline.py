@@ -27,7 +27,14 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from scripts.azure_ml.jobs import SubmitError, check_yaml_dir, check_yaml_file, submit_job, write_yaml_file
+from scripts.azure_ml.jobs import (
+    SubmitError,
+    check_yaml_dir,
+    check_yaml_file,
+    cpu_image_note,
+    submit_job,
+    write_yaml_file,
+)
 from scripts.azure_ml.workspace import check_workspace_ids, not_signed_in, workspace_client
 from scripts.training.cli_errors import argument_error_line
 
@@ -136,6 +143,10 @@ def pipeline(
     plan = plan_pipeline([task, *(presets or [])], compute, nodes, processes_per_node, distribution, train_args, data,
                          test_data, score_data, model_name, metric, threshold, name, experiment, image, environment,
                          tier, timeout, shm_size, sweep, components, instance_type)  # fmt: skip
+    note = None if local or environment or image else cpu_image_note(plan.components.configs, train_args, compute,
+                                                                      processes_per_node, instance_type)  # fmt: skip
+    if note:  # as scripts.submit's: GPUs look meant, and the steps get the CPU image
+        print(note, file=sys.stderr)
     if local:
         from scripts.azure_ml.local_pipeline import run_local
 

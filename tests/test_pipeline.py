@@ -91,6 +91,8 @@ def test_the_pipeline_yaml_reads_back_with_load_job_its_steps_wired_and_set(tmp_
     target = tmp_path / "jobs" / "birds.yml"  # in a folder not there yet: it is made
     pipeline("configs/birds.yaml", "gpu", nodes=2, processes_per_node=4, distribution="mpi", data=str(birds_folder),
              tier="spot", timeout="2h", dry_run=True, yaml_file=str(target))  # fmt: skip
+    # 4 processes a node, the accelerator left to Lightning: scripts.submit's note that the steps get the CPU image
+    assert "note: configs/birds.yaml leaves trainer.accelerator to Lightning: " in capsys.readouterr().err
     job = load_job(target)
     assert sorted(job.jobs) == ["evaluate", "register", "score", "train"]
     train = job.jobs["train"]
