@@ -189,6 +189,21 @@ def test_a_folder_without_a_file_is_one_line_not_the_sdks_traceback(tmp_path, mo
     assert not [method for method, *_ in azure.requests if method == "PUT"]
 
 
+def test_a_file_whose_name_a_jobs_shell_would_split_is_one_line_not_an_asset_no_job_can_read(tmp_path, capsys):
+    """Registered, a file keeps its name, which ends the path Azure ML writes into the command of a job that takes it
+    (--inputs+ data.init_args.csv_path=azureml:penguins:3,type=uri_file), unquoted: as for a job's own upload."""
+    data = tmp_path / "penguins 2024.csv"
+    data.write_text(PENGUINS_CSV.read_text())
+    with pytest.raises(SystemExit) as exit:
+        main(["data", "penguins", str(data), "--version", "1", "--dry_run", "true"])
+    assert exit.value.code == (
+        f"error: {data}: Azure ML writes the uploaded file's path, 'penguins 2024.csv' at its end, into the job's "
+        "command as it is, where a shell would split it; give a copy whose name has no spaces, quotes or shell "
+        "characters"
+    )
+    assert capsys.readouterr().out == ""
+
+
 @pytest.mark.parametrize(
     ("args", "line"),
     [

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from scripts.azure_ml.jobs import BASE_IMAGE, GPU_IMAGE, SubmitError
+from scripts.azure_ml.jobs import BASE_IMAGE, GPU_IMAGE, SubmitError, check_uploaded_name
 from scripts.azure_ml.names import name_problem
 
 VERSION = re.compile(r"[0-9]+")  # numbers only, so a team's versions sort and the next one is plain
@@ -101,6 +101,8 @@ def plan_data(name: str, path: str, version: str, mltable: bool = False, descrip
     if local.is_dir() and not any(item.is_file() for item in local.rglob("*")):
         raise AssetError(f"{path}: no file in this folder, and Azure ML registers none; give the folder the data is in")
     kind = "uri_file" if local.is_file() else "uri_folder"
+    if kind == "uri_file":  # registered, it keeps its name, which ends its path in the jobs that take it
+        check_uploaded_name(local, path)
     assets = [Asset("data", name, str(version), description or f"{name} from {local.name}", kind, str(local.resolve()))]
     if mltable:
         if not local.is_file() or local.suffix.lower() not in DELIMITERS:
