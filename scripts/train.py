@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+from typing import NoReturn
 
 import torch
 from jsonargparse import ArgumentError
@@ -23,6 +24,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from scripts.training.cli import USER_ERRORS, TemplateCLI, cli_main
 from scripts.training.cli_errors import config_error_line, full_disk_line
+from scripts.training.early_stops import tell_unmet
 from scripts.training.peer_errors import leave_line, peer_line
 
 
@@ -52,9 +54,11 @@ def main(args: list[str] | None = None) -> TemplateCLI:
     except (KeyboardInterrupt, SystemExit) as stop:
         if interrupted or isinstance(stop, KeyboardInterrupt):
             sys.exit(128 + signal.SIGINT)  # Ctrl-C: 130, what a shell reports for it, not Lightning's 1
+        if isinstance(stop.code, str) and stop.code.startswith("error: "):  # the CLI's own (before_fit's)
+            tell_unmet(stop.code.removeprefix("error: "))
         raise
     except ArgumentError as error:
-        sys.exit(f"error: {config_error_line(error, sys.argv[1:] if args is None else args)}")
+        stop_with(config_error_line(error, sys.argv[1:] if args is None else args))
     except BrokenPipeError:
         # `predict ... | head -1`: the reader has gone. End quietly, as Unix tools do: no traceback, nor Python's
         # "Exception ignored" when it flushes stdout at exit.
@@ -66,17 +70,27 @@ def main(args: list[str] | None = None) -> TemplateCLI:
         while cause is not None and not isinstance(cause, USER_ERRORS):
             cause = cause.__cause__ or cause.__context__
         if cause is None:
-            if line := full_disk_line(error) or peer_line(error):
+            if line := full_disk_line(error):
+                stop_with(line)
+            if line := peer_line(error):
                 sys.exit(f"error: {line}")
             raise
         message = str(cause).strip()
         if "\n" in message:  # raised in a DataLoader worker: PyTorch re-raises it with the worker's traceback
             message = message.splitlines()[-1].split(": ", 1)[-1]  # "datamodules.errors.DataError: <message>"
-        leave_line(message)  # for the other processes of a DDP job, which would end in gloo's traceback
-        sys.exit(f"error: {message}")
+        stop_with(message)
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+
+
+def stop_with(line: str) -> NoReturn:
+    """Ends this process with `error: line` (SystemExit's message: scripts.spark and the sweeps read it) and the
+    other processes of its job with it: after they met, those in a collective would end in gloo's traceback
+    (peer_errors.py); before, they would wait for this one until torch.distributed's timeout (early_stops.py)."""
+    leave_line(line)
+    tell_unmet(line)
+    sys.exit(f"error: {line}")
 
 
 def end_process_group() -> None:

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -222,6 +223,25 @@ def test_two_nodes_resume_from_a_checkpoint_only_the_first_node_has(tmp_path):
             "(outputs/<exp>/<run>/checkpoints/)"
         )
     assert sorted(folders[0].glob("outputs/*/*")) == runs  # no record of a run that never started
+    # An outputs folder that one node alone cannot write stops its process before the processes meet: the other one
+    # waited for it in torch.distributed's rendezvous for 30 minutes. Node 1's, then node 0's (whose address the
+    # rendezvous is at).
+    refused = "--trainer.default_root_dir out: a file, not a folder; give a folder, or a path that does not exist yet"
+    for node in (1, 0):
+        (folders[node] / "out").write_text("mine")
+        started = time.monotonic()
+        processes = wait_job(start_job(folders, "pytorch", 1, fit(*ddp, "--trainer.default_root_dir", "out")), 120)
+        assert time.monotonic() - started < 60
+        for process in processes:
+            assert process.returncode == 1, f"node {process.node}: {process.stderr[-3000:]}"
+            assert "Traceback" not in process.stderr, process.stderr[-3000:]
+        lines = [process.stderr.strip().splitlines()[-1] for process in processes]
+        told = f"error: rank {node}: {refused} (this process stopped with it: the processes train together)"
+        assert lines == ([told, f"error: {refused}"] if node else [f"error: {refused}", told])
+        assert (folders[node] / "out").read_text() == "mine"
+        assert not list(folders[1 - node].glob("out/*/*"))  # no run: the other process stopped before it started
+        shutil.rmtree(folders[1 - node] / "out", ignore_errors=True)
+        (folders[node] / "out").unlink()
     # LightningCLI gives the model the hyperparameters of the checkpoint where it can read it: rank 0 alone. Rank 1
     # with another warmup would drift from it, silently.
     warmer = wait_job(start_job(folders, "pytorch", 1, fit(*ddp, "--ckpt_path", "ckpt/last.ckpt",

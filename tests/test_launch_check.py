@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from scripts.training.early_stops import Meeting, meeting
 from strategies.launch_check import check_launch, launched_first
 from strategies.mpi_environment import LaunchError
 
@@ -75,3 +76,22 @@ def test_only_the_first_process_of_the_first_node_is_rank_0_however_launched(env
     """What scripts.train checks in rank 0 alone (a --ckpt_path only the first node has, --checkpoint_dir); a process
     of node 1 that took itself for rank 0 stopped at once, and the first node's waited for it for half an hour."""
     assert launched_first(environ) is first
+
+
+AZURE = {"MASTER_ADDR": "10.0.0.4", "MASTER_PORT": "6105", "WORLD_SIZE": "4", "RANK": "2", "LOCAL_RANK": "0",
+         "NODE_RANK": "1"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("environ", "watched"),
+    [
+        (AZURE, True),  # Azure ML's pytorch: nothing ends the others when one stops
+        ({**AZURE, "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "none"}, False),  # torchrun ends them
+        ({**AZURE, "OMPI_COMM_WORLD_SIZE": "4"}, False),  # mpirun ends them
+        ({**AZURE, "WORLD_SIZE": "1"}, False),  # alone
+        ({key: value for key, value in AZURE.items() if key != "RANK"}, False),  # Lightning's own launch: no RANK
+    ],
+)
+def test_a_stop_before_the_processes_meet_is_told_where_no_launcher_ends_the_others(environ, watched):
+    """scripts/training/early_stops.py: where the processes meet, for the ones that stop before they do."""
+    assert (meeting(environ) == Meeting("10.0.0.4", 6105, 2, 4)) is watched

@@ -57,6 +57,7 @@ from scripts.training.checkpoints import (
     resume_from,
     saved_run_id,
 )
+from scripts.training.early_stops import watch
 from scripts.training.progress_bar import ThrottledProgressBar
 from scripts.training.random_states import RandomStates
 from scripts.training.rank_zero_checks import RankZeroChecks
@@ -278,6 +279,7 @@ class TemplateCLI(LightningCLI):
             trainer.callbacks[trainer.callbacks.index(bar)] = ThrottledProgressBar()
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # a user's own plugin is left alone
             trainer.strategy.checkpoint_io = RankZeroCheckpointIO(trainer.strategy)
+        watch()  # until the processes meet: one that stops before ends this one too
         return trainer
 
     def before_fit(self) -> None:

@@ -50,4 +50,9 @@ def peer_line(error: BaseException) -> str | None:
         line = client.get(KEY).decode()
     except Exception:  # no line left (a crash, a kill) or no store to ask: gloo's traceback stays
         return None
+    return stopped_with(line)
+
+
+def stopped_with(line: str) -> str:
+    """What a process that another's `rank N: line` stops says."""
     return f"{line} (this process stopped with it: the processes train together)"
