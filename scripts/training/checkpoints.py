@@ -22,11 +22,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser
 
-from strategies.checkpoint_io import CheckpointError, write_whole
+from strategies.checkpoint_io import write_whole
 
 RUN_ID_FILE = "mlflow_run_id"
 CONFIG_KEY = "fit_config"  # the fit's resolved config (YAML) in every checkpoint it writes
@@ -118,77 +117,6 @@ def check_resume(last: Path, config: dict[str, object]) -> None:
         raise CheckpointError(
             f"--{key} {config.get(key)}: {last} was trained with {then.get(key)}{more}, and a resume goes on as it "
             f"began; give {then.get(key)}, {fix}"
-        )
-
-
-class SameResume(L.Callback):
-    """Every process looks for DIR/last.ckpt on its own node's disk, before the processes can talk: where nodes share
-    no disk (a --checkpoint_dir that is not a shared mount) some resume and others start anew, and the job hangs in
-    its first mismatched collective. Checked once they can talk, before anything is restored: one line in every
-    process instead. Installed by scripts.train for a fit with --checkpoint_dir."""
-
-    def __init__(self, folder: str, resumes: bool) -> None:
-        self.last = Path(folder) / "last.ckpt"
-        self.resumes = resumes
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage != "fit" or trainer.world_size == 1:
-            return
-        # A sum of one-hot flags, not all_gather: Lightning's warns of a deprecated torch function in every process.
-        flags = torch.zeros(trainer.world_size, device=trainer.strategy.root_device)
-        flags[trainer.global_rank] = float(self.resumes)
-        found = [bool(value) for value in trainer.strategy.reduce(flags, reduce_op="sum").tolist()]
-        if len(set(found)) == 1:
-            return
-        have = ", ".join(str(rank) for rank, resumes in enumerate(found) if resumes)
-        lack = ", ".join(str(rank) for rank, resumes in enumerate(found) if not resumes)
-        fix = (
-            f"or resume with --ckpt_path {self.last}, which rank 0 reads for every process"
-            if found[0]
-            else f"or remove {self.last} from the nodes of rank(s) {have} to train anew"
-        )
-        raise CheckpointError(
-            f"--checkpoint_dir {self.last.parent}: the processes of rank(s) {have} find {self.last} to resume from, "
-            f"those of rank(s) {lack} do not (nodes that share no disk); give a --checkpoint_dir that every node "
-            f"sees (on Azure ML, scripts.submit's checkpoints output), {fix}"
-        )
-
-
-class SameHyperparameters(L.Callback):
-    """Every process must build the same module and datamodule. LightningCLI gives the module a --ckpt_path's own
-    hyperparameters, but only where the file is (rank 0's disk, on nodes that share no disk), and a --config file may
-    differ between nodes: processes that differ train replicas that drift apart (another warmup, say) or meet in
-    mismatched collectives. Compared once the processes meet, before anything is restored: one line in every process.
-    Installed by scripts.train."""
-
-    def __init__(self, ckpt_path: str | None) -> None:
-        self.ckpt_path = ckpt_path
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if trainer.world_size == 1:
-            return
-        mine = flatten({"model": dict(pl_module.hparams), "data": dict(getattr(trainer.datamodule, "hparams", {}))})
-        mine = {key: value for key, value in mine.items() if "_instantiator" not in key}
-        first = trainer.strategy.broadcast(mine, src=0)
-        differ = [key for key in dict.fromkeys([*first, *mine]) if str(first.get(key)) != str(mine.get(key))]
-        flag = torch.tensor(float(bool(differ)), device=trainer.strategy.root_device)
-        if not trainer.strategy.reduce(flag, reduce_op="max").item():
-            return
-        if not differ:
-            raise CheckpointError(
-                "another process builds the model or the data with other options than rank 0 (its own line names "
-                "them); give every process the same options"
-            )
-        key = differ[0]
-        if self.ckpt_path and not Path(self.ckpt_path).is_file():
-            raise CheckpointError(
-                f"--{key} {mine.get(key)}: rank 0 takes {first.get(key)} from the hyperparameters of --ckpt_path "
-                f"{self.ckpt_path} (LightningCLI gives the model a checkpoint's own), which rank {trainer.global_rank} "
-                f"cannot read (nodes that share no disk); give --{key} {first.get(key)}, as it was trained"
-            )
-        raise CheckpointError(
-            f"--{key} {mine.get(key)}: rank 0 has {first.get(key)} (a --config file that differs between nodes?); "
-            "give every process the same options"
         )
 
 

@@ -48,8 +48,6 @@ from scripts.training import hook_calls
 from scripts.training.checkpoints import (
     CONFIG_KEY,
     RUN_ID_FILE,
-    SameHyperparameters,
-    SameResume,
     add_checkpoint_arguments,
     check_resume,
     flatten,
@@ -60,7 +58,7 @@ from scripts.training.checkpoints import (
 from scripts.training.early_stops import watch
 from scripts.training.progress_bar import ThrottledProgressBar
 from scripts.training.random_states import RandomStates
-from scripts.training.rank_zero_checks import RankZeroChecks
+from scripts.training.same_start import SameStart
 from scripts.training.sigterm import StopTogether, sigterm_received
 from scripts.training.throughput import EpochThroughput
 from scripts.training.tracking import (
@@ -166,8 +164,7 @@ class TestDataFirst(L.Callback):
 class TemplateCLI(LightningCLI):
     def __init__(self, *positional, args=None, **kwargs) -> None:
         self.requested = requested_subcommand(sys.argv[1:] if args is None else args)
-        self.resumes = False  # fit: from --checkpoint_dir's last.ckpt, as this process found it
-        self.rank_zero_checks = RankZeroChecks()
+        self.same_start = SameStart()
         super().__init__(*positional, args=args, **kwargs)
 
     def subcommands(self) -> dict[str, set[str]]:
@@ -233,9 +230,9 @@ class TemplateCLI(LightningCLI):
         if self.subcommand == "fit":
             check_trains(config.trainer)
             if config.get("checkpoint_dir"):
-                self.rank_zero_checks.check(check_writable, Path(config.checkpoint_dir), "--checkpoint_dir")
+                self.same_start.check_on_rank_zero(check_writable, Path(config.checkpoint_dir), "--checkpoint_dir")
             if config.get("model_dir"):
-                self.rank_zero_checks.check(check_model_dir, Path(config.model_dir), "--model_dir")
+                self.same_start.check_on_rank_zero(check_model_dir, Path(config.model_dir), "--model_dir")
             if ours_only(config.get("checkpoint_dir")):  # Lightning warns of it at every start, resumes included
                 warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
         if self.subcommand == "fit" and (last := resume_from(config)):
@@ -245,7 +242,7 @@ class TemplateCLI(LightningCLI):
             dumped = yaml.safe_load(self.parser.dump(self.config, skip_unset=False, skip_validation=True))
             check_resume(last, flatten(dumped[self.subcommand]))
             config.ckpt_path = str(last)
-            self.resumes = True
+            self.same_start.resumes = True
             rank_zero_print(f"resuming from {last}")
         if self.subcommand == "predict":
             # Its output is a CSV on stdout (`predict > out.csv`): no progress bar there. It records nothing: no run.
@@ -267,11 +264,10 @@ class TemplateCLI(LightningCLI):
         except ValueError as error:  # the Trainer's own checks of its options (a strategy name that does not exist)
             raise ConfigError(f"trainer: {str(error).strip().splitlines()[0]}") from None
         check_launch(trainer.num_devices, trainer.num_nodes)
-        # First: before the run's record is touched.
-        trainer.callbacks.insert(0, self.rank_zero_checks)
-        trainer.callbacks.insert(0, SameHyperparameters(self.config[self.subcommand].get("ckpt_path")))
-        if self.subcommand == "fit" and (folder := self.config.fit.get("checkpoint_dir")):
-            trainer.callbacks.insert(0, SameResume(folder, self.resumes))
+        # First: before anything is restored, or the run's record touched.
+        self.same_start.ckpt_path = self.config[self.subcommand].get("ckpt_path")
+        self.same_start.checkpoint_dir = self.config[self.subcommand].get("checkpoint_dir")
+        trainer.callbacks.insert(0, self.same_start)
         trainer.callbacks.append(StopTogether())  # not in trainer.callbacks' option: a config's list would drop it
         trainer.callbacks.append(RandomStates())
         bar = trainer.progress_bar_callback
