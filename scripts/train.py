@@ -74,6 +74,7 @@ def main(args: list[str] | None = None) -> TemplateCLI:
                 stop_with(line)
             if line := peer_line(error):
                 sys.exit(f"error: {line}")
+            tell_unmet(crash_line(error))  # a crash keeps its traceback; the processes waiting for this one get a line
             raise
         message = str(cause).strip()
         if "\n" in message:  # raised in a DataLoader worker: PyTorch re-raises it with the worker's traceback
@@ -91,6 +92,13 @@ def stop_with(line: str) -> NoReturn:
     leave_line(line)
     tell_unmet(line)
     sys.exit(f"error: {line}")
+
+
+def crash_line(error: BaseException) -> str:
+    """`Type: first line` of what `error` was raised from (jsonargparse wraps what a class's __init__ raised)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
 
 
 def end_process_group() -> None:

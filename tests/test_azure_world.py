@@ -242,6 +242,20 @@ def test_two_nodes_resume_from_a_checkpoint_only_the_first_node_has(tmp_path):
         assert not list(folders[1 - node].glob("out/*/*"))  # no run: the other process stopped before it started
         shutil.rmtree(folders[1 - node] / "out", ignore_errors=True)
         (folders[node] / "out").unlink()
+    # A crash, not a mistake of the user's, on node 1 alone before the processes meet: its traceback, and node 0 ends
+    # with its last line, not after 30 minutes. (A callback that node 1's copy of the code alone cannot build.)
+    (folders[0] / "crash.py").write_text("import lightning as L\n\n\nclass Crash(L.Callback):\n    pass\n")
+    (folders[1] / "crash.py").write_text(
+        "import lightning as L\n\n\nclass Crash(L.Callback):\n    def __init__(self):\n"
+        "        raise RuntimeError('this node has no GPU driver')\n"
+    )
+    crashed = wait_job(start_job(folders, "pytorch", 1, fit(*ddp, "--trainer.callbacks+", "crash.Crash")), 120)
+    assert [process.returncode for process in crashed] == [1, 1], crashed[0].stderr[-3000:]
+    assert "Traceback" in crashed[1].stderr and "Traceback" not in crashed[0].stderr, crashed[0].stderr[-3000:]
+    assert crashed[0].stderr.strip().splitlines()[-1] == (
+        "error: rank 1: RuntimeError: this node has no GPU driver (this process stopped with it: the processes train "
+        "together)"
+    )
     # LightningCLI gives the model the hyperparameters of the checkpoint where it can read it: rank 0 alone. Rank 1
     # with another warmup would drift from it, silently.
     warmer = wait_job(start_job(folders, "pytorch", 1, fit(*ddp, "--ckpt_path", "ckpt/last.ckpt",
