@@ -28,8 +28,10 @@ PROCESSES ?= 2
 MASTER ?=
 # Serving: Azure ML's inference server runs in its own environment (scripts/serving/environment.yml says why).
 SERVE_VENV ?= .venv-serve
-# pytest-xdist workers of `make test`: two keep both of CI's 2 cores busy while tests wait on servers and launchers.
-TEST_WORKERS ?= 2
+# pytest-xdist workers of `make test`: three on CI's 2 cores. Each test process runs one torch thread
+# (tests/__init__.py), and the third worker trains while the others wait on servers, launchers and grace periods
+# (docs/measured.md: 14 min against 15 min 43 s with two).
+TEST_WORKERS ?= 3
 MODEL ?= $(CKPT)
 ENDPOINT ?=
 # Azure ML assets: DATA (a file or folder) registered as TASK's data asset, VERSION a number.
