@@ -129,3 +129,18 @@ def test_a_transparent_image_decodes_as_laid_on_white(tmp_path: Path):
         for grey in (False, True):
             expected = read_image(tmp_path / "on-white.png", grey=grey)
             assert torch.equal(read_image(tmp_path / name, grey=grey), expected), (name, grey)
+
+
+def test_a_heic_photo_is_named_as_one_in_training_and_serving(tmp_path: Path):
+    """An iPhone's photo (.heic, HEIF): Pillow reads none, and the line says what it is and what to save it as."""
+    heic = b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic" + bytes(64)  # a HEIF file's first box, then data
+    (tmp_path / "IMG_0001.heic").write_bytes(heic)
+    why = "a HEIC photo (an iPhone camera's format), which is not read here: save it as JPEG"
+    with pytest.raises(DataError) as error:
+        read_image(tmp_path / "IMG_0001.heic")
+    assert str(error.value) == f"{tmp_path / 'IMG_0001.heic'}: not a readable image ({why}); remove or replace it"
+    with pytest.raises(DataError) as error:
+        read(heic, "image 1")
+    assert str(error.value).startswith(f"image 1: not a readable image ({why}); ")
+    with pytest.raises(DataError, match=r"not a readable image \(not a JPEG, PNG, WebP or GIF image\)"):
+        read(b"GIF87 is no GIF" + bytes(64), "image 2")  # other bytes keep the general reason
