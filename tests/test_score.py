@@ -508,6 +508,31 @@ def test_base64_wrapped_in_lines_or_as_a_data_url_is_the_same_image(photos, monk
     assert by_model[1].equals(by_model[0]) and by_model[2].equals(by_model[0])
 
 
+def test_base64_in_the_url_safe_alphabet_or_without_padding_is_the_same_image(photos, monkeypatch):
+    """RFC 4648's URL-safe alphabet (- and _ for + and /: Python's urlsafe_b64encode, JavaScript's base64url) and text
+    whose = padding a client left out, as the RFC allows: both were refused as not base64 text."""
+    import mlflow
+
+    rng = np.random.default_rng(0)
+    for width in range(20, 40):  # a noisy PNG whose base64 has + or / and needs padding
+        buffer = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (24, width, 3), dtype=np.uint8)).save(buffer, format="PNG")
+        plain = base64.b64encode(buffer.getvalue()).decode()
+        if plain.endswith("=") and ("+" in plain or "/" in plain):
+            break
+    url_safe = base64.urlsafe_b64encode(buffer.getvalue()).decode()
+    texts = [plain, url_safe, plain.rstrip("="), url_safe.rstrip("=")]
+    assert len(set(texts)) == 4
+    answers = [post(photos, json.dumps({"images": [text]}), "application/json", monkeypatch) for text in texts]
+    assert answers[0][0] == 200 and all(answer == answers[0] for answer in answers), answers
+    model = mlflow.pyfunc.load_model(str(photos))
+    by_model = [model.predict(pd.DataFrame({"image": [text]})) for text in texts]
+    assert all(answer.equals(by_model[0]) for answer in by_model)
+    cut = plain.rstrip("=")[: len(plain.rstrip("=")) // 4 * 4 + 1]  # a length no base64 has, padded or not
+    status, answer = post(photos, json.dumps({"images": [cut]}), "application/json", monkeypatch)
+    assert status == 400 and "not base64 text" in answer["message"], answer
+
+
 def test_a_strip_of_a_picture_is_refused_before_the_crop_resizes_it_to_gigabytes(photos, monkeypatch):
     """1 x 150,000 pixels passes the pixel limit, but its shorter side resized to 37 (the crop's 256/224 of 32) would
     make it 37 x 5,550,000: 616 MB decoded (at image_size 224, a 126-byte PNG of 1 x 10,000 costs 2.6 GB)."""

@@ -147,8 +147,9 @@ def as_frame(inputs, kind: str) -> pd.DataFrame:
         raise InputError(f"inputs of type {type(inputs).__name__}: send a pandas DataFrame of {what}") from None
 
 
-# Base64 text, perhaps in lines: no image file is that (each format's header or sizes hold other bytes).
-BASE64_TEXT = re.compile(rb"[A-Za-z0-9+/\s]+=?=?\s*")
+# Base64 text, perhaps in lines or URL-safe: no image file is that (each format's header or sizes hold other bytes).
+BASE64_TEXT = re.compile(rb"[A-Za-z0-9+/_\-\s]+=?=?\s*")
+URL_SAFE = str.maketrans("-_", "+/")  # RFC 4648's URL-safe alphabet (urlsafe_b64encode, base64url)
 # What a browser's FileReader.readAsDataURL (and a canvas's toDataURL) puts before an image's base64.
 DATA_URL = re.compile(r"\s*data:[\w.+-]+/[\w.+-]+(;[\w.+-]+=[\w.+-]+)*;base64,", re.IGNORECASE)
 
@@ -156,11 +157,15 @@ DATA_URL = re.compile(r"\s*data:[\w.+-]+/[\w.+-]+(;[\w.+-]+=[\w.+-]+)*;base64,",
 def base64_image(text: str | bytes) -> bytes:
     """The bytes of an image as base64 text: in one line or in MIME's lines of 76 characters (`base64 photo.jpg`,
     encodebytes), or as a data URL (`data:image/jpeg;base64,...`: a web page's FileReader, which was refused as not
-    base64 text). binascii.Error (a ValueError) when it is not base64."""
+    base64 text), in the URL-safe alphabet too, its padding left out or not (RFC 4648 lets a client drop it).
+    binascii.Error (a ValueError) when it is not base64."""
     text = text.decode("ascii", "replace") if isinstance(text, bytes) else text
     if found := DATA_URL.match(text):
         text = text[found.end() :]
-    return base64.b64decode("".join(text.split()), validate=True)
+    text = "".join(text.split()).translate(URL_SAFE)
+    if not text.endswith("="):
+        text += "=" * (-len(text) % 4)
+    return base64.b64decode(text, validate=True)
 
 
 def undone_base64(data: bytes) -> bytes:
