@@ -18,7 +18,9 @@ import yaml
 from scripts.azure_ml.jobs import BASE_IMAGE, GPU_IMAGE, SubmitError, check_uploaded_name
 from scripts.azure_ml.names import name_problem
 
-VERSION = re.compile(r"[0-9]+")  # numbers only, so a team's versions sort and the next one is plain
+# Numbers only, so a team's versions sort and the next one is plain; no leading zero, for Azure ML keeps the
+# text: '01' and '1' would be two versions of one asset.
+VERSION = re.compile(r"0|[1-9][0-9]*")
 MLTABLE_ROOT = Path("outputs/assets")  # where an MLTable's folder (the MLTable file, the CSV) is made to upload
 DELIMITERS = {".csv": ",", ".tsv": "\t"}
 
@@ -84,8 +86,13 @@ def check_name(name: str, option: str = "name") -> None:
 
 
 def check_version(version: str) -> None:
-    if not VERSION.fullmatch(str(version)):
-        raise AssetError(f"--version {version!r}: give a number, e.g. --version 3 (the asset's next version)")
+    if VERSION.fullmatch(str(version)):
+        return
+    if str(version).isdigit():
+        plain = str(version).lstrip("0") or "0"
+        raise AssetError(f"--version {version!r}: give it as {plain} (Azure ML would keep {version!r} and "
+                         f"{plain!r} as two versions)")  # fmt: skip
+    raise AssetError(f"--version {version!r}: give a number, e.g. --version 3 (the asset's next version)")
 
 
 def plan_data(name: str, path: str, version: str, mltable: bool = False, description: str = "") -> list[Asset]:
