@@ -702,7 +702,8 @@ def test_a_header_typed_with_spaces_scores_and_one_of_other_separators_is_one_li
 def test_a_scoring_input_or_output_the_executors_do_not_see_is_one_line(tmp_path, spark):
     """Spark reads the input and writes --output where its tasks run: on other machines a CSV of the driver's disk
     failed in the tasks with a Java traceback, and the part files stayed on the executors' disks. The executors are
-    asked first (the output's folder by a file put there a moment); /dev/fd/N as in the fit's test."""
+    asked first (the output's folder, or the nearest of it that is there, by a file put there a moment); /dev/fd/N as
+    in the fit's test."""
     import socket
 
     from scripts.training.spark_cluster import SparkFitError, check_score_paths
@@ -729,6 +730,8 @@ def test_a_scoring_input_or_output_the_executors_do_not_see_is_one_line(tmp_path
             "/dev/fd/986 (Spark writes the predictions where its tasks run); give a URI Spark writes (dbfs:/..., "
             "abfss://...) or a folder every node sees (/Volumes/... on Databricks)"
         )
+        with pytest.raises(SparkFitError, match="does not see this machine's folder /dev/fd/986 "):
+            check_score_paths(spark, str(rows), "/dev/fd/986/new/deeper/out")  # folders Spark would make
     finally:
         for fd in [*private, *held]:
             os.close(fd)

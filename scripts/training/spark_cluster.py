@@ -175,7 +175,8 @@ def check_fit_inputs(spark, config) -> None:
 
 def check_score_paths(spark, path: str, output: str | None) -> None:
     """Refuses a scoring input or --output of this disk that the executors do not see: Spark reads the input and
-    writes the predictions where its tasks run. The --output's folder is asked for by a file put there a moment."""
+    writes the predictions where its tasks run. The --output's folder (or the nearest one of it there) is asked for by a
+    file put there a moment."""
     from scripts.serving.spark_score import URI
 
     def local(given: str) -> str | None:
@@ -191,6 +192,8 @@ def check_score_paths(spark, path: str, output: str | None) -> None:
     if not (output and (given := local(output))):
         return
     folder = Path(os.path.abspath(given)).parent
+    while not folder.exists() and folder != folder.parent:  # Spark makes the missing folders, so ask of the nearest
+        folder = folder.parent  # one there: the executors would write into their own disks' copies of the rest
     try:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".scripts-spark-score-") as marker:
             unseen = unseen_paths(spark, {"output": marker.name})
