@@ -13,6 +13,10 @@ RUN apt-get update && apt-get install -y --no-install-recommends cmake g++ && rm
 COPY environment.yml /build/environment.yml
 RUN conda env create --prefix /opt/template --file /build/environment.yml && conda clean --all --yes
 ENV PATH=/opt/template/bin:$PATH
+# mpirun's wait between the SIGTERM it passes on (Azure ML's, at preemption and cancel) and its SIGKILL, long enough
+# for the fit to stop at a batch's end with last.ckpt kept (Open MPI's default: 1 s). Jobs set it as a variable too;
+# a pipeline's sweep trials take none, so the image carries it (scripts/azure_ml/jobs.py MPI_STOP_GRACE).
+ENV OMPI_MCA_odls_base_sigkill_timeout=10
 
 # The same build `make horovod` runs (sdist patched for torch 2.14, CPU-only); a layer of its own, so a change to it
 # reuses the conda environment above.

@@ -138,6 +138,22 @@ def test_a_sweep_is_the_train_step(capsys, tmp_path, birds_folder):
     assert str(job.jobs["evaluate"].inputs["checkpoints"]._data.path) == "${{parent.jobs.train.outputs.checkpoints}}"
 
 
+def test_a_sweep_under_mpi_says_its_trials_lack_the_stop_grace(tmp_path, monkeypatch, capsys):
+    """Azure ML's sweep node takes no environment variables, so OMPI_MCA_odls_base_sigkill_timeout, which the train
+    step has, does not reach its trials: said, for DDP under mpi; Horovod's image carries it (tests/test_submit.py)."""
+    monkeypatch.setattr("scripts.azure_ml.jobs.HOROVOD_CONTEXT", tmp_path / "horovod-image")  # not this repo's outputs/
+    common = {"score_data": str(PENGUINS), "sweep": "configs/sweeps/penguins.yaml", "nodes": 2, "processes_per_node": 2,
+              "dry_run": True}  # fmt: skip
+    for presets, distribution, said in [([], "mpi", True), ([], "pytorch", False),
+                                        (["configs/trainer/horovod.yaml"], "mpi", False)]:  # fmt: skip
+        text = pipeline("configs/penguins.yaml", "cpu", presets, distribution=distribution, **common)
+        assert "environment_variables" not in yaml.safe_load(text)["jobs"]["train"]  # the SDK's sweep node has none
+        note = "note: a pipeline's sweep trials take no environment variables, so under --distribution mpi Open MPI "
+        assert (note in capsys.readouterr().err) == said, (presets, distribution)
+    steps = yaml.safe_load(pipeline("configs/penguins.yaml", "cpu", distribution="mpi", **{**common, "sweep": None}))
+    assert steps["jobs"]["train"]["environment_variables"] == {"OMPI_MCA_odls_base_sigkill_timeout": "10"}
+
+
 def test_the_steps_read_the_configs_in_the_order_their_image_was_chosen_by(tmp_path, monkeypatch, capsys):
     """A GPU preset given before Horovod's, whose config sets the CPU build's accelerator: the steps read Horovod's
     first, as scripts.submit's job does, so the GPU preset wins in them as it did in choosing the GPU image."""

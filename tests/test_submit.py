@@ -16,7 +16,7 @@ import pytest
 import requests
 import yaml
 
-from scripts.azure_ml.jobs import BASE_IMAGE, GPU_IMAGE, SubmitError, build_job
+from scripts.azure_ml.jobs import BASE_IMAGE, GPU_IMAGE, MPI_STOP_GRACE, SubmitError, build_job
 from scripts.azure_ml.workspace import workspace_client
 from scripts.submit import main, submit
 from tests.conftest import REPO, run_module
@@ -105,6 +105,9 @@ def test_horovod_runs_under_mpi_on_the_image_its_dockerfile_builds_from_only_the
     dockerfile = (REPO / "strategies/horovod.Dockerfile").read_text()
     assert "FROM mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04:latest" in dockerfile  # BASE_IMAGE, with mpirun
     assert "RUN python /build/scripts/build_horovod.py" in dockerfile  # the build `make horovod` (and CI) runs
+    for name in ("horovod.Dockerfile", "horovod_gpu.Dockerfile"):  # a pipeline's sweep trials get it from the image
+        (grace,) = MPI_STOP_GRACE.items()
+        assert f"\nENV {grace[0]}={grace[1]}\n" in (REPO / "strategies" / name).read_text(), name
 
 
 def test_horovod_dry_run_yaml_reads_back_with_its_build_context(horovod_context, tmp_path, capsys):
