@@ -236,6 +236,7 @@ def trained(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
         f"--data.init_args.data_dir={SHARED}",
         f"--trainer.default_root_dir={root}",
         "--trainer.enable_progress_bar=false",
+        timeout=1500,  # a hang's limit: 108 s beside one other worker, 528 s on a 2-core machine 2.5x slower than that
     )
     return result, root
 
