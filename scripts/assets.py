@@ -41,7 +41,7 @@ def create(
     if yaml_dir and not dry_run:
         raise AssetError("--yaml_dir writes the YAML instead of creating the assets: add --dry_run true")
     check_yaml_dir(yaml_dir, "assets/")
-    check_workspace_ids(subscription_id, resource_group, workspace)
+    check_workspace_ids(subscription_id, resource_group, workspace, not dry_run)
     entities = [build(asset) for asset in assets]
     if dry_run:
         folder = Path(yaml_dir) if yaml_dir else Path(".")

@@ -231,7 +231,7 @@ def online(
     if with_code:
         check_code_folder()
     environment = registered_environment(environment, with_code, "--scoring script")
-    check_workspace_ids(subscription_id, resource_group, workspace)
+    check_workspace_ids(subscription_id, resource_group, workspace, not dry_run)
     from scripts.azure_ml.endpoints import build_online
 
     entities = build_online(names, instance_type, instance_count, auth_mode or "key", scoring, workers,
@@ -313,7 +313,7 @@ def batch(
     if with_code:
         check_code_folder()
     environment = registered_environment(environment, with_code, "--inputs images")
-    check_workspace_ids(subscription_id, resource_group, workspace)
+    check_workspace_ids(subscription_id, resource_group, workspace, not dry_run)
     from scripts.azure_ml.endpoints import build_batch
 
     entities = build_batch(names, inputs, compute, instance_count, mini_batch_size, max_concurrency_per_instance,

@@ -137,7 +137,7 @@ def pipeline(
         check_version(version or "")
     elif version is not None:
         raise SubmitError("--version is the components' version: add --components true, or leave it out")
-    check_workspace_ids(subscription_id, resource_group, workspace)
+    check_workspace_ids(subscription_id, resource_group, workspace, not (dry_run or local))
     from scripts.azure_ml.pipelines import plan_pipeline
 
     plan = plan_pipeline([task, *(presets or [])], compute, nodes, processes_per_node, distribution, train_args, data,

@@ -119,7 +119,7 @@ def submit(
         raise SubmitError(f"--yaml_file {yaml_file} writes the job's YAML instead of submitting it: add --dry_run true")
     if yaml_file:
         check_yaml_file(yaml_file)
-    check_workspace_ids(subscription_id, resource_group, workspace)  # before the SDK import build_job makes
+    check_workspace_ids(subscription_id, resource_group, workspace, not dry_run)  # before build_job imports the SDK
     if environment and default_kind(environment) == "serving":  # the job would fail at its first import
         raise SubmitError(
             f"--environment {environment}: the serving environment (scripts/serving/environment.yml: no torch, no "

@@ -336,6 +336,55 @@ def test_workspace_ids_azure_refuses_are_one_line_before_any_request(ids, config
     assert str(error.value).startswith(line.format(config=path)) and not asked
 
 
+def test_a_broken_config_json_is_named_before_anything_is_built(tmp_path, monkeypatch):
+    """The workspace's config file was read when the client was made, after the job's ~4 s build (and a pipeline's,
+    the assets'): now first, wherever a command will contact the workspace without the three ids."""
+    from scripts import assets, deploy, pipeline
+
+    broken = tmp_path / "config.json"
+    broken.write_text(json.dumps({**CONFIG, "subscription_id": "s"}))
+    monkeypatch.setattr("scripts.azure_ml.workspace.config_file", lambda start: broken)
+
+    class Built(Exception):
+        pass
+
+    def build(*args, **kwargs):
+        raise Built
+
+    for where in (
+        "scripts.submit.build_job",
+        "scripts.azure_ml.pipelines.plan_pipeline",
+        "scripts.azure_ml.assets.build",
+    ):
+        monkeypatch.setattr(where, build)
+    line = f"{broken}: subscription_id 's': Azure takes a GUID, 8-4-4-4-12 hexadecimal digits; download the"
+    commands = [
+        lambda: submit("configs/penguins.yaml", "cpu-cluster"),
+        lambda: pipeline.pipeline("configs/penguins.yaml", "cpu-cluster", score_data="configs/examples/penguins.csv"),
+        lambda: assets.main(["environment", "training", "--version", "1"]),
+        lambda: deploy.main(["online", "penguins-classifier:1", "--endpoint", "penguins"]),
+        lambda: deploy.main(
+            [
+                "batch",
+                "penguins-classifier:1",
+                "--endpoint",
+                "penguins",
+                "--compute",
+                "cpu-cluster",
+                "--inputs",
+                "tabular",
+            ]
+        ),
+    ]
+    for command in commands:
+        with pytest.raises((SubmitError, SystemExit)) as error:
+            command()
+        message = str(error.value.code if isinstance(error.value, SystemExit) else error.value)
+        assert message.removeprefix("error: ").startswith(line), message
+    with pytest.raises(Built):  # a dry run asks no workspace: the file is not read
+        submit("configs/penguins.yaml", "cpu-cluster", dry_run=True)
+
+
 @pytest.mark.parametrize(("final", "code"), [("Completed", 0), ("Failed", 1)])
 def test_stream_follows_the_jobs_logs_and_exits_with_its_status(final, code, monkeypatch, capsys):
     # The SDK's own streaming, over the fake: the job, the workspace's discovery, run history, the log blob.

@@ -74,8 +74,11 @@ def check_compute(compute: str, instance_type: str | None, configs: list[str], g
     return None if serverless else name
 
 
-def check_workspace_ids(subscription_id: str | None, resource_group: str | None, workspace: str | None) -> None:
-    """The workspace's ids given as options: all three or none, each as Azure takes it."""
+def check_workspace_ids(subscription_id: str | None, resource_group: str | None, workspace: str | None,
+                        contacted: bool = False) -> None:  # fmt: skip
+    """The workspace's ids given as options: all three or none, each as Azure takes it; when the command goes on to
+    contact the workspace without them (`contacted`), the config file it would read, if one is there, before the job
+    or assets are built."""
     if (subscription_id or resource_group or workspace) and not (subscription_id and resource_group and workspace):
         raise SubmitError("name the workspace with all three of --subscription_id --resource_group --workspace")
     given = {"subscription_id": subscription_id, "resource_group": resource_group, "workspace_name": workspace}
@@ -86,6 +89,8 @@ def check_workspace_ids(subscription_id: str | None, resource_group: str | None,
                 f"{option} {value!r}: Azure takes {words}; give the workspace's, as its config.json (the studio's "
                 "'Download config file') has it"
             )
+    if contacted and not workspace and (found := config_file(Path.cwd())) is not None:
+        check_config_file(found)
 
 
 def config_file(start: Path) -> Path | None:
