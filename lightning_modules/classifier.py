@@ -1,4 +1,5 @@
-"""The LightningModule every task shares: a network, cross-entropy, accuracy, an injected optimizer.
+"""The LightningModule every task shares: a network, cross-entropy, accuracy, throughput, an injected optimizer and
+its learning-rate schedule.
 
 Tasks differ only in the network (a plain `nn.Module` built as `network(num_classes)`) and the
 data; loss, metrics, the optimizer, the lr schedule and prediction live here once.
@@ -8,6 +9,7 @@ data; loss, metrics, the optimizer, the lr schedule and prediction live here onc
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from functools import partial
 
@@ -20,8 +22,6 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from lightning_modules.schedules import warmup_poly_factor
-
 
 class OptimizerError(ValueError):
     """The configured optimizer refused its arguments; the message names them."""
@@ -31,6 +31,19 @@ class DivergedError(ArithmeticError):
     """The training loss or the weights turned non-finite; the message says at which epoch and what to change."""
 
 
+def warmup_poly_factor(step: int, warmup_steps: int, total_steps: int, power: float) -> float:
+    """Multiplier of the base lr at optimizer step `step`: 0 -> 1 over `warmup_steps`, then (1 - progress)^power.
+
+    `power=0` keeps the lr constant after warm-up; `power=1` is linear decay to zero at the end.
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if power == 0 or total_steps <= warmup_steps:
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+    return (1.0 - progress) ** power
+
+
 class ClassificationModule(L.LightningModule):
     """
     Args:
@@ -38,7 +51,8 @@ class ClassificationModule(L.LightningModule):
             every other argument; the class count comes from the data).
         class_names: label names in index order; linked from the datamodule by the CLI.
         optimizer: any torch optimizer, e.g. `{class_path: torch.optim.SGD, init_args: {lr: 0.03}}`.
-        lr_scheduler: an epoch-wise torch scheduler; leave None to use the warm-up/decay below.
+        lr_scheduler: an epoch-wise torch scheduler, in place of the warm-up/decay below (give it with
+            warmup_steps 0 and poly_decay_power 0: the two schedules are not chained).
         warmup_steps: optimizer steps of linear warm-up from 0 to the full lr.
         poly_decay_power: after warm-up, lr *= (1 - progress)^power; 0 keeps it constant.
         scale_lr_by_world_size: multiply the lr by the number of processes (data-parallel runs
@@ -59,6 +73,12 @@ class ClassificationModule(L.LightningModule):
         channels_last: bool = False,
     ) -> None:
         super().__init__()
+        if lr_scheduler is not None and (warmup_steps or poly_decay_power):
+            raise OptimizerError(
+                f"model.lr_scheduler replaces the module's own schedule, which is set (warmup_steps {warmup_steps}, "
+                f"poly_decay_power {poly_decay_power}); give --model.warmup_steps 0 --model.poly_decay_power 0 with "
+                "it, or leave model.lr_scheduler out"
+            )
         # Under LightningCLI this stores the config (class paths and arguments), so
         # `load_from_checkpoint` rebuilds network and optimizer without the YAML.
         self.save_hyperparameters()
@@ -66,12 +86,6 @@ class ClassificationModule(L.LightningModule):
         self.network = network(len(self.class_names))
         if channels_last:
             self.network.to(memory_format=torch.channels_last)  # moves to the GPU keep this order
-            for parameter in self.network.parameters():
-                # One input channel (MNIST's first convolution): both layouts order its elements alike, but autograd
-                # gives its gradient the default strides. With the weight's channels-last ones DDP warned, each run
-                # on a GPU, that the gradient does not match its bucket's layout and "may impair performance".
-                if parameter.dim() == 4 and parameter.shape[1] == 1:
-                    parameter.data = parameter.data.clone(memory_format=torch.contiguous_format)
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
         # Steps only collect their predicted classes and losses; the torchmetrics metrics get one
@@ -88,8 +102,21 @@ class ClassificationModule(L.LightningModule):
             self.metrics[f"{split}_acc"] = MulticlassAccuracy(num_classes, average="micro", validate_args=False, **sync)
         self.collected: dict[str, dict[str, list]] = {}
         self.train_epoch_metrics: dict | None = None  # the newest epoch's, with its epoch and step
+        self.epoch_started = self.epoch_seconds = (
+            0.0  # train_samples_per_sec's clock: the epoch's start to its last batch
+        )
         # One input's shape, kept in checkpoints: serving a checkpoint exports the network for it without its data.
         self.input_shape: tuple[int, ...] | None = None
+
+    def setup(self, stage: str) -> None:
+        if self.hparams.channels_last and self.trainer.strategy.root_device.type == "cuda":
+            for parameter in self.network.parameters():
+                # One input channel (MNIST's first convolution): both layouts order its elements alike, but autograd
+                # gives its gradient the default strides. With the weight's channels-last ones DDP warns, each run on
+                # a GPU, that the gradient does not match its bucket's layout. Not on a CPU: there a contiguous weight
+                # beside channels-last inputs takes a slower convolution (docs/measured.md).
+                if parameter.dim() == 4 and parameter.shape[1] == 1:
+                    parameter.data = parameter.data.clone(memory_format=torch.contiguous_format)
 
     def _distributed(self) -> bool:
         try:
@@ -170,11 +197,23 @@ class ClassificationModule(L.LightningModule):
         if values is not None:
             self.log_dict(values, prog_bar=True)
 
+    def on_train_epoch_start(self) -> None:
+        self.epoch_started = time.perf_counter()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        if batch_idx == self.trainer.num_training_batches - 1:  # validation, which may follow, is not counted
+            if self.device.type == "cuda":  # else the clock stops while the GPU still works on the steps queued
+                torch.cuda.synchronize(self.device)
+            self.epoch_seconds = time.perf_counter() - self.epoch_started
+
     # Lightning's tracking hands epoch metrics over with their epoch: BufferedMLFlowLogger logs them at step = epoch.
     def on_train_epoch_end(self) -> None:
         self.check_finite()  # before the loss metric, which would leave NaN losses out of its mean
+        samples = sum(self.collected.get("train", {}).get("sizes", [])) * self.trainer.world_size  # equal shares
         values = self._epoch_metrics("train")
         if values is not None:
+            if samples and self.epoch_seconds > 0:  # the samples every process trained on, per second (images/s)
+                values["train_samples_per_sec"] = samples / self.epoch_seconds
             self.log_dict(values, prog_bar=True)
             self.train_epoch_metrics = {"epoch": self.current_epoch, "step": self.global_step - 1, "values": values}
 

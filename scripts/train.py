@@ -22,10 +22,7 @@ import torch
 from jsonargparse import ArgumentError
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from scripts.training.cli import USER_ERRORS, TemplateCLI, cli_main
-from scripts.training.cli_errors import config_error_line, full_disk_line
-from scripts.training.early_stops import tell_unmet
-from scripts.training.peer_errors import leave_line, peer_line
+from scripts.training.cli import TemplateCLI, cli_main, launched, user_errors
 
 
 def main(args: list[str] | None = None) -> TemplateCLI:
@@ -54,10 +51,12 @@ def main(args: list[str] | None = None) -> TemplateCLI:
     except (KeyboardInterrupt, SystemExit) as stop:
         if interrupted or isinstance(stop, KeyboardInterrupt):
             sys.exit(128 + signal.SIGINT)  # Ctrl-C: 130, what a shell reports for it, not Lightning's 1
-        if isinstance(stop.code, str) and stop.code.startswith("error: "):  # the CLI's own (before_fit's)
-            tell_unmet(stop.code.removeprefix("error: "))
+        if isinstance(stop.code, str) and stop.code.startswith("error: "):  # the CLI's own
+            tell_others(stop.code.removeprefix("error: "), met=False)
         raise
     except ArgumentError as error:
+        from scripts.training.cli_errors import config_error_line
+
         stop_with(config_error_line(error, sys.argv[1:] if args is None else args))
     except BrokenPipeError:
         # `predict ... | head -1`: the reader has gone. End quietly, as Unix tools do: no traceback, nor Python's
@@ -67,14 +66,16 @@ def main(args: list[str] | None = None) -> TemplateCLI:
     except Exception as error:
         # jsonargparse wraps what a class raises while it is built: look for ours in the chain.
         cause: BaseException | None = error
-        while cause is not None and not isinstance(cause, USER_ERRORS):
+        while cause is not None and not isinstance(cause, user_errors()):
             cause = cause.__cause__ or cause.__context__
         if cause is None:
+            from scripts.training.cli_errors import full_disk_line
+
             if line := full_disk_line(error):
                 stop_with(line)
-            if line := peer_line(error):
+            if several_processes() and (line := peer_line(error)):
                 sys.exit(f"error: {line}")
-            tell_unmet(crash_line(error))  # a crash keeps its traceback; the processes waiting for this one get a line
+            tell_others(crash_line(error), met=False)  # a crash keeps its traceback; those waiting for it get a line
             raise
         message = str(cause).strip()
         if "\n" in message:  # raised in a DataLoader worker: PyTorch re-raises it with the worker's traceback
@@ -87,11 +88,34 @@ def main(args: list[str] | None = None) -> TemplateCLI:
 
 def stop_with(line: str) -> NoReturn:
     """Ends this process with `error: line` (SystemExit's message: scripts.spark and the sweeps read it) and the
-    other processes of its job with it: after they met, those in a collective would end in gloo's traceback
-    (peer_errors.py); before, they would wait for this one until torch.distributed's timeout (early_stops.py)."""
-    leave_line(line)
-    tell_unmet(line)
+    other processes of its job with it."""
+    tell_others(line, met=True)
     sys.exit(f"error: {line}")
+
+
+def several_processes() -> bool:
+    return launched() or (torch.distributed.is_available() and torch.distributed.is_initialized())
+
+
+def tell_others(line: str, met: bool) -> None:
+    """Gives the other processes of a job this process's last line: after they met (`met`), those in a collective
+    would end in gloo's traceback (peer_errors.py); before, they would wait for this one until torch.distributed's
+    timeout (early_stops.py). Nothing to do for a process alone."""
+    if not several_processes():
+        return
+    from scripts.training.early_stops import tell_unmet
+
+    if met:
+        from scripts.training.peer_errors import leave_line
+
+        leave_line(line)
+    tell_unmet(line)
+
+
+def peer_line(error: BaseException) -> str | None:
+    from scripts.training.peer_errors import peer_line as line_of_peer
+
+    return line_of_peer(error)
 
 
 def crash_line(error: BaseException) -> str:

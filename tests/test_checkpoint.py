@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import shutil
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from mlflow import MlflowClient
 
 from tests.conftest import MNIST, REPO, bird_folders, needs_mnist, run_module
@@ -183,14 +185,14 @@ def resume(outputs: Path, *args: str) -> list[str]:
 CHANGED = [  # what a resume cannot change, and the line it ends in (LAST: the checkpoint_dir's last.ckpt)
     (["--model.optimizer.init_args.lr", "0.01"],
      "--model.optimizer.init_args.lr 0.01: {last} was trained with 0.001, and a resume goes on as it began; give "
-     "0.001, or a new --checkpoint_dir to train anew"),
+     "--model.optimizer.init_args.lr 0.001, or a new --checkpoint_dir to train anew"),
     (["--model.network.init_args.hidden", "20"],
-     "--model.network.init_args.hidden 20: {last} was trained with 10, and a resume goes on as it began; give 10, or "
-     "a new --checkpoint_dir to train anew"),
+     "--model.network.init_args.hidden 20: {last} was trained with 10, and a resume goes on as it began; give "
+     "--model.network.init_args.hidden 10, or a new --checkpoint_dir to train anew"),
     (["--config", "configs/mnist.yaml"],  # another task's folder
      "--data.class_path datamodules.mnist.MNISTDataModule: {last} was trained with "
-     "datamodules.penguins.PenguinDataModule (and 17 more option(s)), and a resume goes on as it began; give "
-     "datamodules.penguins.PenguinDataModule, or a new --checkpoint_dir to train anew"),
+     "datamodules.penguins.PenguinDataModule (and {more} more option(s)), and a resume goes on as it began; give "
+     "--data.class_path datamodules.penguins.PenguinDataModule, or a new --checkpoint_dir to train anew"),
     (["--trainer.max_epochs", "1"],
      "--trainer.max_epochs 1: {last} has trained 2 epochs already (its config: 2); give 2 or more, or a new "
      "--checkpoint_dir to train anew"),
@@ -204,8 +206,38 @@ def test_a_resume_with_another_config_stops_in_one_line_and_touches_nothing(two_
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     last = two_epochs / "checkpoints" / "last.ckpt"
-    assert result.stderr.strip().splitlines()[-1] == "error: " + line.format(last=last)
+    assert re.fullmatch(re.escape("error: " + line.format(last=last, more="@")).replace("@", r"\d+"),
+                        result.stderr.strip().splitlines()[-1])  # fmt: skip
     assert snapshot(two_epochs) == before  # no parameter added, no config.yaml rewritten, no folder deleted
+
+
+@pytest.mark.parametrize("args", [CHANGED[0][0], CHANGED[1][0]], ids=["lr", "width"])
+def test_following_a_refusals_advice_resumes(two_epochs, tmp_path, args):
+    outputs = tmp_path / "outputs"
+    shutil.copytree(two_epochs, outputs)
+    refused = run_module("scripts.train", *resume(outputs, *args, "--trainer.max_epochs", "3"))
+    advice = re.search(r"; give (--\S+) (\S+), or a new", refused.stderr)
+    assert refused.returncode == 1 and advice, refused.stderr[-2000:]
+    result = run_module("scripts.train", *resume(outputs, *args, "--trainer.max_epochs", "3", *advice.groups()))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert load(outputs / "checkpoints" / "last.ckpt")["epoch"] == 2
+
+
+def test_a_resume_compares_what_trains_not_what_a_newer_release_added(two_epochs, tmp_path):
+    """An option the checkpoint's config lacks (a module argument or a Trainer argument added since it was written)
+    and options that do not change what is trained (the logging interval) resume."""
+    outputs = tmp_path / "outputs"
+    shutil.copytree(two_epochs, outputs)
+    last = outputs / "checkpoints" / "last.ckpt"
+    checkpoint = load(last)
+    config = yaml.safe_load(checkpoint["fit_config"])
+    del config["model"]["poly_decay_power"], config["trainer"]["barebones"]
+    checkpoint["fit_config"] = yaml.safe_dump(config)
+    torch.save(checkpoint, last)
+    result = run_module("scripts.train", *resume(outputs, "--trainer.max_epochs", "3",
+                                                 "--trainer.log_every_n_steps", "7"))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert load(last)["epoch"] == 2
 
 
 def test_a_resume_may_train_longer_in_the_same_run(two_epochs, tmp_path):

@@ -450,7 +450,7 @@ def test_on_databricks_the_tasks_track_to_its_mlflow_with_the_driver_s_credentia
     from mlflow.utils.credentials import MlflowHostCreds
 
     from scripts.spark import SparkFitError, tracking_environment
-    from scripts.training.tracking import check_tracking_uri
+    from scripts.training.tracking_server import check_tracking_uri
 
     monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "18.0")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from scripts.training.throughput import EpochThroughput
+from scripts.bench.throughput import EpochThroughput
 
 
 @pytest.mark.parametrize("device, waits", [("cuda", [3]), ("cpu", [])])

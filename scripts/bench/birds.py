@@ -43,7 +43,7 @@ from torch import nn
 from datamodules.birds import BirdsDataModule, ImageFiles
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.transfer_net import TransferNet
-from scripts.training.throughput import EpochThroughput
+from scripts.bench.throughput import EpochThroughput
 
 CLASSES = ("chickens", "turkeys")
 WIDTH, HEIGHT = 500, 375  # the size of the Azure ML tutorial's fowl photos

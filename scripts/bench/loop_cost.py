@@ -3,13 +3,12 @@
     python -m scripts.bench.loop_cost [--data-dir ../shared/data/mnist] [--steps 400] [--repeats 3]
 
 On MNISTDataModule's batches, a net that costs next to nothing (a linear layer on four pixels) is trained by a
-plain loop (fetch, the datamodule's scaling, forward, zero_grad, backward, SGD step) and by Lightning's loop, stock
-and with the hook calls scripts.training.cli installs for every fit (scripts/training/hook_calls.py). The medians
-of the steps' times, less the plain loop's, are Lightning's fixed cost a step: its hooks, its closure and optimizer
-chain, its progress and logging bookkeeping. The same plain loop on MNISTNet gives a real step's time here, and so
-the ceiling that fixed cost puts on scripts.bench.mnist's template / plain: step / (step + cost).
+plain loop (fetch, the datamodule's scaling, forward, zero_grad, backward, SGD step) and by Lightning's loop. The
+medians of the steps' times, less the plain loop's, are Lightning's fixed cost a step: its hooks, its closure and
+optimizer chain, its progress and logging bookkeeping. The same plain loop on MNISTNet gives a real step's time here,
+and so the ceiling that fixed cost puts on scripts.bench.mnist's template / plain: step / (step + cost).
 Then the same Lightning loop with a progress bar drawing into a file (as in an Azure ML job's log): Lightning's
-TQDM bar, which draws at every batch, and the one scripts.train installs (scripts/training/progress_bar.py).
+TQDM bar as it is by default, drawing at every batch, and as scripts.train sets it (`PROGRESS_BAR_REFRESH`).
 The variants take turns `--repeats` times; each prints its median over the rounds with their spread (min..max).
 """
 
@@ -30,8 +29,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from datamodules.mnist import MNISTDataModule
 from lightning_modules.mnist_net import MNISTNet
 from scripts.bench.mnist import BATCH, OPTIMIZER, bench_trainer
-from scripts.training import hook_calls
-from scripts.training.progress_bar import ThrottledProgressBar
+from scripts.training.cli import PROGRESS_BAR_REFRESH
 
 SKIPPED = 10  # the first steps warm up allocations and caches
 
@@ -92,10 +90,9 @@ class StepEnds(L.Callback):
         self.ends.append(time.perf_counter())
 
 
-def lightning(data_dir: str, steps: int, template_hook_calls: bool = True, bar: TQDMProgressBar | None = None) -> float:
+def lightning(data_dir: str, steps: int, bar: TQDMProgressBar | None = None) -> float:
     """Median µs a step of NearFreeModule in scripts.bench.mnist's Trainer; `bar` draws into a temporary file."""
     torch.manual_seed(0)
-    hook_calls.install() if template_hook_calls else hook_calls.uninstall()
     ends = StepEnds()
     trainer = bench_trainer(steps, ends, *([bar] if bar else []))
     with tempfile.TemporaryFile("w") as log, contextlib.redirect_stdout(log):  # Lightning's bars write to stdout
@@ -117,10 +114,11 @@ def main(argv: list[str] | None = None) -> None:
     data.setup("fit")
     runs = {
         "plain loop": lambda: plain(data, NearFreeNet(), args.steps),
-        "stock Lightning": lambda: lightning(args.data_dir, args.steps, template_hook_calls=False),
-        "template's hook calls": lambda: lightning(args.data_dir, args.steps),
+        "stock Lightning": lambda: lightning(args.data_dir, args.steps),
         "+ Lightning's bar, to a file": lambda: lightning(args.data_dir, args.steps, bar=TQDMProgressBar()),
-        "+ template's bar, to a file": lambda: lightning(args.data_dir, args.steps, bar=ThrottledProgressBar()),
+        "+ template's bar, to a file": lambda: lightning(
+            args.data_dir, args.steps, bar=TQDMProgressBar(refresh_rate=PROGRESS_BAR_REFRESH)
+        ),
         "plain loop, MNISTNet": lambda: plain(data, MNISTNet(10), args.steps),
     }
     results: dict[str, list[float]] = {name: [] for name in runs}
@@ -133,12 +131,12 @@ def main(argv: list[str] | None = None) -> None:
     for name, times in results.items():
         print(f"  {name:28s} {medians[name]:8.0f}  ({min(times):.0f}..{max(times):.0f})")
     step = medians["plain loop, MNISTNet"]
-    for name in ("stock Lightning", "template's hook calls"):
+    for name in ["stock Lightning"]:
         cost = medians[name] - medians["plain loop"]
         ceiling = step / (step + cost)
         print(f"  {name}: {cost:+.0f} µs a step, {cost / step:.1%} of an MNIST step; ceiling {ceiling:.2f}x")
     for name in ("+ Lightning's bar, to a file", "+ template's bar, to a file"):
-        cost = medians[name] - medians["template's hook calls"]
+        cost = medians[name] - medians["stock Lightning"]
         print(f"  {name.removeprefix('+ ')}: {cost:+.0f} µs a step, {cost / step:.1%} of an MNIST step")
 
 

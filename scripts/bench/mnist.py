@@ -14,8 +14,7 @@
 - bare:     Lightning's own floor: a LightningModule that only returns the loss of MNISTNet, on the same
             MNISTDataModule batches (Lightning's loop and hooks, the datamodule's scaling);
 - template: a Lightning Trainer fitting MNISTDataModule + ClassificationModule + MNISTNet (no
-            logger, checkpoints, progress bar or validation), timed by its own EpochThroughput, with the hook calls
-            scripts.training.cli installs for every run (scripts/training/hook_calls.py; bare runs stock Lightning's).
+            logger, checkpoints, progress bar or validation), timed by EpochThroughput (scripts/bench/throughput.py).
 The datamodule gathers the epoch's permutation once (index_select) and scales each batch in place: ~0.1 ms a step
 less data work than the plain loop's, which offsets part of Lightning's loop.
 Plain, bare and template train channels-last, as configs/mnist.yaml does (`model.channels_last`).
@@ -56,8 +55,7 @@ from torch.utils.data import DataLoader, Dataset
 from datamodules.mnist import MEAN, STD, MNISTDataModule
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.mnist_net import MNISTNet
-from scripts.training import hook_calls
-from scripts.training.throughput import EpochThroughput
+from scripts.bench.throughput import EpochThroughput
 
 BATCH = 128
 CPU = torch.device("cpu")
@@ -185,13 +183,11 @@ def lightning_rate(model: L.LightningModule, data_dir: str, limit: int, accelera
 
 def bare(data_dir: str, limit: int, accelerator: str = "cpu") -> float:
     torch.manual_seed(0)
-    hook_calls.uninstall()  # stock Lightning
     return lightning_rate(BareLightning(), data_dir, limit, accelerator)
 
 
 def template(data_dir: str, limit: int, accelerator: str = "cpu") -> float:
     torch.manual_seed(0)
-    hook_calls.install()  # as scripts.training.cli runs every fit
     model = ClassificationModule(MNISTNet, MNISTDataModule.class_names, optimizer=OPTIMIZER, channels_last=True)
     return lightning_rate(model, data_dir, limit, accelerator)
 

@@ -32,7 +32,6 @@ from torch.utils.data import DataLoader, TensorDataset
 from datamodules.penguins import PenguinDataModule
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.penguin_net import PenguinNet
-from scripts.training import hook_calls
 from scripts.training.cli import TemplateCLI, cli_main
 
 BATCH = 20
@@ -165,13 +164,11 @@ def seconds_per_epoch(module: L.LightningModule, epochs: int, data: dict, **trai
 
 def bare_lightning(epochs: int) -> float:
     torch.manual_seed(0)
-    hook_calls.uninstall()  # stock Lightning (make train's CLI installs the template's hook calls in this process)
     return seconds_per_epoch(BareLightning(), epochs, {"datamodule": PenguinDataModule()})
 
 
 def naive_lightning(train, val, epochs: int) -> float:
     torch.manual_seed(0)
-    hook_calls.uninstall()
     loaders = {
         "train_dataloaders": DataLoader(TensorDataset(*train), batch_size=BATCH, shuffle=True),
         "val_dataloaders": DataLoader(TensorDataset(*val), batch_size=BATCH),
@@ -182,7 +179,6 @@ def naive_lightning(train, val, epochs: int) -> float:
 def template(epochs: int) -> float:
     """ClassificationModule on PenguinDataModule in a plain Trainer: no logger, checkpoints or callbacks."""
     torch.manual_seed(0)
-    hook_calls.install()  # as scripts.training.cli runs every fit
     model = ClassificationModule(PenguinNet, PenguinDataModule.class_names)
     return seconds_per_epoch(model, epochs, {"datamodule": PenguinDataModule()})
 

@@ -1,155 +1,80 @@
 """The template's LightningCLI: one classification module, any ClassificationDataModule, the MLflow logger set up
-(Azure ML's run handover, a checked tracking URI, the sqlite store), checkpoints that resume, the run's record, and
-after `fit` the best checkpoint tested and, with --register_model, registered. scripts.train runs it; the sweeps,
-Spark and the benches build it too.
+(scripts/training/run_record.py), checkpoints that resume (checkpoints.py), and after `fit` the best checkpoint
+tested. scripts.train runs it; the sweeps, Spark and the benches build it too.
 
     python -m scripts.train fit --config configs/penguins.yaml --print_config
+
+A plain fit loads only what it uses: several processes (scripts/training/several_processes.py and the modules it
+names), `--register_model`, `--model_dir` and `--metrics_file` (model_outputs.py), a tracking server
+(tracking_server.py) and the networks and datamodules of other tasks load only when the command asks for them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import importlib
-import io
 import logging
 import os
-import shutil
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
-from urllib.parse import urlparse
 
 import lightning as L
 import torch
-from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
-from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from datamodules.base import ClassificationDataModule
 from datamodules.errors import DataError
 from lightning_modules.classifier import ClassificationModule, DivergedError, OptimizerError
-from lightning_modules.transfer_net import WeightsError, skip_pretrained_weights
-from scripts.serving.mlflow_model import (
-    ExportError,
-    RegistryError,
-    register_later,
-    register_model,
-    save_model,
-    serving_inputs,
-    test_inputs,
-)
-from scripts.training import hook_calls
 from scripts.training.checkpoints import (
-    CONFIG_KEY,
-    RUN_ID_FILE,
+    CheckpointError,
+    RandomStates,
+    RankZeroCheckpointIO,
     add_checkpoint_arguments,
+    check_checkpoint_file,
     check_resume,
     flatten,
-    keep_run_id,
     resume_from,
     saved_run_id,
 )
-from scripts.training.early_stops import watch
-from scripts.training.progress_bar import ThrottledProgressBar
-from scripts.training.random_states import RandomStates
-from scripts.training.same_start import SameStart
-from scripts.training.sigterm import StopTogether, sigterm_received
-from scripts.training.throughput import EpochThroughput
-from scripts.training.tracking import (
-    HTTP_LIMITS,
-    BufferedMLFlowLogger,
-    TrackingError,
-    check_tracking_uri,
-    credentials_out_of_uri,
-    open_sqlite_store,
+from scripts.training.run_record import (
+    LAUNCHER_VARIABLES,
+    TrackConfig,
+    existing_run,
+    is_mlflow_logger,
+    set_up_tracking,
 )
-from strategies.checkpoint_io import CheckpointError, RankZeroCheckpointIO, check_checkpoint_file
-from strategies.launch_check import check_launch, launched_first, launched_processes
-from strategies.mpi_environment import LaunchError
+from scripts.training.tracking import BufferedMLFlowLogger, TrackingError
 
 OUTPUTS = Path("outputs")  # Azure ML uploads ./outputs of every job
 MLFLOW_LOGGER = "scripts.training.tracking.BufferedMLFlowLogger"
-UNSENT_KEY = "unsent_metrics"  # a checkpoint's metrics that the local store did not have yet when it was written
+# The bar's redraws, in batches: Lightning's default redraws at every batch, twice, a share of every short step, and
+# into a job's log file a line each time.
+PROGRESS_BAR_REFRESH = 10
 
 
-def run_dir(trainer: L.Trainer) -> Path:
-    """outputs/<experiment id>/<run id>: where checkpoints go, so a run's files sit together."""
-    logger = trainer.logger
-    if logger is None:
-        return Path(trainer.default_root_dir)
-    return Path(trainer.default_root_dir) / str(logger.name) / str(logger.version)
+class ConfigError(Exception):
+    """Options this machine or this template cannot run; the message names the option and what to give."""
 
 
-class TrackConfig(SaveConfigCallback):
-    """The run's record: the resolved config beside the checkpoints and in MLflow (file and parameters), the metrics
-    not sent yet in each checkpoint, and no record at all of a run that failed before measuring anything."""
+def user_errors() -> tuple[type[BaseException], ...]:
+    """What a user's config, data, checkpoint, weights, launch or tracking can cause: each says what to give instead.
+    The classes of modules a command did not load (other tasks' networks, several processes) cannot have been raised."""
+    errors = [DataError, CheckpointError, ConfigError, TrackingError, OptimizerError, DivergedError]
+    errors.append(MisconfigurationException)
+    optional = (("lightning_modules.transfer_net", "WeightsError"), ("strategies.mpi_environment", "LaunchError"))
+    for module, name in optional:
+        if module in sys.modules:
+            errors.append(getattr(sys.modules[module], name))
+    return tuple(errors)
 
-    def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage == "predict":  # no run to file it under: it would overwrite outputs/config.yaml
-            return
-        # Checked when parsed: checking it again would cost ~50 ms, a sweep trial's fifth of its CLI time.
-        text = self.parser.dump(self.config, skip_unset=False, skip_validation=True)
-        self.config_text = text
-        path = run_dir(trainer) / "config.yaml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        if isinstance(trainer.logger, MLFlowLogger):
-            import yaml
-            from mlflow.entities import Param
 
-            params = flatten(yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))  # libyaml: ~10x
-            params.pop("config", None)  # the paths of the YAML files: the artifact says it all
-            # A resumed run (--checkpoint_dir, a restarted Azure ML job) has its parameters; MLflow refuses changes
-            # (a longer max_epochs, say): those are in the config.yaml logged below, which replaces the first one.
-            client, run_id = trainer.logger.experiment, trainer.logger.run_id
-            logger = trainer.logger
-            with logger.store_errors() if isinstance(logger, BufferedMLFlowLogger) else contextlib.nullcontext():
-                logged = client.get_run(run_id).data.params
-                new = [Param(key, str(value)[:500]) for key, value in params.items() if key not in logged]
-                for start in range(0, len(new), 100):  # MLflow's most parameters a request
-                    client.log_batch(run_id, params=new[start : start + 100])
-                client.log_artifact(run_id, str(path))
-            if stage == "fit":
-                keep_run_id(trainer, self.config.get("checkpoint_dir"), trainer.logger.run_id)
-
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        # The fit's config travels in its checkpoints: a resume compares its own with it (checkpoints.check_resume).
-        if stage_config := getattr(self, "config_text", None):
-            checkpoint[CONFIG_KEY] = stage_config
-        # Called while a checkpoint is made, before it is written: a fit resumed from it has every metric logged so
-        # far. The metrics not yet in a local store travel in the checkpoint (a synced sqlite write each epoch would
-        # cost more than a small model's epoch); a server is sent them, and waited for, instead. What Lightning logs
-        # after an epoch's checkpoints, the epoch's training metrics, travels in them (lightning_modules/classifier.py).
-        logger = trainer.logger
-        if isinstance(logger, BufferedMLFlowLogger) and logger.sender is None:
-            checkpoint[UNSENT_KEY] = logger.unsent()
-        elif isinstance(logger, BufferedMLFlowLogger):
-            logger.flush(wait=True, stop=lambda: sigterm_received(trainer))
-
-    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        if isinstance(trainer.logger, BufferedMLFlowLogger) and UNSENT_KEY in checkpoint:
-            trainer.logger.resend(checkpoint[UNSENT_KEY])
-
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        # A run that failed before measuring anything leaves no folder (its logger deletes its MLflow run).
-        logger = trainer.logger
-        if isinstance(logger, BufferedMLFlowLogger) and isinstance(exception, KeyboardInterrupt):
-            logger.interrupted = True  # Lightning finalizes the run as failed next
-        if not (isinstance(logger, BufferedMLFlowLogger) and trainer.is_global_zero and logger.started):
-            return
-        if logger.handed_over:  # a resumed run's folder holds its earlier epochs' record
-            return
-        folder = run_dir(trainer)
-        if not logger.measured and not any(folder.glob("checkpoints/*")):
-            shutil.rmtree(folder, ignore_errors=True)
-            with contextlib.suppress(OSError):  # the experiment's folder, when this was its only run
-                folder.parent.rmdir()
+def launched() -> bool:
+    """Whether a launcher (torchrun, Azure ML, mpirun, horovodrun, Lightning's own) started this process."""
+    return any(name in os.environ for name in LAUNCHER_VARIABLES)
 
 
 class TestDataFirst(L.Callback):
@@ -163,21 +88,23 @@ class TestDataFirst(L.Callback):
 
 class TemplateCLI(LightningCLI):
     def __init__(self, *positional, args=None, **kwargs) -> None:
-        self.requested = requested_subcommand(sys.argv[1:] if args is None else args)
-        self.same_start = SameStart()
+        words = sys.argv[1:] if args is None else args
+        self.requested = requested_subcommand(words)
+        refuse_lightning_optimizer_options(words)
+        self.same_start = None  # several processes: their one exchange at the start (several_processes.py)
+        self.resumes = False
+        self.checkpoint_classes: list[str] = []
         super().__init__(*positional, args=args, **kwargs)
 
     def subcommands(self) -> dict[str, set[str]]:
-        # Only the subcommand being run gets a parser: building one (jsonargparse reading the Trainer's, the module's
-        # and the datamodules' signatures) is ~0.1 s of every command's start. No subcommand, or an unknown one:
-        # all four, for the help and the error that list them.
+        # Only the subcommand being run gets a parser (jsonargparse reads the Trainer's, the module's and the
+        # datamodules' signatures for each). No subcommand, or an unknown one: all four, for the help and the error.
         every = LightningCLI.subcommands()
         return {self.requested: every[self.requested]} if self.requested in every else every
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
         add_checkpoint_arguments(parser)
-        parser.add_lightning_class_args(EpochThroughput, "throughput")
         parser.add_argument(
             "--test_after_fit", type=bool, default=True, help="fit: test the best checkpoint at the end"
         )
@@ -195,18 +122,38 @@ class TemplateCLI(LightningCLI):
             help="fit, test: write the metrics at the end (the last validation's and the test's) to this JSON file",
         )  # fmt: skip
 
+    def several_processes(self):
+        """The multi-process machinery, loaded the first time a command needs it."""
+        from scripts.training import several_processes
+
+        if self.same_start is None:
+            self.same_start = several_processes.SameStart()
+        return several_processes
+
+    def check_on_rank_zero(self, check, *args) -> None:
+        """`check(*args)` now; under a launcher in global rank 0 alone, its error raised in every process once they
+        meet (SameStart): the others would wait for this one until torch.distributed's timeout."""
+        if launched():
+            self.several_processes()
+            self.same_start.check_on_rank_zero(check, *args)
+        else:
+            check(*args)
+
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         ckpt_path = subcommand and self.config[subcommand].get("ckpt_path")
-        # LightningCLI reads the checkpoint's hyperparameters next, with a bare torch.load: check the file first.
-        # Rank 0 only: on other nodes it need not exist (rank 0 reads it for all: strategies/checkpoint_io.py). A
-        # missing one (LightningCLI skips it), when a launcher started other processes too: not here, where they would
-        # wait for this one until torch.distributed's timeout (30 minutes); rank 0's read of it at the run's start
-        # stops every process together.
+        # LightningCLI reads the checkpoint's hyperparameters next, with a bare torch.load: check the file first. Under
+        # a launcher rank 0 only, which reads it for all (nodes share no disk), and a missing one only alone: the
+        # others would wait for this one; rank 0's read at the run's start stops every process together.
         named = ckpt_path and ckpt_path not in ("best", "last", "hpc", "registry")
-        if named and launched_first() and (Path(ckpt_path).exists() or launched_processes() == 1):
+        if named and not launched():
             check_checkpoint_file(ckpt_path)
+        elif named:
+            from strategies.launch_check import launched_first, launched_processes
+
+            if launched_first() and (Path(ckpt_path).exists() or launched_processes() == 1):
+                check_checkpoint_file(ckpt_path)
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
@@ -215,8 +162,11 @@ class TemplateCLI(LightningCLI):
                 f"{self.subcommand} needs --ckpt_path: the .ckpt a fit wrote (outputs/<exp>/<run>/checkpoints/"
                 "best.ckpt; `make evaluate` and `make predict` find the newest); without it the network is untrained"
             )
-        if config.get("ckpt_path") and config.model.network.get("init_args"):
-            skip_pretrained_weights(config.model.network.init_args)
+        network_args = config.model.network.get("init_args") or {}
+        if config.get("ckpt_path") and "weights" in network_args:  # a TransferNet: the checkpoint has every weight
+            from lightning_modules.transfer_net import skip_pretrained_weights
+
+            skip_pretrained_weights(network_args)
         if self.subcommand != "fit" and config.get("ckpt_path"):
             # LightningCLI has read the checkpoint's hyperparameters into model: its class names are the truth. A
             # datamodule that takes `classes` gets them (predict labels with them; test checks its folders have them).
@@ -224,15 +174,16 @@ class TemplateCLI(LightningCLI):
             self.checkpoint_classes = list(classes or [])
             if classes and "classes" in data_args:
                 data_args["classes"] = list(classes)
-        if self.subcommand != "fit":
             # The checkpoint's ModelCheckpoint state names its fit's folder, not this command's: nothing to act on.
             warnings.filterwarnings("ignore", r"The dirpath has changed from")
         if self.subcommand == "fit":
             check_trains(config.trainer)
             if config.get("checkpoint_dir"):
-                self.same_start.check_on_rank_zero(check_writable, Path(config.checkpoint_dir), "--checkpoint_dir")
+                self.check_on_rank_zero(check_writable, Path(config.checkpoint_dir), "--checkpoint_dir")
             if config.get("model_dir"):
-                self.same_start.check_on_rank_zero(check_model_dir, Path(config.model_dir), "--model_dir")
+                from scripts.training.model_outputs import check_model_dir
+
+                self.check_on_rank_zero(check_model_dir, Path(config.model_dir), "--model_dir")
             if ours_only(config.get("checkpoint_dir")):  # Lightning warns of it at every start, resumes included
                 warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
         if self.subcommand == "fit" and (last := resume_from(config)):
@@ -242,7 +193,7 @@ class TemplateCLI(LightningCLI):
             dumped = yaml.safe_load(self.parser.dump(self.config, skip_unset=False, skip_validation=True))
             check_resume(last, flatten(dumped[self.subcommand]))
             config.ckpt_path = str(last)
-            self.same_start.resumes = True
+            self.resumes = True
             rank_zero_print(f"resuming from {last}")
         if self.subcommand == "predict":
             # Its output is a CSV on stdout (`predict > out.csv`): no progress bar there. It records nothing: no run.
@@ -257,41 +208,32 @@ class TemplateCLI(LightningCLI):
                 args.run_name = None if args.run_id else args.run_name
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
-        # The config's own callbacks, before the Trainer adds its default progress bar to the same list.
-        named = list(self.config_init[self.subcommand].trainer.callbacks or []) if self.subcommand else []
+        trainer_config = self.config_init[self.subcommand].trainer if self.subcommand else {}
+        named = list(trainer_config.get("callbacks") or [])
+        if trainer_config.get("enable_progress_bar", True) and not any(isinstance(c, ProgressBar) for c in named):
+            kwargs["callbacks"] = [*named, TQDMProgressBar(refresh_rate=PROGRESS_BAR_REFRESH)]
         try:
             trainer = super().instantiate_trainer(**kwargs)
         except ValueError as error:  # the Trainer's own checks of its options (a strategy name that does not exist)
             raise ConfigError(f"trainer: {str(error).strip().splitlines()[0]}") from None
-        check_launch(trainer.num_devices, trainer.num_nodes)
-        # First: before anything is restored, or the run's record touched.
-        self.same_start.ckpt_path = self.config[self.subcommand].get("ckpt_path")
-        self.same_start.checkpoint_dir = self.config[self.subcommand].get("checkpoint_dir")
-        trainer.callbacks.insert(0, self.same_start)
-        trainer.callbacks.append(StopTogether())  # not in trainer.callbacks' option: a config's list would drop it
         trainer.callbacks.append(RandomStates())
-        bar = trainer.progress_bar_callback
-        if type(bar) is TQDMProgressBar and not any(callback is bar for callback in named):  # the Trainer's default
-            trainer.callbacks[trainer.callbacks.index(bar)] = ThrottledProgressBar()
-        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # a user's own plugin is left alone
+        if type(trainer.strategy.checkpoint_io).__name__ == "TorchCheckpointIO":  # a user's own plugin is left alone
             trainer.strategy.checkpoint_io = RankZeroCheckpointIO(trainer.strategy)
-        watch()  # until the processes meet: one that stops before ends this one too
+        if launched() or trainer.world_size > 1:
+            several = self.several_processes()
+            self.same_start.ckpt_path = self.config[self.subcommand].get("ckpt_path")
+            self.same_start.checkpoint_dir = self.config[self.subcommand].get("checkpoint_dir")
+            self.same_start.resumes = self.resumes
+            several.install(trainer, self.same_start)
+        elif self.same_start is not None and self.same_start.error is not None:
+            raise self.same_start.error
         return trainer
 
     def before_fit(self) -> None:
-        checkpoint = self.trainer.checkpoint_callback
-        if self.config.fit.register_model and not (isinstance(self.trainer.logger, MLFlowLogger) and checkpoint):
-            sys.exit("error: --register_model needs the MLflow logger and checkpoints; check trainer.logger")
         if self.config.fit.register_model:  # refused before the fit, not by the registry after it
-            from scripts.azure_ml.names import name_problem
+            from scripts.training.model_outputs import check_registrable
 
-            if problem := name_problem(self.config.fit.register_model, "--register_model"):
-                sys.exit(f"error: {problem}")
-        if self.config.fit.register_model and type(self.datamodule).serving_kind is None:
-            sys.exit(
-                f"error: --register_model: {type(self.datamodule).__name__} has no serving_kind; give it serving_kind, "
-                "serving_state and serving_preprocess (the README's Add your own dataset), or train without it"
-            )
+            check_registrable(self.config.fit.register_model, self.trainer, self.datamodule)
         if self.config.fit.test_after_fit:
             self.trainer.callbacks.append(TestDataFirst())
 
@@ -314,43 +256,11 @@ class TemplateCLI(LightningCLI):
             (results,) = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt_path)
             rank_zero_print(f"test_acc: {results['test_acc']:.4f}")  # reduced over all processes
             metrics.update(results)
-        if self.config.fit.metrics_file and self.trainer.is_global_zero:
-            write_metrics(metrics, Path(self.config.fit.metrics_file))
-        if self.trainer.is_global_zero and checkpoint is not None and checkpoint.best_model_path:
-            if self.config.fit.register_model:
-                self.register_best(self.config.fit.register_model, checkpoint)
-            if self.config.fit.model_dir:
-                folder = Path(self.config.fit.model_dir)
-                try:
-                    save_model_in(folder, *self.best_network(checkpoint), serving_inputs(self.datamodule))
-                except ExportError as error:
-                    raise ConfigError(f"--model_dir {folder}: {error}") from None
-                print(f"saved model: {self.config.fit.model_dir}")
+        config = self.config.fit
+        if config.metrics_file or config.register_model or config.model_dir:
+            from scripts.training.model_outputs import hand_on
 
-    def best_network(self, checkpoint: ModelCheckpoint) -> tuple[torch.nn.Module, torch.Tensor, list[str]]:
-        """The best checkpoint's network, a batch of its test inputs and its class names."""
-        state = torch.load(checkpoint.best_model_path, map_location="cpu", weights_only=False)["state_dict"]
-        self.model.load_state_dict(state)
-        example = test_inputs(self.datamodule, batches=1)[0]
-        return self.model.network, example, self.model.class_names
-
-    def register_best(self, name: str, checkpoint: ModelCheckpoint) -> None:
-        logger = self.trainer.logger
-        network, example, classes = self.best_network(checkpoint)
-        tracking_uri = self.config.fit.trainer.logger.init_args.tracking_uri
-        try:
-            inputs = serving_inputs(self.datamodule)
-            version = register_model(tracking_uri, logger.run_id, network, example, classes, name, inputs)
-        except RegistryError as error:  # after the whole fit: what is kept, and how to register it without another
-            later = register_later(tracking_uri, logger.run_id, name)
-            raise ConfigError(
-                f"--register_model {name}: the MLflow registry refused it ({error}); the fit, its MLflow run and its "
-                f"checkpoints are kept (best: {checkpoint.best_model_path}), the model is logged to the run as "
-                f"runs:/{logger.run_id}/model: register it later with {later}"
-            ) from None
-        except ExportError as error:
-            raise ConfigError(f"--register_model {name}: {error}") from None
-        print(f"registered model: {name} version {version}")
+            hand_on(self, metrics, checkpoint)
 
     def check_classes(self) -> None:
         """The data's classes must be the checkpoint's, in its order: else every label would mean another class."""
@@ -369,6 +279,8 @@ class TemplateCLI(LightningCLI):
 
     def after_test(self) -> None:
         if self.config.test.metrics_file and self.trainer.is_global_zero:
+            from scripts.training.model_outputs import write_metrics
+
             write_metrics(dict(self.trainer.callback_metrics), Path(self.config.test.metrics_file))
 
     def before_predict(self) -> None:
@@ -385,19 +297,17 @@ class TemplateCLI(LightningCLI):
         sys.stdout.flush()  # here, where scripts.train ends a closed pipe (`| head -1`) quietly; not at exit
 
 
-def is_mlflow_logger(logger) -> bool:
-    """Whether the config's logger is Lightning's MLFlowLogger or a subclass (ours, a user's): those get the tracking
-    set-up, Azure ML's run handover included."""
-    class_path = getattr(logger, "class_path", None)
-    if not class_path:
-        return False
-    module, _, name = class_path.rpartition(".")
-    logger_class = getattr(importlib.import_module(module), name, None)
-    return isinstance(logger_class, type) and issubclass(logger_class, MLFlowLogger)
-
-
-class ConfigError(Exception):
-    """Trainer options this machine cannot run; the message names the option and what to give."""
+def refuse_lightning_optimizer_options(words: list[str]) -> None:
+    """LightningCLI's own --optimizer and --lr_scheduler would replace the module's configure_optimizers (its warm-up,
+    lr scaling and checks): the module's options are the template's."""
+    for word in words if isinstance(words, list | tuple) else ():
+        option = str(word).split("=", 1)[0].split(".", 1)[0]
+        if option in ("--optimizer", "--lr_scheduler"):
+            raise ConfigError(
+                f"{option}: the template's optimizer and schedule are --model{option[1:]} (with model.warmup_steps, "
+                f"model.poly_decay_power and model.scale_lr_by_world_size); give --model{option[1:]} {option[2:]}"
+                " class paths and init_args the same way"
+            )
 
 
 def check_trainer(trainer: dict, writes: bool) -> None:
@@ -426,43 +336,11 @@ def check_writable(folder: Path, option: str) -> None:
         ) from None
 
 
-def check_model_dir(folder: Path, option: str) -> None:
-    """Stops before anything starts when `folder` holds anything but an MLflow model saved there before (which a
-    restarted job's fit replaces): a model is saved only into a new, empty or earlier model's folder."""
-    if folder.exists() and (not folder.is_dir() or (any(folder.iterdir()) and not (folder / "MLmodel").is_file())):
-        raise ConfigError(
-            f"{option} {folder}: neither empty nor an MLflow model's folder; give a new or empty one (nothing in it "
-            "is replaced)"
-        )
-    check_writable(folder, option)
-
-
-def save_model_in(folder: Path, network, example, class_names: list[str], inputs: dict | None) -> None:
-    """save_model into `folder`, an earlier model there replaced (the folder itself stays: it may be a mount)."""
-    if (folder / "MLmodel").is_file():
-        for path in folder.iterdir():
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-    save_model(network, example, class_names, folder, inputs)
-
-
-def write_metrics(metrics: dict, path: Path) -> None:
-    """The metrics as a JSON object of numbers, written to a temporary name beside `path` and renamed."""
-    import json
-
-    values = {name: float(value) for name, value in sorted(metrics.items())}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(path.name + ".part")
-    part.write_text(json.dumps(values, indent=1) + "\n")
-    part.replace(path)
-    rank_zero_print(f"wrote metrics: {path}")
-
-
 def ours_only(folder: str | None) -> bool:
     """Whether --checkpoint_dir `folder` holds nothing but what fits write there (so Lightning's warning that it is
     not empty tells the user nothing)."""
+    from scripts.training.checkpoints import RUN_ID_FILE
+
     if not folder or not Path(folder).is_dir():
         return bool(folder)
     return {path.name for path in Path(folder).iterdir()} <= {"best.ckpt", "last.ckpt", RUN_ID_FILE}
@@ -476,61 +354,6 @@ def check_trains(trainer: dict) -> None:
                 f"--trainer.{option} 0: a fit of no {option.removeprefix('max_')[:-1]} trains nothing (its test would "
                 f"measure an untrained network); give 1 or more (-1: no limit), or `test --ckpt_path` to evaluate"
             )
-
-
-def set_up_tracking(args, outputs: Path, subcommand: str) -> None:
-    """The MLflow logger's store, run and name: what Azure ML hands over (MLFLOW_TRACKING_URI, MLFLOW_RUN_ID), the
-    user's server, or outputs/mlflow.db; checked before the run starts."""
-    from_environment = os.environ.get("MLFLOW_TRACKING_URI")
-    if args.tracking_uri is None:  # Lightning's logger defaults to MLFLOW_TRACKING_URI as it was at import
-        args.tracking_uri = from_environment
-    given = args.tracking_uri == from_environment
-    source = "MLFLOW_TRACKING_URI" if given else "--trainer.logger.init_args.tracking_uri"
-    if args.tracking_uri is not None:
-        args.tracking_uri = credentials_out_of_uri(args.tracking_uri)
-        if "MLFLOW_TRACKING_URI" in os.environ:  # what MLflow itself and processes started from this one read
-            os.environ["MLFLOW_TRACKING_URI"] = credentials_out_of_uri(os.environ["MLFLOW_TRACKING_URI"])
-        check_tracking_uri(args.tracking_uri, source)
-    else:
-        args.tracking_uri = f"sqlite:///{outputs / 'mlflow.db'}"
-        if args.artifact_location is None:  # else MLflow puts artifacts in ./mlruns
-            args.artifact_location = (outputs / "mlartifacts").resolve().as_uri()
-    if args.run_id is None:
-        args.run_id = os.environ.get("MLFLOW_RUN_ID")
-    named = os.environ.get("MLFLOW_EXPERIMENT_NAME")
-    if named and named != args.experiment_name:
-        # MLflow's own variable, set for this command: it wins over the experiment a shared YAML names.
-        if launched_first():
-            print(f"experiment {named!r} (MLFLOW_EXPERIMENT_NAME), not the config's {args.experiment_name!r}",
-                  file=sys.stderr)  # fmt: skip
-        args.experiment_name = named
-    if args.run_id is None and args.run_name is None:
-        # MLflow draws names from `random`, which the seed fixes: every run of a config would be named alike.
-        args.run_name = f"{subcommand}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}"
-    scheme = urlparse(args.tracking_uri).scheme
-    if scheme == "sqlite":
-        open_sqlite_store(args.tracking_uri)
-    if scheme != "sqlite":
-        for name, value in HTTP_LIMITS.items():  # also in the processes started from this one
-            os.environ.setdefault(name, value)
-    if args.synchronous is None and scheme != "sqlite":
-        # A server (or Azure ML's tracking) costs a network round trip per logged batch of metrics: queue them
-        # instead; ending the run drains the queue. Local sqlite stays synchronous: there the queue's threads only
-        # add GIL contention.
-        args.synchronous = False
-
-
-def existing_run(tracking_uri: str, run_id: str | None) -> str | None:
-    """`run_id` if that run is in the store at `tracking_uri` (a --checkpoint_dir may have come from another store)."""
-    if run_id is None:
-        return None
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return run_id if MlflowClient(tracking_uri).get_run(run_id).info.lifecycle_stage == "active" else None
-    except MlflowException:
-        return None
 
 
 @rank_zero_only
@@ -561,15 +384,14 @@ def requested_subcommand(args) -> str | None:
 def no_gpu_lookups_without_gpus() -> None:
     """Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1 when imported, so that asking torch for a GPU cannot start CUDA
     before a process forks. Torch's Adam asks at every step: with the variable set, on a host without NVIDIA's
-    driver (CPU machines, CI, CPU clusters), each ask looks for libnvidia-ml.so.1 again and fails, ~0.2 ms a step
-    (a penguin step is ~1.3 ms). Where no GPU is visible there is no CUDA to start: it is unset then."""
+    driver (CPU machines, CI, CPU clusters), each ask looks for libnvidia-ml.so.1 again and fails, a share of a small
+    network's step. Where no GPU is visible there is no CUDA to start: it is unset then."""
     if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1" and torch.cuda.device_count() == 0:
         del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
 
 
 def cli_main(args: list[str] | None = None, cli_class: type[TemplateCLI] = TemplateCLI) -> TemplateCLI:
     no_gpu_lookups_without_gpus()
-    hook_calls.install()
     # Lightning's rank-zero messages go to this logger (lightning/pytorch/utilities/rank_zero.py).
     rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if not any(isinstance(f, NoAdvertisements) for f in rank_zero_logger.filters):
@@ -592,6 +414,33 @@ def cli_main(args: list[str] | None = None, cli_class: type[TemplateCLI] = Templ
     return make_cli(args, cli_class)
 
 
+class _Parsed(Exception):
+    pass
+
+
+class _ParseOnly(TemplateCLI):
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        super().parse_arguments(parser, args)
+        raise _Parsed  # before LightningCLI seeds this process and makes anything
+
+
+def parse_only(args: list[str]) -> None:
+    """Parses `args` as cli_main would and stops before anything is made, quietly, whatever it finds: what a process
+    that is going to fork such commands does first (the sweep's launcher, scripts/sweeps/launcher.py). jsonargparse
+    keeps the parser it builds for each class that a command names: a forked trial finds them built."""
+    import contextlib
+    import io
+
+    with (
+        warnings.catch_warnings(),
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()),
+    ):
+        warnings.simplefilter("ignore")
+        with contextlib.suppress(Exception, SystemExit):  # _Parsed, or what the command will say itself
+            make_cli(args, _ParseOnly)
+
+
 def make_cli(args: list[str] | None, cli_class: type[TemplateCLI]) -> TemplateCLI:
     return cli_class(
         ClassificationModule,
@@ -607,44 +456,6 @@ def make_cli(args: list[str] | None, cli_class: type[TemplateCLI]) -> TemplateCL
             },
         },
         parser_kwargs={"exit_on_error": False},
+        auto_configure_optimizers=False,  # the module's own: model.optimizer, model.lr_scheduler
         args=args,
     )
-
-
-class _Parsed(Exception):
-    pass
-
-
-class _ParseOnly(TemplateCLI):
-    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        super().parse_arguments(parser, args)
-        raise _Parsed  # before LightningCLI seeds this process and makes anything
-
-
-def parse_only(args: list[str]) -> None:
-    """Parses `args` as cli_main would and stops before anything is made, quietly, whatever it finds: what a process
-    that is going to fork such commands does first (the sweep's launcher, scripts/sweeps/launcher.py). jsonargparse
-    keeps the parser it builds for each class that a command names (module, network, optimizer, datamodule, logger,
-    callbacks): a forked trial finds them built, ~40 ms of each trial's start. Nothing else is kept."""
-    with (
-        warnings.catch_warnings(),
-        contextlib.redirect_stdout(io.StringIO()),
-        contextlib.redirect_stderr(io.StringIO()),
-    ):
-        warnings.simplefilter("ignore")
-        with contextlib.suppress(Exception, SystemExit):  # _Parsed, or what the command will say itself
-            make_cli(args, _ParseOnly)
-
-
-# What a user's config, data, checkpoint, weights, launch or tracking can cause: each says what to give instead.
-USER_ERRORS = (
-    DataError,
-    WeightsError,
-    LaunchError,
-    CheckpointError,
-    ConfigError,
-    TrackingError,
-    OptimizerError,
-    DivergedError,
-    MisconfigurationException,
-)

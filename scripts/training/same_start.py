@@ -18,8 +18,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from scripts.training.checkpoints import flatten
-from strategies.checkpoint_io import CheckpointError
+from scripts.training.checkpoints import CheckpointError, flatten
 from strategies.launch_check import launched_first, launched_processes
 
 

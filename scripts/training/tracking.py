@@ -23,113 +23,26 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
-import logging
 import os
 import re
 import socket
 import sys
-import threading
 import time
-from collections import deque
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from scripts.training.cli_errors import full_disk_line
-
 MAX_METRICS_PER_REQUEST = 1000  # MLflow's log_batch limit
-# MLflow's own defaults retry a request for ~4 min (7 retries, backoff factor 2) of up to 120 s each. A run tracked to a
-# server gets these unless the environment sets them: one request then takes at most 3 x 10 s plus ~6 s of backoff.
-HTTP_LIMITS = {
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
-    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
-}
-CHECKPOINT_WAIT_S = 10.0  # most a checkpoint waits for the server to have the metrics so far
-FINAL_WAIT_S = 30.0  # most the end of a run waits for the server to take the rest (2 s when it failed, or SIGTERM)
-RETRY_EVERY_S = 5.0  # between attempts while the server does not answer
 HOST_TAG, PID_TAG = "template.host", "template.pid"  # the process a run of ours belongs to, for finding killed ones
 
 
 class TrackingError(Exception):
     """A tracking URI that cannot work (a file store, a server that does not answer); the message says what to do."""
-
-
-class Sender:
-    """Runs calls to a tracking server in a thread of its own, in order. A call that fails (the server is down or does
-    not answer) stays first in line and is tried again every RETRY_EVERY_S, so nothing is lost while the process
-    lives; `wait` bounds how long anyone waits for it."""
-
-    def __init__(self) -> None:
-        self.calls: deque[tuple[Callable[[], object], str, int]] = deque()  # (call, what it sends, metrics in it)
-        self.changed = threading.Condition()
-        self.failures = 0
-        self.failing_since: float | None = None
-        self.call_started = 0.0  # time.monotonic() when the call in flight began
-        self.reason = ""
-        self.retry_now = threading.Event()  # set by a wait through an outage: the next attempt need not wait its turn
-        threading.Thread(target=self.run, name="mlflow-sender", daemon=True).start()
-
-    def put(self, call: Callable[[], object], what: str, metrics: int = 0) -> None:
-        with self.changed:
-            if not self.calls:  # it starts next: a wait must not time it from the last call (an epoch ago, maybe)
-                self.call_started = time.monotonic()
-            self.calls.append((call, what, metrics))
-            self.changed.notify_all()
-
-    def run(self) -> None:
-        while True:
-            with self.changed:
-                while not self.calls:
-                    self.changed.wait()
-                call = self.calls[0][0]
-                self.call_started = time.monotonic()
-            try:
-                call()
-            except Exception as error:
-                with self.changed:
-                    self.failures += 1
-                    self.failing_since = self.failing_since or time.time()
-                    self.reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else repr(error)
-                    self.changed.notify_all()
-                self.retry_now.wait(RETRY_EVERY_S)
-                self.retry_now.clear()
-                continue
-            with self.changed:
-                self.calls.popleft()
-                self.failing_since = None
-                self.changed.notify_all()
-
-    def wait(self, timeout_s: float, stop: Callable[[], bool] = lambda: False, through_outage: bool = False) -> bool:
-        """Until every call is done, a call fails, `stop()` or `timeout_s`; True when every call is done. During an
-        outage (a call failed, or has not returned for `timeout_s`) it returns at once, the calls waiting for the
-        server and not training; `through_outage` (the run's end) waits the whole `timeout_s` for the server to come
-        back, trying again every second."""
-        deadline, failures = time.monotonic() + timeout_s, self.failures
-        with self.changed:
-            while self.calls and not stop():
-                if not through_outage and (self.failing_since is not None or self.failures != failures):
-                    break
-                now = time.monotonic()
-                if now >= deadline or (not through_outage and now - self.call_started > timeout_s):
-                    break
-                if through_outage and self.failing_since is not None:
-                    self.retry_now.set()
-                self.changed.wait(min(deadline - now, 0.2 if not through_outage else 1.0))
-            return not self.calls
-
-    def unsent(self) -> list[str]:
-        """What is still waiting: "<n> metrics" and the other calls' descriptions."""
-        with self.changed:
-            calls = list(self.calls)
-        metrics = sum(count for _, _, count in calls)
-        others = list(dict.fromkeys(what for _, what, count in calls if not count))
-        return ([f"{metrics} metrics"] if metrics else []) + others
 
 
 class BufferedMLFlowLogger(MLFlowLogger):
@@ -160,8 +73,11 @@ class BufferedMLFlowLogger(MLFlowLogger):
         kwargs["tags"] = {**(kwargs.get("tags") or {}), HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
         self.metric_prefix = kwargs.get("prefix", "")
         # Not MLflow's asynchronous logging: its queue drops a batch the server does not take, and has no bounded wait.
-        self.sender = Sender() if kwargs.get("synchronous") is False else None
-        if self.sender is not None:
+        self.sender = None
+        if kwargs.get("synchronous") is False:
+            from scripts.training.tracking_server import Sender
+
+            self.sender = Sender()
             atexit.register(self.report_unsent)
         self.upload_checkpoints = bool(kwargs.pop("log_model", False))
         super().__init__(*args, **kwargs)
@@ -203,6 +119,8 @@ class BufferedMLFlowLogger(MLFlowLogger):
         try:
             yield
         except Exception as error:
+            from scripts.training.cli_errors import full_disk_line
+
             if full_disk_line(error) is None:
                 raise
             raise TrackingError(
@@ -225,6 +143,8 @@ class BufferedMLFlowLogger(MLFlowLogger):
                     self.sender.put(partial(client.log_batch, run_id=self.run_id, metrics=chunk), "metrics", len(chunk))
         self._last_flush = time.monotonic()
         if wait and self.sender is not None:
+            from scripts.training.tracking_server import CHECKPOINT_WAIT_S
+
             self.sender.wait(CHECKPOINT_WAIT_S, stop)
 
     def unsent(self) -> dict:
@@ -265,6 +185,10 @@ class BufferedMLFlowLogger(MLFlowLogger):
             "disk",
             file=sys.stderr,
         )
+
+    def log_hyperparams(self, params) -> None:
+        """Nothing: the run's parameters are its resolved config, once, under its dotted names
+        (scripts/training/run_record.py); Lightning's would log the module's and datamodule's again under others."""
 
     @property
     @rank_zero_experiment
@@ -325,6 +249,8 @@ class BufferedMLFlowLogger(MLFlowLogger):
                 for call, _ in calls:
                     call()
             return
+        from scripts.training.tracking_server import FINAL_WAIT_S
+
         for call, what in calls:  # after the metrics, in order; not waited for during an outage
             self.sender.put(call, what)
         self.sender.wait(FINAL_WAIT_S if status == "success" else 2.0, through_outage=True)
@@ -348,18 +274,7 @@ class BufferedMLFlowLogger(MLFlowLogger):
         if artifact_uri.startswith("file:"):  # the run's own folder in a local artifact store
             with contextlib.suppress(OSError):
                 Path(urlsplit(artifact_uri).path).parent.rmdir()
-        self.experiment.delete_run(self.run_id)
-        purge_run(self.experiment, self.run_id)
-
-
-def purge_run(client, run_id: str) -> None:
-    """Removes a deleted run from the store for good, parameters and tags with it, where the store can: SQL stores
-    (sqlite) by their `_hard_delete_run`, which `mlflow gc` calls (a canary test watches the name). A server keeps
-    it deleted until its own `mlflow gc`."""
-    store = getattr(getattr(client, "_tracking_client", None), "store", None)
-    hard_delete = getattr(store, "_hard_delete_run", None)
-    if hard_delete is not None:
-        hard_delete(run_id)
+        self.experiment.delete_run(self.run_id)  # out of every view; `mlflow gc` removes it from the store
 
 
 def recorded_steps(client, run_id: str) -> dict[str, int]:
@@ -377,114 +292,3 @@ def process_alive(pid: int) -> bool:
     except PermissionError:  # another user's process
         return True
     return True
-
-
-def check_tracking_uri(uri: str, source: str, timeout_s: float = 5.0) -> None:
-    """Raises TrackingError when `uri` (named by `source`, e.g. MLFLOW_TRACKING_URI) cannot track this run: a plain-file
-    store, or a server that does not answer within `timeout_s` (MLflow itself would retry for minutes)."""
-    import urllib.error
-    import urllib.request
-
-    scheme = urlsplit(uri).scheme
-    if uri == "databricks" or scheme == "databricks":  # Databricks' own tracking: a name, not a path
-        check_databricks_credentials(uri, source)
-        return
-    if scheme in ("file", "") or (len(scheme) == 1 and uri[1:3] in (":\\", ":/")):  # file:, a path, C:\...
-        raise TrackingError(
-            f"{source} {uri}: a plain-file MLflow store (in maintenance mode in MLflow 3, and it cannot hold this "
-            "config's parameters); use sqlite:///path/to/mlflow.db, a server's http:// URL, or unset it for "
-            "outputs/mlflow.db"
-        )
-    if scheme not in ("http", "https"):
-        return  # sqlite, azureml (Azure ML's own plugin), databricks: their clients say what is wrong
-    request = urllib.request.Request(f"{uri.rstrip('/')}/api/2.0/mlflow/experiments/get-by-name?experiment_name=_")
-    try:
-        urllib.request.urlopen(request, timeout=timeout_s).close()
-    except urllib.error.HTTPError:
-        return  # it answered (401, 404...): the server is there; MLflow reports what it says
-    except (OSError, ValueError) as error:
-        reason = getattr(error, "reason", error)
-        raise TrackingError(
-            f"{source} {uri}: the tracking server does not answer ({reason}); start it, correct the URI, or unset "
-            "MLFLOW_TRACKING_URI to track to outputs/mlflow.db"
-        ) from None
-
-
-def check_databricks_credentials(uri: str, source: str) -> None:
-    """Raises TrackingError when no Databricks host and token can be found for `uri` (MLflow would say so in 69
-    lines, at the run's first call)."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.utils.databricks_utils import get_databricks_host_creds
-
-    quiet = logging.getLogger("mlflow.utils.databricks_utils")  # it warns of its fallback before failing
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    try:
-        get_databricks_host_creds(uri)
-    except MlflowException:
-        raise TrackingError(
-            f"{source} {uri}: no Databricks credentials found; set DATABRICKS_HOST and DATABRICKS_TOKEN (or run "
-            "`databricks auth login`), or unset MLFLOW_TRACKING_URI to track to outputs/mlflow.db"
-        ) from None
-    finally:
-        quiet.setLevel(level)
-
-
-def credentials_out_of_uri(uri: str, environ: MutableMapping[str, str] = os.environ) -> str:
-    """`uri` without the user and password it may hold (`http://user:pass@host`); they move to
-    MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, MLflow's own way to send them, so that the server still gets
-    them and no parameter, config.yaml, artifact or log line does (MLflow prints a run's URL when it ends)."""
-    parts = urlsplit(uri)
-    if parts.scheme not in ("http", "https") or "@" not in parts.netloc:
-        return uri
-    userinfo, _, host = parts.netloc.rpartition("@")
-    user, _, password = userinfo.partition(":")
-    environ["MLFLOW_TRACKING_USERNAME"] = unquote(user)
-    if password:
-        environ["MLFLOW_TRACKING_PASSWORD"] = unquote(password)
-    return urlunsplit(parts._replace(netloc=host))
-
-
-# Memory-backed scratch space where Linux has it: a new store is built there (see create_sqlite_store).
-SCRATCH = Path("/dev/shm")
-
-
-def open_sqlite_store(tracking_uri: str) -> None:
-    """Opens (and, if new, creates) the sqlite MLflow store before anything else does, one process at a time.
-
-    Processes started together (torchrun, mpirun, horovodrun) each build the logger, whose MLflow client creates the
-    tables of a new store; two at once collide ("duplicate column name"). MLflow keeps the store open per URI,
-    so the logger's client then finds it ready.
-    """
-    from filelock import FileLock
-    from mlflow import MlflowClient
-
-    path = Path(tracking_uri.removeprefix("sqlite:///"))
-    with FileLock(f"{path}.lock"):
-        if not path.exists():
-            create_sqlite_store(path)
-        MlflowClient(tracking_uri)
-
-
-def create_sqlite_store(path: Path) -> None:
-    """A new, empty MLflow store at `path`, made by MLflow's own migrations in memory-backed scratch space and then
-    copied: sqlite syncs every migration to disk (a few hundred syncs: 2-4 s on a cloud VM's disk, ~0.5 s in memory).
-    The copy is what MLflow would have written at `path`: nothing in it names the file (the Default experiment's
-    artifact location comes from the working directory). Where there is no such space, MLflow makes it in place."""
-    import shutil
-    import tempfile
-
-    from mlflow import MlflowClient
-
-    if SCRATCH.is_dir() and os.access(SCRATCH, os.W_OK):
-        partial_copy = path.with_name(f".{path.name}.new")
-        try:
-            with tempfile.TemporaryDirectory(dir=SCRATCH, prefix="mlflow-store-") as folder:
-                scratch = Path(folder) / "mlflow.db"
-                MlflowClient(f"sqlite:///{scratch}").search_experiments(max_results=1)
-                shutil.copyfile(scratch, partial_copy)
-                os.replace(partial_copy, path)  # never a half-copied store, whatever stops this process
-                return
-        except OSError:  # a full disk here or there (a container's /dev/shm is 64 MB): MLflow's own way, and its error
-            partial_copy.unlink(missing_ok=True)
-    MlflowClient(f"sqlite:///{path}").search_experiments(max_results=1)

@@ -1,0 +1,121 @@
+"""What a fit hands on besides its checkpoints, when asked: `--metrics_file` (the final metrics as JSON, fit and test),
+`--model_dir` (the best network as an MLflow model in a folder: an Azure ML pipeline's mlflow_model output) and
+`--register_model NAME` (that model logged to the run and registered). scripts.train's CLI loads it only for these:
+
+    python -m scripts.train fit --config configs/penguins.yaml --register_model penguins-classifier
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import MLFlowLogger
+
+from scripts.serving.mlflow_model import (
+    ExportError,
+    RegistryError,
+    register_later,
+    register_model,
+    save_model,
+    serving_inputs,
+    test_inputs,
+)
+from scripts.training.cli import ConfigError, check_writable, rank_zero_print
+
+
+def check_model_dir(folder: Path, option: str) -> None:
+    """Stops before anything starts when `folder` holds anything but an MLflow model saved there before (which a
+    restarted job's fit replaces): a model is saved only into a new, empty or earlier model's folder."""
+    if folder.exists() and (not folder.is_dir() or (any(folder.iterdir()) and not (folder / "MLmodel").is_file())):
+        raise ConfigError(
+            f"{option} {folder}: neither empty nor an MLflow model's folder; give a new or empty one (nothing in it "
+            "is replaced)"
+        )
+    check_writable(folder, option)
+
+
+def check_registrable(name: str, trainer: L.Trainer, datamodule) -> None:
+    """Before the fit, what would stop the registry after it: no MLflow logger or checkpoint, a name Azure ML's
+    registry refuses, a datamodule that cannot be served."""
+    from scripts.azure_ml.names import name_problem
+
+    if not (isinstance(trainer.logger, MLFlowLogger) and trainer.checkpoint_callback):
+        raise ConfigError("--register_model needs the MLflow logger and checkpoints; check trainer.logger")
+    if problem := name_problem(name, "--register_model"):
+        raise ConfigError(problem)
+    if type(datamodule).serving_kind is None:
+        raise ConfigError(
+            f"--register_model: {type(datamodule).__name__} has no serving_kind; give it serving_kind, serving_state "
+            "and serving_preprocess (the README's Add your own dataset), or train without it"
+        )
+
+
+def hand_on(cli, metrics: dict, checkpoint: ModelCheckpoint | None) -> None:
+    """After a fit (and its test): the metrics file, the model folder and the registered model the options ask for."""
+    config, trainer = cli.config.fit, cli.trainer
+    if config.metrics_file and trainer.is_global_zero:
+        write_metrics(metrics, Path(config.metrics_file))
+    if not (trainer.is_global_zero and checkpoint is not None and checkpoint.best_model_path):
+        return
+    if config.register_model:
+        register_best(cli, config.register_model, checkpoint)
+    if config.model_dir:
+        folder = Path(config.model_dir)
+        try:
+            save_model_in(folder, *best_network(cli, checkpoint), serving_inputs(cli.datamodule))
+        except ExportError as error:
+            raise ConfigError(f"--model_dir {folder}: {error}") from None
+        print(f"saved model: {config.model_dir}")
+
+
+def best_network(cli, checkpoint: ModelCheckpoint) -> tuple[torch.nn.Module, torch.Tensor, list[str]]:
+    """The best checkpoint's network, a batch of its test inputs and its class names."""
+    state = torch.load(checkpoint.best_model_path, map_location="cpu", weights_only=False)["state_dict"]
+    cli.model.load_state_dict(state)
+    example = test_inputs(cli.datamodule, batches=1)[0]
+    return cli.model.network, example, cli.model.class_names
+
+
+def register_best(cli, name: str, checkpoint: ModelCheckpoint) -> None:
+    logger = cli.trainer.logger
+    network, example, classes = best_network(cli, checkpoint)
+    tracking_uri = cli.config.fit.trainer.logger.init_args.tracking_uri
+    try:
+        inputs = serving_inputs(cli.datamodule)
+        version = register_model(tracking_uri, logger.run_id, network, example, classes, name, inputs)
+    except RegistryError as error:  # after the whole fit: what is kept, and how to register it without another
+        later = register_later(tracking_uri, logger.run_id, name)
+        raise ConfigError(
+            f"--register_model {name}: the MLflow registry refused it ({error}); the fit, its MLflow run and its "
+            f"checkpoints are kept (best: {checkpoint.best_model_path}), the model is logged to the run as "
+            f"runs:/{logger.run_id}/model: register it later with {later}"
+        ) from None
+    except ExportError as error:
+        raise ConfigError(f"--register_model {name}: {error}") from None
+    print(f"registered model: {name} version {version}")
+
+
+def save_model_in(folder: Path, network, example, class_names: list[str], inputs: dict | None) -> None:
+    """save_model into `folder`, an earlier model there replaced (the folder itself stays: it may be a mount)."""
+    if (folder / "MLmodel").is_file():
+        for path in folder.iterdir():
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+    save_model(network, example, class_names, folder, inputs)
+
+
+def write_metrics(metrics: dict, path: Path) -> None:
+    """The metrics as a JSON object of numbers, written to a temporary name beside `path` and renamed."""
+    values = {name: float(value) for name, value in sorted(metrics.items())}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(values, indent=1) + "\n")
+    part.replace(path)
+    rank_zero_print(f"wrote metrics: {path}")

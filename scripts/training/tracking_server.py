@@ -1,0 +1,169 @@
+"""What a run tracked to a server needs and a run tracked to the local sqlite store does not: the URI's checks before
+the run starts (a plain-file store, a server that does not answer, Databricks without credentials, credentials inside
+the URI), the HTTP limits MLflow gets, and the Sender, the thread that sends the metrics so that training never
+waits on the network. scripts.train loads it when a tracking URI is given (MLFLOW_TRACKING_URI, Azure ML's jobs, or
+`--trainer.logger.init_args.tracking_uri`):
+
+    MLFLOW_TRACKING_URI=http://127.0.0.1:5000 python -m scripts.train fit --config configs/penguins.yaml
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, MutableMapping
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from scripts.training.tracking import TrackingError
+
+# MLflow's own defaults retry a request for ~4 min (7 retries, backoff factor 2) of up to 120 s each. A run tracked to a
+# server gets these unless the environment sets them: one request then takes at most 3 x 10 s plus ~6 s of backoff.
+HTTP_LIMITS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
+CHECKPOINT_WAIT_S = 10.0  # most a checkpoint waits for the server to have the metrics so far
+FINAL_WAIT_S = 30.0  # most the end of a run waits for the server to take the rest (2 s when it failed, or SIGTERM)
+RETRY_EVERY_S = 5.0  # between attempts while the server does not answer
+
+
+class Sender:
+    """Runs calls to a tracking server in a thread of its own, in order. A call that fails (the server is down or does
+    not answer) stays first in line and is tried again every RETRY_EVERY_S, so nothing is lost while the process
+    lives; `wait` bounds how long anyone waits for it."""
+
+    def __init__(self) -> None:
+        self.calls: deque[tuple[Callable[[], object], str, int]] = deque()  # (call, what it sends, metrics in it)
+        self.changed = threading.Condition()
+        self.failures = 0
+        self.failing_since: float | None = None
+        self.call_started = 0.0  # time.monotonic() when the call in flight began
+        self.reason = ""
+        self.retry_now = threading.Event()  # set by a wait through an outage: the next attempt need not wait its turn
+        threading.Thread(target=self.run, name="mlflow-sender", daemon=True).start()
+
+    def put(self, call: Callable[[], object], what: str, metrics: int = 0) -> None:
+        with self.changed:
+            if not self.calls:  # it starts next: a wait must not time it from the last call (an epoch ago, maybe)
+                self.call_started = time.monotonic()
+            self.calls.append((call, what, metrics))
+            self.changed.notify_all()
+
+    def run(self) -> None:
+        while True:
+            with self.changed:
+                while not self.calls:
+                    self.changed.wait()
+                call = self.calls[0][0]
+                self.call_started = time.monotonic()
+            try:
+                call()
+            except Exception as error:
+                with self.changed:
+                    self.failures += 1
+                    self.failing_since = self.failing_since or time.time()
+                    self.reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else repr(error)
+                    self.changed.notify_all()
+                self.retry_now.wait(RETRY_EVERY_S)
+                self.retry_now.clear()
+                continue
+            with self.changed:
+                self.calls.popleft()
+                self.failing_since = None
+                self.changed.notify_all()
+
+    def wait(self, timeout_s: float, stop: Callable[[], bool] = lambda: False, through_outage: bool = False) -> bool:
+        """Until every call is done, a call fails, `stop()` or `timeout_s`; True when every call is done. During an
+        outage (a call failed, or has not returned for `timeout_s`) it returns at once, the calls waiting for the
+        server and not training; `through_outage` (the run's end) waits the whole `timeout_s` for the server to come
+        back, trying again every second."""
+        deadline, failures = time.monotonic() + timeout_s, self.failures
+        with self.changed:
+            while self.calls and not stop():
+                if not through_outage and (self.failing_since is not None or self.failures != failures):
+                    break
+                now = time.monotonic()
+                if now >= deadline or (not through_outage and now - self.call_started > timeout_s):
+                    break
+                if through_outage and self.failing_since is not None:
+                    self.retry_now.set()
+                self.changed.wait(min(deadline - now, 0.2 if not through_outage else 1.0))
+            return not self.calls
+
+    def unsent(self) -> list[str]:
+        """What is still waiting: "<n> metrics" and the other calls' descriptions."""
+        with self.changed:
+            calls = list(self.calls)
+        metrics = sum(count for _, _, count in calls)
+        others = list(dict.fromkeys(what for _, what, count in calls if not count))
+        return ([f"{metrics} metrics"] if metrics else []) + others
+
+
+def check_tracking_uri(uri: str, source: str, timeout_s: float = 5.0) -> None:
+    """Raises TrackingError when `uri` (named by `source`, e.g. MLFLOW_TRACKING_URI) cannot track this run: a plain-file
+    store, or a server that does not answer within `timeout_s` (MLflow itself would retry for minutes)."""
+    import urllib.error
+    import urllib.request
+
+    scheme = urlsplit(uri).scheme
+    if uri == "databricks" or scheme == "databricks":  # Databricks' own tracking: a name, not a path
+        check_databricks_credentials(uri, source)
+        return
+    if scheme in ("file", "") or (len(scheme) == 1 and uri[1:3] in (":\\", ":/")):  # file:, a path, C:\...
+        raise TrackingError(
+            f"{source} {uri}: a plain-file MLflow store (in maintenance mode in MLflow 3, and it cannot hold this "
+            "config's parameters); use sqlite:///path/to/mlflow.db, a server's http:// URL, or unset it for "
+            "outputs/mlflow.db"
+        )
+    if scheme not in ("http", "https"):
+        return  # sqlite, azureml (Azure ML's own plugin), databricks: their clients say what is wrong
+    request = urllib.request.Request(f"{uri.rstrip('/')}/api/2.0/mlflow/experiments/get-by-name?experiment_name=_")
+    try:
+        urllib.request.urlopen(request, timeout=timeout_s).close()
+    except urllib.error.HTTPError:
+        return  # it answered (401, 404...): the server is there; MLflow reports what it says
+    except (OSError, ValueError) as error:
+        reason = getattr(error, "reason", error)
+        raise TrackingError(
+            f"{source} {uri}: the tracking server does not answer ({reason}); start it, correct the URI, or unset "
+            "MLFLOW_TRACKING_URI to track to outputs/mlflow.db"
+        ) from None
+
+
+def check_databricks_credentials(uri: str, source: str) -> None:
+    """Raises TrackingError when no Databricks host and token can be found for `uri` (MLflow would say so in 69
+    lines, at the run's first call)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.databricks_utils import get_databricks_host_creds
+
+    quiet = logging.getLogger("mlflow.utils.databricks_utils")  # it warns of its fallback before failing
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        get_databricks_host_creds(uri)
+    except MlflowException:
+        raise TrackingError(
+            f"{source} {uri}: no Databricks credentials found; set DATABRICKS_HOST and DATABRICKS_TOKEN (or run "
+            "`databricks auth login`), or unset MLFLOW_TRACKING_URI to track to outputs/mlflow.db"
+        ) from None
+    finally:
+        quiet.setLevel(level)
+
+
+def credentials_out_of_uri(uri: str, environ: MutableMapping[str, str] = os.environ) -> str:
+    """`uri` without the user and password it may hold (`http://user:pass@host`); they move to
+    MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, MLflow's own way to send them, so that the server still gets
+    them and no parameter, config.yaml, artifact or log line does (MLflow prints a run's URL when it ends)."""
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https") or "@" not in parts.netloc:
+        return uri
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    environ["MLFLOW_TRACKING_USERNAME"] = unquote(user)
+    if password:
+        environ["MLFLOW_TRACKING_PASSWORD"] = unquote(password)
+    return urlunsplit(parts._replace(netloc=host))

@@ -1,0 +1,109 @@
+"""The core: a single-process fit, test and predict of every task loads at most 12 of the project's modules (package
+`__init__` files not counted) and none of the extras' (several processes, Azure ML, serving, sweeps, Spark, Horovod,
+a tracking server), and runs in a process where the extras' packages cannot be imported: what an environment with
+the core dependencies alone (pyproject's `dependencies`) can run.
+
+.venv/bin/python -m pytest -q tests/test_core.py
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import MNIST, REPO, bird_folders, needs_mnist
+
+pytestmark = pytest.mark.slow
+
+MOST_MODULES = 12
+# Packages of pyproject's optional dependencies that the core must not import.
+EXTRAS = ("azure.ai.ml", "onnx", "onnxruntime", "onnxscript", "optuna", "pyspark", "horovod", "pathspec")
+# Modules of the project that only an extra's option, launcher or command loads.
+NOT_CORE = (
+    "scripts.training.several_processes", "scripts.training.same_start", "scripts.training.sigterm",
+    "scripts.training.early_stops", "scripts.training.peer_errors", "scripts.training.tracking_server",
+    "scripts.training.model_outputs", "scripts.training.cli_errors", "scripts.training.spark_cluster",
+    "strategies.", "scripts.serving.", "scripts.azure_ml.", "scripts.sweeps.", "scripts.bench.",
+)  # fmt: skip
+# Runs scripts.train as `python -m` does, with the extras' packages absent, and writes the project's
+# modules loaded at exit (its own file included: __main__) to the file named first.
+PROBE = """
+import atexit, json, os, runpy, sys
+report, extras = sys.argv[1], json.loads(sys.argv[2])
+root = os.getcwd()
+for name in extras:  # as if not installed: `import` raises ModuleNotFoundError, importlib.util.find_spec gives None
+    sys.modules[name] = None
+
+def write():
+    loaded = {
+        "scripts.train" if name == "__main__" else name
+        for name, module in list(sys.modules.items())
+        if (getattr(module, "__file__", None) or "").startswith(root + os.sep)
+        and os.sep + ".venv" not in module.__file__ and not module.__file__.endswith("__init__.py")
+    }
+    with open(report, "w") as out:
+        json.dump(sorted(loaded), out)
+
+atexit.register(write)
+sys.argv = ["scripts.train", *sys.argv[3:]]
+runpy.run_module("scripts.train", run_name="__main__", alter_sys=True)
+"""
+
+
+def loaded_by(tmp_path: Path, *args: str) -> list[str]:
+    """The project's modules a `python -m scripts.train ARGS` loads, run where the extras cannot be imported."""
+    report = tmp_path / f"modules-{len(list(tmp_path.glob('modules-*')))}.json"
+    command = [sys.executable, "-c", PROBE, str(report), json.dumps(EXTRAS), *args]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(report.read_text())
+
+
+def check(modules: list[str]) -> None:
+    assert len(modules) <= MOST_MODULES, f"{len(modules)} modules: {modules}"
+    assert not [name for name in modules if name.startswith(NOT_CORE)], modules
+
+
+def fit_test_predict(tmp_path: Path, config: list[str], predict: str) -> None:
+    outputs = tmp_path / "outputs"
+    tiny = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2",
+            "--trainer.limit_test_batches", "2", "--trainer.default_root_dir", str(outputs)]  # fmt: skip
+    check(loaded_by(tmp_path, "fit", *config, *tiny))
+    (best,) = outputs.glob("*/*/checkpoints/best.ckpt")
+    check(loaded_by(tmp_path, "test", *config, *tiny, "--ckpt_path", str(best)))
+    check(loaded_by(tmp_path, "predict", *config, "--ckpt_path", str(best), "--data.init_args.predict_path", predict))
+
+
+def test_penguins(tmp_path):
+    fit_test_predict(tmp_path, ["--config", "configs/penguins.yaml"], "configs/examples/penguins.csv")
+
+
+@needs_mnist
+def test_mnist(tmp_path):
+    digits = tmp_path / "digits"
+    digits.mkdir()
+    from PIL import Image
+
+    Image.new("L", (28, 28), 0).save(digits / "blank.png")
+    config = ["--config", "configs/mnist.yaml", "--data.init_args.data_dir", str(MNIST)]
+    fit_test_predict(tmp_path, config, str(digits))
+
+
+def test_birds(tmp_path):
+    photos = bird_folders(tmp_path / "birds", splits=("train", "val", "test"))
+    config = ["--config", "configs/birds.yaml", "--data.init_args.data_dir", str(photos),
+              "--data.init_args.archive", "null", "--model.network.init_args.weights", "none"]  # fmt: skip
+    fit_test_predict(tmp_path, config, str(photos / "val" / "turkeys"))
+
+
+def test_the_extras_are_refused_in_the_probe(tmp_path):
+    """The probe's blocker works: a command that needs an extra fails in it (here, registering a model needs ONNX)."""
+    report = tmp_path / "modules.json"
+    code = PROBE.replace("runpy.run_module", "import onnx; runpy.run_module")
+    result = subprocess.run([sys.executable, "-c", code, str(report), json.dumps(EXTRAS), "--help"], cwd=REPO,
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert result.returncode != 0 and "import of onnx halted; None in sys.modules" in result.stderr
