@@ -304,9 +304,8 @@ def refuse_lightning_optimizer_options(words: list[str]) -> None:
         option = str(word).split("=", 1)[0].split(".", 1)[0]
         if option in ("--optimizer", "--lr_scheduler"):
             raise ConfigError(
-                f"{option}: the template's optimizer and schedule are --model{option[1:]} (with model.warmup_steps, "
-                f"model.poly_decay_power and model.scale_lr_by_world_size); give --model{option[1:]} {option[2:]}"
-                " class paths and init_args the same way"
+                f"{option}: LightningCLI's own option would replace the module's configure_optimizers (its warm-up, "
+                f"decay and lr scaling); give --model.{option[2:]} instead, with the same class path and init_args"
             )
 
 
