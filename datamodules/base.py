@@ -52,7 +52,9 @@ class ClassificationDataModule(L.LightningDataModule):
             or images as a list of encoded bytes, and one name per input for messages, it returns the network's input
             batch, or raises DataError naming the input and what to send. It must live in a module that imports only
             numpy, pandas, Pillow, datamodules.errors and datamodules.preprocessing (never torch or Lightning): the
-            registered model ships that module and runs it where there is no torch.
+            registered model ships that module and runs it where there is no torch. A state holding
+            `"fills_missing_cells": True` says that it answers rows with empty cells (by a policy of its own): batch
+            scoring then gives it every row, where it otherwise skips a row with an empty cell, naming it.
         serving_example(): raw inputs for the model's input example (rows: a DataFrame; images: a list of encoded
             images; the default makes one PNG).
         serving_columns(): rows: every column a request may hold (the model's signature; others are dropped); the

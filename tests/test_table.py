@@ -273,3 +273,19 @@ def test_a_bad_label_column_is_one_line_from_the_cli(tmp_path):
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith(f"error: {tmp_path}/{message}"), done.stderr
     assert "Traceback" not in done.stderr and not list((tmp_path / "outputs").glob("*/*"))
+
+
+@pytest.mark.slow
+def test_a_checkpoint_serves_and_batch_scores_every_row_as_predict(three_classes, tmp_path):
+    """scripts.serve's model of the checkpoint (its columns from the checkpoint, not the data), Azure ML's batch driver
+    (scripts/serving/batch_score.py) and scripts.score answer every row, the ones with empty cells too."""
+    from scripts.serve import from_checkpoint
+    from scripts.serving import batch_score
+
+    served = from_checkpoint(three_classes["checkpoint"], tmp_path / "model")
+    batch_score.init(str(served))
+    check_answers(batch_score.run([str(three_classes["rows"])]), three_classes["answers"])
+    scored = run_module("scripts.score", served, three_classes["rows"])
+    assert scored.returncode == 0, scored.stderr[-2000:]
+    lines = [line.split(",") for line in scored.stdout.strip().splitlines()[1:]]
+    assert [line[:2] for line in lines] == [answer[:2] for answer in three_classes["answers"]]

@@ -96,7 +96,9 @@ def describe_columns(train: pd.DataFrame, label: str) -> dict:
             + "; ".join(f"{name}: {reason}" for name, reason in left_out.items())
             + "); give a table with feature columns"
         )
-    return {"label": label, "columns": columns, "left_out": left_out}
+    # fills_missing_cells: batch scoring (scripts/score.py, scripts/serving/batch_score.py) hands this model rows with
+    # empty cells rather than skipping them as it does for a model that refuses them (the penguins').
+    return {"label": label, "columns": columns, "left_out": left_out, "fills_missing_cells": True}
 
 
 def width(state: dict) -> int:
