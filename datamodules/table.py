@@ -179,6 +179,11 @@ class TableDataModule(InMemoryDataModule):
         """The training table, its row names, each row's class and the class names: read once."""
         if self._table is None:
             path, label = self.hparams.csv_path, self.hparams.label
+            if path is None or label is None:  # validate and test (given the checkpoint's classes) read the table
+                raise DataError(
+                    "give data.init_args.csv_path and data.init_args.label: the table (and its label column) to split "
+                    "as the checkpoint's fit did; predict alone needs neither"
+                )
             frame, row_name = read_table(path, "csv_path")
             if label not in frame.columns:
                 near = [name for name in frame.columns if name.strip().lower() == str(label).strip().lower()]
@@ -231,7 +236,7 @@ class TableDataModule(InMemoryDataModule):
                 f"{self.hparams.csv_path}: {len(frame)} rows leave no test rows at test_fraction "
                 f"{self.hparams.test_fraction}; give more rows or a larger data.init_args.test_fraction"
             )
-        self.state = preprocessing.describe_columns(self.raw["train"][0], self.hparams.label)
+        self.state = preprocessing.describe_columns(self.raw["train"][0], self.hparams.label, self.hparams.csv_path)
         if self.trainer is None or self.trainer.is_global_zero:
             for column, reason in self.state["left_out"].items():
                 print(f"{self.hparams.csv_path}: column {column!r} left out: {reason}", file=sys.stderr)

@@ -244,6 +244,12 @@ def bad_tables(folder: Path) -> dict[str, tuple[Path, str, str]]:
     table.assign(species="Adelie").to_csv(folder / "one.csv", index=False)
     table.assign(species=table["species"].where(table.index != 7)).to_csv(folder / "gaps.csv", index=False)
     (folder / "t.xlsx").write_bytes(b"PK\x03\x04" + bytes(100))
+    (folder / "book.csv").write_bytes(b"PK\x03\x04" + bytes(100))
+    table[["row id", "site", "species"]].to_csv(folder / "ids.csv", index=False)
+    table.assign(species=table[WEIGHT]).to_csv(folder / "weights.csv", index=False)
+    (folder / "broken.parquet").write_bytes(b"PAR1" + bytes(100))
+    (folder / "asset").mkdir()
+    (folder / "asset" / "MLTable").write_text("paths:\n  - folder: ./\n")
     return {
         "no such label column": (folder / "t.csv", "Species", "t.csv: no label column 'Species' (did you"),
         "one class only": (folder / "one.csv", "species", "one.csv: every row of label column 'species'"),
@@ -253,16 +259,32 @@ def bad_tables(folder: Path) -> dict[str, tuple[Path, str, str]]:
             "gaps.csv: label column 'species' is empty on line 9 (1 row in all)",
         ),  # fmt: skip
         "not CSV or Parquet": (folder / "t.xlsx", "species", "t.xlsx: not a CSV or Parquet file"),
+        "a workbook named .csv": (folder / "book.csv", "species", "book.csv: a zip archive (an Excel workbook?)"),
+        "labels not whole numbers": (
+            folder / "weights.csv",
+            "species",
+            "weights.csv: label column 'species' holds numbers that are not whole",
+        ),  # fmt: skip
+        "a broken Parquet file": (folder / "broken.parquet", "species", "broken.parquet: not a readable Parquet file"),
+        "an MLTable of no file": (folder / "asset", "species", "asset/MLTable: its paths name [None]"),
+        "no feature column": (folder / "ids.csv", "species", "ids.csv: no column to learn from: every column but"),
     }
 
 
-@pytest.mark.parametrize("mistake", ["no such label column", "one class only", "label with missing cells",
-                                     "not CSV or Parquet"])  # fmt: skip
+MISTAKES = ["no such label column", "one class only", "label with missing cells", "not CSV or Parquet",
+            "a workbook named .csv", "labels not whole numbers", "a broken Parquet file", "an MLTable of no file",
+            "no feature column"]  # fmt: skip
+
+
+@pytest.mark.parametrize("mistake", MISTAKES)
 def test_a_bad_table_is_one_data_error(mistake, tmp_path):
     path, label, message = bad_tables(tmp_path)[mistake]
     with pytest.raises(DataError) as error:
-        TableDataModule(str(path), label).class_names  # noqa: B018 (what the CLI reads right after __init__)
+        data = TableDataModule(str(path), label)
+        data.class_names  # noqa: B018 (what the CLI reads right after __init__)
+        data.setup("fit")
     assert f"{error.value}".startswith(f"{tmp_path}/{message}"), error.value
+    assert "\n" not in str(error.value)
 
 
 @pytest.mark.slow
@@ -273,6 +295,21 @@ def test_a_bad_label_column_is_one_line_from_the_cli(tmp_path):
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith(f"error: {tmp_path}/{message}"), done.stderr
     assert "Traceback" not in done.stderr and not list((tmp_path / "outputs").glob("*/*"))
+
+
+@pytest.mark.slow
+def test_a_network_made_for_another_width_is_one_line(tmp_path):
+    make_table(60, seed=7).to_csv(tmp_path / "t.csv", index=False)
+    network = "lightning_modules.penguin_net.PenguinNet"  # the penguins' 5 inputs
+    done = run_module("scripts.train", "fit", "--config", "configs/table.yaml", "--data.init_args.csv_path",
+                      tmp_path / "t.csv", "--data.init_args.label", "species", "--model.network", network,
+                      "--trainer.default_root_dir", tmp_path / "out")  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"error: {tmp_path / 't.csv'}: the table gives 7 inputs, but model.network takes another number")
+    ), done.stderr
 
 
 @pytest.mark.slow

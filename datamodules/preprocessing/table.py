@@ -53,8 +53,9 @@ def as_numbers(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     return numbers, bad
 
 
-def describe_columns(train: pd.DataFrame, label: str) -> dict:
-    """The state of a table whose training split is `train` (every column but `label` is a candidate feature)."""
+def describe_columns(train: pd.DataFrame, label: str, where: str = "the table") -> dict:
+    """The state of a table whose training split is `train` (every column but `label` is a candidate feature);
+    `where` names the table in messages."""
     columns, left_out = [], {}
     for column in train.columns:
         if column == label:
@@ -92,7 +93,7 @@ def describe_columns(train: pd.DataFrame, label: str) -> dict:
             })  # fmt: skip
     if not columns:
         raise DataError(
-            f"no column to learn from: every column but the label {label!r} is left out ("
+            f"{where}: no column to learn from: every column but the label {label!r} is left out ("
             + "; ".join(f"{name}: {reason}" for name, reason in left_out.items())
             + "); give a table with feature columns"
         )
