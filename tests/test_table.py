@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from datamodules.errors import DataError
 from datamodules.preprocessing import table as preprocessing
 from datamodules.table import TableDataModule
 from scripts import score  # before a model's own code (its copy of scripts/) is loaded into this process
-from tests.conftest import REPO, run_module
+from tests.conftest import REPO, own_tmpdir, run_module
 
 LENGTH, COLOUR, WEIGHT = "bill length / mm", "colour", "weight (g)"
 
@@ -326,3 +327,31 @@ def test_a_checkpoint_serves_and_batch_scores_every_row_as_predict(three_classes
     assert scored.returncode == 0, scored.stderr[-2000:]
     lines = [line.split(",") for line in scored.stdout.strip().splitlines()[1:]]
     assert [line[:2] for line in lines] == [answer[:2] for answer in three_classes["answers"]]
+
+
+@pytest.mark.slow
+def test_mlflow_models_serve_answers_the_users_rows_as_predict(three_classes):
+    from tests.test_pyfunc import SERVE, MlflowServer
+
+    if not (SERVE / "mlflow").is_file():
+        pytest.skip("needs .venv-serve: `make serve-env` (.ci/run builds it)")
+    server = MlflowServer(three_classes["folder"] / "model", three_classes["folder"])
+    try:
+        split = json.loads(NEW_ROWS.to_json(orient="split", index=False))  # null for each empty cell
+        status, answer = server.post(json.dumps({"dataframe_split": split}).encode())
+    finally:
+        server.stop()
+    assert status == 200, answer
+    check_answers(pd.DataFrame(answer["predictions"]), three_classes["answers"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("java") is None, reason="needs Java 17 for Spark (CI has it)")
+def test_spark_udf_answers_the_users_rows_as_predict(three_classes, tmp_path):
+    rows = tmp_path / "rows.csv"
+    NEW_ROWS.to_csv(rows, index=False, na_rep="NA")  # Spark reads NA as null (scripts/serving/spark_score.py)
+    done = run_module("scripts.spark", "score", three_classes["folder"] / "model", rows, "--output", tmp_path / "out",
+                      "--master", "local[1]", env=own_tmpdir(tmp_path))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    answers = pd.concat([pd.read_csv(part) for part in sorted((tmp_path / "out").glob("part-*.csv"))])
+    check_answers(answers, three_classes["answers"])
