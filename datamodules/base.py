@@ -28,8 +28,10 @@ class ClassificationDataModule(L.LightningDataModule):
             on every process.
 
     Subclasses also provide:
-        class_names: label names in index order (logit i is class i), known right after `__init__` (the CLI gives them
-            to the model before `setup`); at validate, test and predict the checkpoint's.
+        class_names: label names in index order (logit i is class i), read by the CLI right after `__init__` (it gives
+            them to the model before `setup`): a class attribute, or a property that reads them from the data (the
+            table's label column, birds' class folders); at validate, test and predict the checkpoint's (a datamodule
+            that takes a `classes` argument is given them, and needs no training data to name them).
         predict_names: after `setup("predict")`, one name per input, in order (a file, a CSV line).
         preprocessing_options: the names of the `__init__` arguments that decide what the network sees (a scaling,
             a crop size): every checkpoint keeps their values, and validate, test, predict and a resumed fit use the
@@ -50,11 +52,16 @@ class ClassificationDataModule(L.LightningDataModule):
             or images as a list of encoded bytes, and one name per input for messages, it returns the network's input
             batch, or raises DataError naming the input and what to send. It must live in a module that imports only
             numpy, pandas, Pillow, datamodules.errors and datamodules.preprocessing (never torch or Lightning): the
-            registered model ships that module and runs it where there is no torch.
+            registered model ships that module and runs it where there is no torch. A state holding
+            `"fills_missing_cells": True` says that it answers rows with empty cells (by a policy of its own): batch
+            scoring then gives it every row, where it otherwise skips a row with an empty cell, naming it.
         serving_example(): raw inputs for the model's input example (rows: a DataFrame; images: a list of encoded
             images; the default makes one PNG).
         serving_columns(): rows: every column a request may hold (the model's signature; others are dropped); the
             default is the example's.
+        Both are called on the datamodule after `setup` (or on one rebuilt from a checkpoint, whose serving state
+        `checkpoint_serving_state` holds), so columns that come from the data (the table task's) can be stated: a
+        classmethod does as well where they are fixed.
     `serving_batch` gives serving_preprocess's batch as a tensor, for a datamodule's own predict.
     """
 
@@ -75,9 +82,8 @@ class ClassificationDataModule(L.LightningDataModule):
 
     serving_preprocess: ClassVar[Callable[[dict, Any, list[str]], Any] | None] = None
 
-    @classmethod
-    def serving_example(cls) -> Any:
-        if cls.serving_kind == "images":
+    def serving_example(self) -> Any:
+        if self.serving_kind == "images":
             import io
 
             import numpy as np
@@ -88,11 +94,10 @@ class ClassificationDataModule(L.LightningDataModule):
             buffer = io.BytesIO()
             Image.fromarray(picture).save(buffer, format="PNG")
             return [buffer.getvalue()]
-        raise NotImplementedError(f"{cls.__name__}: give serving_example(), a DataFrame of raw rows")
+        raise NotImplementedError(f"{type(self).__name__}: give serving_example(), a DataFrame of raw rows")
 
-    @classmethod
-    def serving_columns(cls) -> list[str]:
-        return list(cls.serving_example().columns) if cls.serving_kind == "rows" else ["image"]
+    def serving_columns(self) -> list[str]:
+        return list(self.serving_example().columns) if self.serving_kind == "rows" else ["image"]
 
     @classmethod
     def serving_batch(cls, state: dict, inputs: Any, names: list[str]) -> torch.Tensor:

@@ -9,7 +9,7 @@ Self-contained (the model, pandas and MLflow; nothing of this project), as Azure
 A file the model refuses (not an image, a row with an unknown island) is logged with the model's message and left out
 of the output; Azure ML counts it against the deployment's error threshold, and the mini-batch's other files are
 still scored. A table's row with an empty cell the model reads is logged by its row and left out, the file's other
-rows answered, as predict skips an incomplete row of a CSV.
+rows answered, as predict skips an incomplete row of a CSV (unless the model fills empty cells: the table task's).
 """
 
 from __future__ import annotations
@@ -53,10 +53,24 @@ def score_file(path: str) -> pd.DataFrame:
     return pd.concat([pd.DataFrame({"file": Path(path).name, "row": rows.index}), answers], axis=1)
 
 
+def fills_missing_cells() -> bool:
+    """Whether the model's preprocessing answers rows with empty cells (its state says so)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        state = getattr(model.unwrap_python_model(), "state", None) or {}
+    except MlflowException:  # a model of another flavour than a python_function model
+        return False
+    return bool(state.get("fills_missing_cells"))
+
+
 def complete_rows(rows: pd.DataFrame, path: str) -> pd.DataFrame:
     """The table's rows with a value in every column the model reads (its signature's), indexed by their row in the
     file; each other row is logged by its row, in predict's words, and left out: the rest are answered, as predict
-    answers a CSV's complete rows."""
+    answers a CSV's complete rows. A model whose preprocessing fills empty cells by a policy (the table task's: its
+    state's `fills_missing_cells`) is given every row."""
+    if fills_missing_cells():
+        return rows
     schema = model.metadata.get_input_schema()
     names = set(schema.input_names()) if schema is not None and schema.has_input_names() else set(rows.columns)
     read = [column for column in rows.columns if column in names]

@@ -128,8 +128,9 @@ def serving_inputs(datamodule: ClassificationDataModule) -> dict | None:
         "datamodule": f"{datamodule_class.__module__}.{datamodule_class.__qualname__}",
         "preprocess": f"{function.__module__}:{function.__qualname__}",
         "state": state if state is not None else datamodule.serving_state(),
-        "example": datamodule_class.serving_example(),
-        "columns": datamodule_class.serving_columns(),
+        # The datamodule's own (after setup, or from its checkpoint): a table's columns come from its data.
+        "example": datamodule.serving_example(),
+        "columns": datamodule.serving_columns(),
     }
 
 
