@@ -28,9 +28,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from datamodules.base import InMemoryDataModule
 from datamodules.errors import DataError
 from datamodules.image_folder import hidden, is_image
-from datamodules.in_memory import InMemoryDataModule
 from datamodules.preprocessing import digits as preprocessing
 from datamodules.preprocessing.digits import MEAN, STD
 from datamodules.preprocessing.images import FORMATS, open_image

@@ -20,8 +20,8 @@ from typing import Literal
 
 import torch
 
+from datamodules.base import InMemoryDataModule, stratified_split
 from datamodules.errors import DataError
-from datamodules.in_memory import InMemoryDataModule
 from datamodules.preprocessing import penguins as preprocessing
 from datamodules.preprocessing.penguins import (  # noqa: F401 (names of this module before they moved)
     COURSE_SCALE,
@@ -104,23 +104,6 @@ def check_plausible(table, where: str) -> None:
                 f"{where}: line {row + 2}, column {columns[name]}: {table[name][row]:g} is no penguin's "
                 f"({low:g} to {high:g} {UNITS[name]}); fix or remove that row"
             )
-
-
-def stratified_split(
-    labels: torch.Tensor, fractions: tuple[float, float], seed: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Row indices of train, validation and test: disjoint, each class in proportion, seeded."""
-    generator = torch.Generator().manual_seed(seed)
-    parts: list[list[torch.Tensor]] = [[], [], []]
-    for label in labels.unique():
-        rows = (labels == label).nonzero().flatten()
-        rows = rows[torch.randperm(len(rows), generator=generator)]
-        n_val, n_test = (round(f * len(rows)) for f in fractions)
-        parts[0].append(rows[n_val + n_test :])
-        parts[1].append(rows[:n_val])
-        parts[2].append(rows[n_val : n_val + n_test])
-    train, val, test = (torch.cat(p).sort().values for p in parts)
-    return train, val, test
 
 
 def check_splits(where: str, labels: torch.Tensor, split_rows: tuple[torch.Tensor, ...]) -> None:

@@ -5,8 +5,8 @@
 The split is stratified, seeded and made before anything is learnt (70/15/15 by default). Which columns are numbers and
 which categories, the missing-cell policy, the scaling statistics and the columns left out (IDs, constants: named on
 stderr) come from the training split alone (datamodules/preprocessing/table.py), are kept in every checkpoint and in
-the registered model, and decide the network's input width: the datamodule sizes the network's first layer by it
-(`lightning_modules.table_net.TableNet`) before training. Class names are the label column's values, sorted (whole
+the registered model, and decide the network's input width (TableNet's lazy first layer takes it from the first batch:
+lightning_modules/classifier.py). Class names are the label column's values, sorted (whole
 numbers by value).
 """
 
@@ -19,9 +19,8 @@ from pathlib import Path
 
 import torch
 
+from datamodules.base import InMemoryDataModule, stratified_split
 from datamodules.errors import DataError
-from datamodules.in_memory import InMemoryDataModule
-from datamodules.penguins import stratified_split
 from datamodules.preprocessing import table as preprocessing
 from datamodules.preprocessing.penguins import check_csv_layout, drop_blank_rows, not_utf8
 
@@ -203,8 +202,6 @@ class TableDataModule(InMemoryDataModule):
         predicting_alone = stage == "predict" and self.hparams.classes is not None
         if not predicting_alone and "train" not in self.splits:
             self.split()
-        if stage == "fit":
-            self.size_the_network()
         if stage == "predict":
             if self.hparams.predict_path is None:
                 raise DataError("predict needs data.init_args.predict_path: a CSV or Parquet file of rows")
@@ -251,27 +248,6 @@ class TableDataModule(InMemoryDataModule):
 
     def features(self, frame, names: list[str], where: str) -> torch.Tensor:
         return torch.from_numpy(preprocessing.serving_batch(self.state, frame, names, where))
-
-    def size_the_network(self) -> None:
-        """Gives the model's network one batch of the table's width, so that a lazy first layer (TableNet's) takes
-        the data's width before the optimizer or DDP sees it; a network made for another width is one line."""
-        module = self.trainer.lightning_module if self.trainer is not None else None
-        network = getattr(module, "network", None)
-        if network is None:
-            return
-        width = preprocessing.width(self.state)
-        training = network.training
-        try:
-            with torch.no_grad():
-                network.eval()(torch.zeros(2, width))
-        except RuntimeError as error:
-            raise DataError(
-                f"{self.hparams.csv_path}: the table gives {width} inputs, but model.network takes another number "
-                f"({str(error).strip().splitlines()[0]}); give model.network lightning_modules.table_net.TableNet, "
-                "whose first layer takes the data's width"
-            ) from None
-        finally:
-            network.train(training)
 
     def load_state_dict(self, state: dict) -> None:
         # After setup, before the dataloaders: the inputs become what the checkpoint's network was trained on.

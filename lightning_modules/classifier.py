@@ -27,6 +27,10 @@ class OptimizerError(ValueError):
     """The configured optimizer refused its arguments; the message names them."""
 
 
+class InputShapeError(ValueError):
+    """The data's inputs do not fit the network; the message names both."""
+
+
 class DivergedError(ArithmeticError):
     """The training loss or the weights turned non-finite; the message says at which epoch and what to change."""
 
@@ -109,6 +113,13 @@ class ClassificationModule(L.LightningModule):
         self.input_shape: tuple[int, ...] | None = None
 
     def setup(self, stage: str) -> None:
+        if stage == "fit" and any(isinstance(p, nn.parameter.UninitializedParameter) for p in self.parameters()):
+            # A lazy layer (TableNet's first) takes the width of the data's inputs from one batch, before the
+            # optimizer or DDP sees its weights: no config states that width, so none can contradict it.
+            inputs = next(iter(self.trainer.datamodule.train_dataloader()))[0][:2]
+            with torch.no_grad():
+                self.network.eval()(inputs)
+            self.network.train()
         if self.hparams.channels_last and self.trainer.strategy.root_device.type == "cuda":
             for parameter in self.network.parameters():
                 # One input channel (MNIST's first convolution): both layouts order its elements alike, but autograd
@@ -146,9 +157,18 @@ class ClassificationModule(L.LightningModule):
 
     def _step(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> torch.Tensor:
         inputs, labels = batch
-        if self.input_shape is None:
+        if self.input_shape is None:  # the first batch: a network made for other inputs is one line, not a traceback
+            try:
+                logits = self(inputs)
+            except RuntimeError as error:
+                raise InputShapeError(
+                    f"model.network: the data's inputs of shape {tuple(inputs.shape[1:])} do not fit it "
+                    f"({str(error).strip().splitlines()[0]}); give a network made for them (a lazy first layer, as "
+                    "lightning_modules.table_net.TableNet's, takes any width)"
+                ) from None
             self.input_shape = tuple(inputs.shape[1:])
-        logits = self(inputs)
+        else:
+            logits = self(inputs)
         loss = F.cross_entropy(logits, labels)
         collected = self.collected.setdefault(split, {"classes": [], "labels": [], "losses": [], "sizes": []})
         collected["classes"].append(logits.detach().argmax(dim=1))

@@ -40,7 +40,7 @@ for name in extras:  # as if not installed: `import` raises ModuleNotFoundError,
 
 def write():
     loaded = {
-        "scripts.train" if name == "__main__" else name
+        "scripts.train" if name in ("__main__", "__mp_main__") else name
         for name, module in list(sys.modules.items())
         if (getattr(module, "__file__", None) or "").startswith(root + os.sep)
         and os.sep + ".venv" not in module.__file__ and not module.__file__.endswith("__init__.py")
@@ -98,6 +98,20 @@ def test_birds(tmp_path):
     config = ["--config", "configs/birds.yaml", "--data.init_args.data_dir", str(photos),
               "--data.init_args.archive", "null", "--model.network.init_args.weights", "none"]  # fmt: skip
     fit_test_predict(tmp_path, config, str(photos / "val" / "turkeys"))
+
+
+def test_table(tmp_path):
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    table = pd.DataFrame({"size": rng.normal(size=90), "colour": rng.choice(["red", "blue"], 90)})
+    table["kind"] = np.where(table["size"] > 0, "big", "small")
+    table.to_csv(tmp_path / "t.csv", index=False)
+    config = ["--config", "configs/table.yaml", "--data.init_args.csv_path", str(tmp_path / "t.csv"),
+              "--data.init_args.label", "kind"]  # fmt: skip
+    table.drop(columns="kind").to_csv(tmp_path / "new.csv", index=False)
+    fit_test_predict(tmp_path, config, str(tmp_path / "new.csv"))
 
 
 def test_the_extras_are_refused_in_the_probe(tmp_path):

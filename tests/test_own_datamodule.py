@@ -16,7 +16,7 @@ from torch import nn
 from werkzeug.test import EnvironBuilder
 from werkzeug.wrappers import Request
 
-from datamodules.in_memory import InMemoryDataModule
+from datamodules.base import InMemoryDataModule
 from scripts.serving.mlflow_model import ExportError, save_model, serving_inputs
 from tests import fruit_preprocessing
 from tests.conftest import REPO, run_module

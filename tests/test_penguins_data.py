@@ -101,7 +101,7 @@ def test_ranks_get_disjoint_training_shards_of_one_length_and_evaluation_shards_
 
 
 def test_an_odd_training_split_pads_the_shorter_shard_so_every_rank_takes_as_many_steps():
-    from datamodules.in_memory import InMemoryBatches
+    from datamodules.base import InMemoryBatches
 
     rows = torch.arange(5.0).unsqueeze(1)
     shards = [[x[0].item() for (x,) in InMemoryBatches(rows, batch_size=1, rank=r, world_size=2)] for r in (0, 1)]

@@ -309,7 +309,7 @@ def test_a_network_made_for_another_width_is_one_line(tmp_path):
     assert (
         done.stderr.strip()
         .splitlines()[-1]
-        .startswith(f"error: {tmp_path / 't.csv'}: the table gives 7 inputs, but model.network takes another number")
+        .startswith("error: model.network: the data's inputs of shape (7,) do not fit it (")
     ), done.stderr
 
 

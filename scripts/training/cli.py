@@ -28,7 +28,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from datamodules.base import ClassificationDataModule
 from datamodules.errors import DataError
-from lightning_modules.classifier import ClassificationModule, DivergedError, OptimizerError
+from lightning_modules.classifier import ClassificationModule, DivergedError, InputShapeError, OptimizerError
 from scripts.training.checkpoints import (
     CheckpointError,
     RandomStates,
@@ -63,7 +63,7 @@ class ConfigError(Exception):
 def user_errors() -> tuple[type[BaseException], ...]:
     """What a user's config, data, checkpoint, weights, launch or tracking can cause: each says what to give instead.
     The classes of modules a command did not load (other tasks' networks, several processes) cannot have been raised."""
-    errors = [DataError, CheckpointError, ConfigError, TrackingError, OptimizerError, DivergedError]
+    errors = [DataError, CheckpointError, ConfigError, TrackingError, OptimizerError, DivergedError, InputShapeError]
     errors.append(MisconfigurationException)
     optional = (("lightning_modules.transfer_net", "WeightsError"), ("strategies.mpi_environment", "LaunchError"))
     for module, name in optional:
