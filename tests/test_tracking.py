@@ -12,8 +12,7 @@ import torch
 from mlflow import MlflowClient
 from torch.utils.data import DataLoader, TensorDataset
 
-from scripts.training.tracking import BufferedMLFlowLogger
-from scripts.training.tracking_server import Sender
+from scripts.training.tracking import BufferedMLFlowLogger, Sender
 
 
 @pytest.fixture

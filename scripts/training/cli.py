@@ -65,7 +65,11 @@ def user_errors() -> tuple[type[BaseException], ...]:
     The classes of modules a command did not load (other tasks' networks, several processes) cannot have been raised."""
     errors = [DataError, CheckpointError, ConfigError, TrackingError, OptimizerError, DivergedError, InputShapeError]
     errors.append(MisconfigurationException)
-    optional = (("lightning_modules.transfer_net", "WeightsError"), ("strategies.mpi_environment", "LaunchError"))
+    optional = (
+        ("lightning_modules.transfer_net", "WeightsError"),
+        ("strategies.mpi_environment", "LaunchError"),
+        ("scripts.training.model_outputs", "OutputError"),
+    )
     for module, name in optional:
         if module in sys.modules:
             errors.append(getattr(sys.modules[module], name))

@@ -25,18 +25,28 @@ from scripts.serving.mlflow_model import (
     serving_inputs,
     test_inputs,
 )
-from scripts.training.cli import ConfigError, check_writable, rank_zero_print
+
+
+class OutputError(Exception):
+    """An output option that cannot work (a folder in use, a name the registry refuses); the message names it."""
 
 
 def check_model_dir(folder: Path, option: str) -> None:
     """Stops before anything starts when `folder` holds anything but an MLflow model saved there before (which a
     restarted job's fit replaces): a model is saved only into a new, empty or earlier model's folder."""
     if folder.exists() and (not folder.is_dir() or (any(folder.iterdir()) and not (folder / "MLmodel").is_file())):
-        raise ConfigError(
+        raise OutputError(
             f"{option} {folder}: neither empty nor an MLflow model's folder; give a new or empty one (nothing in it "
             "is replaced)"
         )
-    check_writable(folder, option)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / ".writable").touch()
+        (folder / ".writable").unlink()
+    except OSError as error:
+        raise OutputError(
+            f"{folder}: cannot write there ({error.strerror or error}); give {option} a folder you can write"
+        ) from None
 
 
 def check_registrable(name: str, trainer: L.Trainer, datamodule) -> None:
@@ -45,11 +55,11 @@ def check_registrable(name: str, trainer: L.Trainer, datamodule) -> None:
     from scripts.azure_ml.names import name_problem
 
     if not (isinstance(trainer.logger, MLFlowLogger) and trainer.checkpoint_callback):
-        raise ConfigError("--register_model needs the MLflow logger and checkpoints; check trainer.logger")
+        raise OutputError("--register_model needs the MLflow logger and checkpoints; check trainer.logger")
     if problem := name_problem(name, "--register_model"):
-        raise ConfigError(problem)
+        raise OutputError(problem)
     if type(datamodule).serving_kind is None:
-        raise ConfigError(
+        raise OutputError(
             f"--register_model: {type(datamodule).__name__} has no serving_kind; give it serving_kind, serving_state "
             "and serving_preprocess (the README's Add your own dataset), or train without it"
         )
@@ -69,7 +79,7 @@ def hand_on(cli, metrics: dict, checkpoint: ModelCheckpoint | None) -> None:
         try:
             save_model_in(folder, *best_network(cli, checkpoint), serving_inputs(cli.datamodule))
         except ExportError as error:
-            raise ConfigError(f"--model_dir {folder}: {error}") from None
+            raise OutputError(f"--model_dir {folder}: {error}") from None
         print(f"saved model: {config.model_dir}")
 
 
@@ -90,13 +100,13 @@ def register_best(cli, name: str, checkpoint: ModelCheckpoint) -> None:
         version = register_model(tracking_uri, logger.run_id, network, example, classes, name, inputs)
     except RegistryError as error:  # after the whole fit: what is kept, and how to register it without another
         later = register_later(tracking_uri, logger.run_id, name)
-        raise ConfigError(
+        raise OutputError(
             f"--register_model {name}: the MLflow registry refused it ({error}); the fit, its MLflow run and its "
             f"checkpoints are kept (best: {checkpoint.best_model_path}), the model is logged to the run as "
             f"runs:/{logger.run_id}/model: register it later with {later}"
         ) from None
     except ExportError as error:
-        raise ConfigError(f"--register_model {name}: {error}") from None
+        raise OutputError(f"--register_model {name}: {error}") from None
     print(f"registered model: {name} version {version}")
 
 
@@ -118,4 +128,4 @@ def write_metrics(metrics: dict, path: Path) -> None:
     part = path.with_name(path.name + ".part")
     part.write_text(json.dumps(values, indent=1) + "\n")
     part.replace(path)
-    rank_zero_print(f"wrote metrics: {path}")
+    print(f"wrote metrics: {path}")  # by global rank 0 alone (the CLI's after_fit and after_test)

@@ -27,7 +27,9 @@ import os
 import re
 import socket
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
@@ -38,11 +40,86 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 MAX_METRICS_PER_REQUEST = 1000  # MLflow's log_batch limit
+CHECKPOINT_WAIT_S = 10.0  # most a checkpoint waits for the server to have the metrics so far
+FINAL_WAIT_S = 30.0  # most the end of a run waits for the server to take the rest (2 s when it failed, or SIGTERM)
+RETRY_EVERY_S = 5.0  # between attempts while the server does not answer
 HOST_TAG, PID_TAG = "template.host", "template.pid"  # the process a run of ours belongs to, for finding killed ones
 
 
 class TrackingError(Exception):
     """A tracking URI that cannot work (a file store, a server that does not answer); the message says what to do."""
+
+
+class Sender:
+    """Runs calls to a tracking server in a thread of its own, in order. A call that fails (the server is down or does
+    not answer) stays first in line and is tried again every RETRY_EVERY_S, so nothing is lost while the process
+    lives; `wait` bounds how long anyone waits for it."""
+
+    def __init__(self) -> None:
+        self.calls: deque[tuple[Callable[[], object], str, int]] = deque()  # (call, what it sends, metrics in it)
+        self.changed = threading.Condition()
+        self.failures = 0
+        self.failing_since: float | None = None
+        self.call_started = 0.0  # time.monotonic() when the call in flight began
+        self.reason = ""
+        self.retry_now = threading.Event()  # set by a wait through an outage: the next attempt need not wait its turn
+        threading.Thread(target=self.run, name="mlflow-sender", daemon=True).start()
+
+    def put(self, call: Callable[[], object], what: str, metrics: int = 0) -> None:
+        with self.changed:
+            if not self.calls:  # it starts next: a wait must not time it from the last call (an epoch ago, maybe)
+                self.call_started = time.monotonic()
+            self.calls.append((call, what, metrics))
+            self.changed.notify_all()
+
+    def run(self) -> None:
+        while True:
+            with self.changed:
+                while not self.calls:
+                    self.changed.wait()
+                call = self.calls[0][0]
+                self.call_started = time.monotonic()
+            try:
+                call()
+            except Exception as error:
+                with self.changed:
+                    self.failures += 1
+                    self.failing_since = self.failing_since or time.time()
+                    self.reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else repr(error)
+                    self.changed.notify_all()
+                self.retry_now.wait(RETRY_EVERY_S)
+                self.retry_now.clear()
+                continue
+            with self.changed:
+                self.calls.popleft()
+                self.failing_since = None
+                self.changed.notify_all()
+
+    def wait(self, timeout_s: float, stop: Callable[[], bool] = lambda: False, through_outage: bool = False) -> bool:
+        """Until every call is done, a call fails, `stop()` or `timeout_s`; True when every call is done. During an
+        outage (a call failed, or has not returned for `timeout_s`) it returns at once, the calls waiting for the
+        server and not training; `through_outage` (the run's end) waits the whole `timeout_s` for the server to come
+        back, trying again every second."""
+        deadline, failures = time.monotonic() + timeout_s, self.failures
+        with self.changed:
+            while self.calls and not stop():
+                if not through_outage and (self.failing_since is not None or self.failures != failures):
+                    break
+                now = time.monotonic()
+                if now >= deadline or (not through_outage and now - self.call_started > timeout_s):
+                    break
+                if through_outage and self.failing_since is not None:
+                    self.retry_now.set()
+                self.changed.wait(min(deadline - now, 0.2 if not through_outage else 1.0))
+            return not self.calls
+
+    def unsent(self) -> list[str]:
+        """What is still waiting: "<n> metrics" and the other calls' descriptions."""
+        with self.changed:
+            calls = list(self.calls)
+        metrics = sum(count for _, _, count in calls)
+        others = list(dict.fromkeys(what for _, what, count in calls if not count))
+        return ([f"{metrics} metrics"] if metrics else []) + others
 
 
 class BufferedMLFlowLogger(MLFlowLogger):
@@ -75,8 +152,6 @@ class BufferedMLFlowLogger(MLFlowLogger):
         # Not MLflow's asynchronous logging: its queue drops a batch the server does not take, and has no bounded wait.
         self.sender = None
         if kwargs.get("synchronous") is False:
-            from scripts.training.tracking_server import Sender
-
             self.sender = Sender()
             atexit.register(self.report_unsent)
         self.upload_checkpoints = bool(kwargs.pop("log_model", False))
@@ -143,8 +218,6 @@ class BufferedMLFlowLogger(MLFlowLogger):
                     self.sender.put(partial(client.log_batch, run_id=self.run_id, metrics=chunk), "metrics", len(chunk))
         self._last_flush = time.monotonic()
         if wait and self.sender is not None:
-            from scripts.training.tracking_server import CHECKPOINT_WAIT_S
-
             self.sender.wait(CHECKPOINT_WAIT_S, stop)
 
     def unsent(self) -> dict:
@@ -249,8 +322,6 @@ class BufferedMLFlowLogger(MLFlowLogger):
                 for call, _ in calls:
                     call()
             return
-        from scripts.training.tracking_server import FINAL_WAIT_S
-
         for call, what in calls:  # after the metrics, in order; not waited for during an outage
             self.sender.put(call, what)
         self.sender.wait(FINAL_WAIT_S if status == "success" else 2.0, through_outage=True)
