@@ -134,7 +134,7 @@ def template(root: Path, args: argparse.Namespace, device: torch.device) -> floa
         default_root_dir=str(root),
     )
     trainer.fit(model, datamodule=data)
-    return float(trainer.callback_metrics["train_samples_per_sec"])
+    return float(trainer.callback_metrics["bench_samples_per_sec"])
 
 
 def loader_alone(root: Path, args: argparse.Namespace, device: torch.device) -> float:

@@ -178,7 +178,7 @@ def lightning_rate(model: L.LightningModule, data_dir: str, limit: int, accelera
     """Training samples/s of one epoch of `model` on MNISTDataModule in a bench_trainer."""
     trainer = bench_trainer(limit, EpochThroughput(), accelerator=accelerator)
     trainer.fit(model, datamodule=MNISTDataModule(data_dir=data_dir, batch_size=BATCH))
-    return float(trainer.callback_metrics["train_samples_per_sec"])
+    return float(trainer.callback_metrics["bench_samples_per_sec"])
 
 
 def bare(data_dir: str, limit: int, accelerator: str = "cpu") -> float:

@@ -1,4 +1,8 @@
-"""Training throughput per epoch (samples/s across all processes), as the Azure ML designer reports images/s."""
+"""The benches' clock: training samples/s of an epoch across all processes, the same for every Lightning variant a
+bench compares (the template's module logs its own `train_samples_per_sec` alike: lightning_modules/classifier.py).
+
+    python -m scripts.bench.mnist --repeats 3
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import torch
 
 
 class EpochThroughput(L.Callback):
-    """Logs `train_samples_per_sec`: the epoch's training samples over the time from its start to its last batch's
+    """Logs `bench_samples_per_sec`: the epoch's training samples over the time from its start to its last batch's
     end (validation is not counted). The newest epoch's travels in checkpoints, which Lightning writes before it logs
     it: a fit resumed from one sends it (as ClassificationModule does its training metrics)."""
 
@@ -20,7 +24,7 @@ class EpochThroughput(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.record is not None:  # read back from the checkpoint this fit resumes from
             for logger in trainer.loggers:
-                logger.log_metrics({"train_samples_per_sec": self.record["rate"], "epoch": self.record["epoch"]},
+                logger.log_metrics({"bench_samples_per_sec": self.record["rate"], "epoch": self.record["epoch"]},
                                    step=self.record["step"])  # fmt: skip
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -37,7 +41,7 @@ class EpochThroughput(L.Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.samples:
             rate = self.samples / max(self.seconds, 1e-9)
-            pl_module.log("train_samples_per_sec", rate)
+            pl_module.log("bench_samples_per_sec", rate)
             self.record = {"epoch": trainer.current_epoch, "step": trainer.global_step - 1, "rate": rate}
 
     def state_dict(self) -> dict:
