@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Literal
 
 from scripts.azure_ml.assets import Asset, AssetError, asset_yaml, build, plan_data, plan_environment
-from scripts.azure_ml.jobs import SubmitError, check_not_written_over, check_yaml_dir
+from scripts.azure_ml.errors import SubmitError
 from scripts.azure_ml.workspace import check_workspace_ids, not_signed_in, workspace_client
+from scripts.azure_ml.yaml_files import check_not_written_over, check_yaml_dir
 
 
 def create(

@@ -39,7 +39,8 @@ from typing import Literal
 
 from scripts.azure_ml.assets import default_kind
 from scripts.azure_ml.endpoints import SERVE_ENVIRONMENT, Names
-from scripts.azure_ml.jobs import SubmitError, check_not_written_over, check_yaml_dir, parse_reference
+from scripts.azure_ml.errors import SubmitError
+from scripts.azure_ml.option_values import parse_reference
 from scripts.azure_ml.workspace import (
     GPU_SIZE,
     VM_SIZE,
@@ -48,6 +49,7 @@ from scripts.azure_ml.workspace import (
     not_signed_in,
     workspace_client,
 )
+from scripts.azure_ml.yaml_files import check_not_written_over, check_yaml_dir
 
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{1,30}[A-Za-z0-9]")  # Azure ML's rule for endpoint and deployment names
 MODEL = re.compile(r"(?:azureml:|models:/)?([A-Za-z0-9][\w.-]*)[:/](\d+)")

@@ -27,15 +27,11 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from scripts.azure_ml.jobs import (
-    SubmitError,
-    check_yaml_dir,
-    check_yaml_file,
-    cpu_image_note,
-    submit_job,
-    write_yaml_file,
-)
+from scripts.azure_ml.errors import SubmitError
+from scripts.azure_ml.job_configs import cpu_image_note
+from scripts.azure_ml.submission import submit_job
 from scripts.azure_ml.workspace import check_workspace_ids, not_signed_in, workspace_client
+from scripts.azure_ml.yaml_files import check_yaml_dir, check_yaml_file, write_yaml_file
 from scripts.training.cli_errors import argument_error_line
 
 

@@ -36,18 +36,12 @@ from pathlib import Path
 from typing import Literal
 
 from scripts.azure_ml.assets import default_kind
-from scripts.azure_ml.jobs import (
-    GPU_ACCELERATORS,
-    SubmitError,
-    accelerator_of,
-    build_job,
-    check_yaml_file,
-    cpu_image_note,
-    job_yaml,
-    submit_job,
-    write_yaml_file,
-)
+from scripts.azure_ml.errors import SubmitError
+from scripts.azure_ml.job_configs import GPU_ACCELERATORS, accelerator_of, cpu_image_note
+from scripts.azure_ml.jobs import build_job
+from scripts.azure_ml.submission import submit_job
 from scripts.azure_ml.workspace import check_workspace_ids, workspace_client
+from scripts.azure_ml.yaml_files import check_yaml_file, job_yaml, write_yaml_file
 from scripts.training.cli_errors import argument_error_line
 
 

@@ -141,7 +141,7 @@ def test_a_sweep_is_the_train_step(capsys, tmp_path, birds_folder):
 def test_a_sweep_under_mpi_says_its_trials_lack_the_stop_grace(tmp_path, monkeypatch, capsys):
     """Azure ML's sweep node takes no environment variables, so OMPI_MCA_odls_base_sigkill_timeout, which the train
     step has, does not reach its trials: said, for DDP under mpi; Horovod's image carries it (tests/test_submit.py)."""
-    monkeypatch.setattr("scripts.azure_ml.jobs.HOROVOD_CONTEXT", tmp_path / "horovod-image")  # not this repo's outputs/
+    monkeypatch.setattr("scripts.azure_ml.images.HOROVOD_CONTEXT", tmp_path / "horovod-image")  # not outputs/
     common = {"score_data": str(PENGUINS), "sweep": "configs/sweeps/penguins.yaml", "nodes": 2, "processes_per_node": 2,
               "dry_run": True}  # fmt: skip
     for presets, distribution, said in [([], "mpi", True), ([], "pytorch", False),
@@ -157,7 +157,7 @@ def test_a_sweep_under_mpi_says_its_trials_lack_the_stop_grace(tmp_path, monkeyp
 def test_the_steps_read_the_configs_in_the_order_their_image_was_chosen_by(tmp_path, monkeypatch, capsys):
     """A GPU preset given before Horovod's, whose config sets the CPU build's accelerator: the steps read Horovod's
     first, as scripts.submit's job does, so the GPU preset wins in them as it did in choosing the GPU image."""
-    monkeypatch.setattr("scripts.azure_ml.jobs.HOROVOD_CONTEXT", tmp_path / "horovod-image")  # not this repo's outputs/
+    monkeypatch.setattr("scripts.azure_ml.images.HOROVOD_CONTEXT", tmp_path / "horovod-image")  # not outputs/
     presets = ["configs/trainer/gpu.yaml", "configs/trainer/horovod.yaml"]
     text = pipeline("configs/penguins.yaml", "gpu", presets, score_data=str(PENGUINS), dry_run=True)
     steps = yaml.safe_load(text)["jobs"]
@@ -324,7 +324,7 @@ def test_a_local_run_started_in_the_same_second_as_another_gets_a_folder_of_its_
     from types import SimpleNamespace
 
     from scripts.azure_ml import local_pipeline
-    from scripts.azure_ml.jobs import SubmitError
+    from scripts.azure_ml.errors import SubmitError
     from scripts.azure_ml.pipelines import plan_pipeline
 
     monkeypatch.setattr(local_pipeline, "time", SimpleNamespace(strftime=lambda form: "20260101-120000"))
@@ -475,7 +475,7 @@ def test_main_prints_one_line_for_an_unknown_option(capsys):
 
 def test_an_experiment_name_is_azure_mls_kind_only_for_azure_ml(monkeypatch):
     """A pipeline run here (--local true, no compute) tracks to MLflow, whose experiment names take any character."""
-    from scripts.azure_ml.jobs import SubmitError
+    from scripts.azure_ml.errors import SubmitError
     from scripts.azure_ml.pipelines import plan_pipeline
 
     monkeypatch.chdir(REPO)

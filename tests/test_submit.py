@@ -16,7 +16,9 @@ import pytest
 import requests
 import yaml
 
-from scripts.azure_ml.jobs import BASE_IMAGE, GPU_IMAGE, MPI_STOP_GRACE, SubmitError, build_job
+from scripts.azure_ml.errors import SubmitError
+from scripts.azure_ml.images import BASE_IMAGE, GPU_IMAGE
+from scripts.azure_ml.jobs import MPI_STOP_GRACE, build_job
 from scripts.azure_ml.workspace import workspace_client
 from scripts.submit import main, submit
 from tests.conftest import REPO, run_module
@@ -84,7 +86,7 @@ def test_several_processes_run_ddp_with_devices_and_nodes_that_match_the_job(dis
 
 @pytest.fixture
 def horovod_context(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setattr("scripts.azure_ml.jobs.HOROVOD_CONTEXT", tmp_path / "horovod-image")  # not this repo's outputs/
+    monkeypatch.setattr("scripts.azure_ml.images.HOROVOD_CONTEXT", tmp_path / "horovod-image")  # not outputs/
     return tmp_path / "horovod-image"
 
 
@@ -584,14 +586,14 @@ def test_tier_and_timeout_are_in_the_yaml_and_the_job_put(tmp_path, monkeypatch,
     [("3600", 3600), (3600, 3600), ("90m", 5400), ("4h", 14400), ("1h30m", 5400), ("2d", 172800), ("45s", 45)],
 )
 def test_a_timeout_is_seconds_or_a_duration(given, seconds):
-    from scripts.azure_ml.jobs import parse_duration
+    from scripts.azure_ml.option_values import parse_duration
 
     assert parse_duration(given) == seconds
 
 
 @pytest.mark.parametrize("given", ["4 hours", "1h30", "30m1h", "", "0", "-5"])
 def test_a_timeout_that_is_neither_is_refused(given):
-    from scripts.azure_ml.jobs import parse_duration
+    from scripts.azure_ml.option_values import parse_duration
 
     with pytest.raises(SubmitError, match="--timeout"):
         parse_duration(given)

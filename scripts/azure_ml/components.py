@@ -29,7 +29,8 @@ from pathlib import Path
 
 import yaml
 
-from scripts.azure_ml.jobs import SubmitError, resolved_config
+from scripts.azure_ml.errors import SubmitError
+from scripts.azure_ml.job_configs import resolved_config
 
 # The datamodule argument that names the data it trains on, and the Azure ML input type it takes: a folder or a file.
 DATA_OPTIONS = {"data_dir": "uri_folder", "csv_path": "uri_file"}

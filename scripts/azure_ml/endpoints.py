@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from scripts.azure_ml.assets import ENVIRONMENTS
-from scripts.azure_ml.jobs import BASE_IMAGE
+from scripts.azure_ml.images import BASE_IMAGE
 
 SERVE_ENVIRONMENT = ENVIRONMENTS["serving"].conda_file
 SCORING_SCRIPT = "scripts/score.py"

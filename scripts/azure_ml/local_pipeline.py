@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from scripts.azure_ml.jobs import SubmitError
+from scripts.azure_ml.errors import SubmitError
 from scripts.azure_ml.pipelines import PipelinePlan
 
 OPTIONAL = re.compile(r"\$\[\[(.*?)\]\]")

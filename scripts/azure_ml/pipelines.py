@@ -1,6 +1,7 @@
 """A task's Azure ML pipeline job, train -> evaluate -> register -> score, built from its components
 (scripts/azure_ml/components.py) with the launch rules, images, tier, timeout and shared memory of single jobs
-(scripts/azure_ml/jobs.py); checked before the SDK is imported. scripts.pipeline submits it, prints it or runs it here.
+(scripts/azure_ml/job_plan.py); checked before the SDK is imported. scripts.pipeline submits it, prints it or runs it
+here.
 
     python -m scripts.pipeline configs/penguins.yaml --compute cpu-cluster --dry_run true
 """
@@ -15,7 +16,10 @@ from pathlib import Path
 import yaml
 
 from scripts.azure_ml.components import TaskComponents, plan_components
-from scripts.azure_ml.jobs import PRESETS, Plan, SubmitError, check_uploaded_name, is_local, parse_reference, plan_job
+from scripts.azure_ml.errors import SubmitError
+from scripts.azure_ml.job_inputs import check_uploaded_name, is_local
+from scripts.azure_ml.job_plan import PRESETS, Plan, plan_job
+from scripts.azure_ml.option_values import parse_reference
 from scripts.azure_ml.workspace import GPU_SIZE, SERVERLESS
 
 STEPS = ("train", "evaluate", "register", "score")
@@ -108,7 +112,8 @@ def plan_pipeline(
     `components_only`: for the components alone, which name no data."""
     from scripts.azure_ml.assets import check_name
     from scripts.azure_ml.components import check_prefix
-    from scripts.azure_ml.jobs import BASE_IMAGE, experiment_of, job_experiment
+    from scripts.azure_ml.images import BASE_IMAGE
+    from scripts.azure_ml.job_configs import experiment_of, job_experiment
     from scripts.azure_ml.workspace import check_compute, compute_name
 
     if instance_type is not None and not compute:
@@ -196,7 +201,9 @@ def build_pipeline(plan: PipelinePlan):
     from azure.ai.ml import Input
     from azure.ai.ml.entities import PipelineJob
 
-    from scripts.azure_ml.jobs import dataloader_workers, launch_distribution, launch_variables, shm_size_of
+    from scripts.azure_ml.job_configs import dataloader_workers
+    from scripts.azure_ml.jobs import launch_distribution, launch_variables
+    from scripts.azure_ml.option_values import shm_size_of
 
     serverless = plan.compute == SERVERLESS
     components = build_components_of(plan)
