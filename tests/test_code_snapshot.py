@@ -135,6 +135,6 @@ def test_a_submission_asks_for_the_repositorys_own_code_snapshot(monkeypatch, ca
     azure = FakeAzureML()
     monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: fake_client(azure))
     monkeypatch.chdir(REPO)
-    submit("configs/penguins.yaml", "cpu-cluster")
+    submit("configs/penguins.yaml", compute="cpu-cluster")
     assert capsys.readouterr().out.startswith("submitted ")
     assert azure.code_hashes == [sdk_hash(REPO)]

@@ -43,7 +43,7 @@ def test_each_tasks_components_read_back_with_load_component_from_another_folder
 
     for config in ("configs/penguins.yaml", "configs/birds.yaml"):
         folder = tmp_path / Path(config).stem
-        pipeline(config, "c", components=True, version="2", dry_run=True, yaml_file=str(folder))
+        pipeline(config, compute="c", components=True, version="2", dry_run=True, yaml_file=str(folder))
     monkeypatch.chdir(tmp_path)  # `az ml component create -f` from elsewhere: the code is still this repository
     birds = {step: load_component(tmp_path / "birds" / f"birds_{step}.yml") for step in
              ("train", "evaluate", "register", "score")}  # fmt: skip
@@ -89,8 +89,8 @@ def test_the_pipeline_yaml_reads_back_with_load_job_its_steps_wired_and_set(tmp_
     from azure.ai.ml import load_job
 
     target = tmp_path / "jobs" / "birds.yml"  # in a folder not there yet: it is made
-    pipeline("configs/birds.yaml", "gpu", nodes=2, processes_per_node=4, distribution="mpi", data=str(birds_folder),
-             tier="spot", timeout="2h", dry_run=True, yaml_file=str(target))  # fmt: skip
+    pipeline("configs/birds.yaml", compute="gpu", nodes=2, processes_per_node=4, distribution="mpi",
+             data=str(birds_folder), tier="spot", timeout="2h", dry_run=True, yaml_file=str(target))  # fmt: skip
     # 4 processes a node, the accelerator left to Lightning: scripts.submit's note that the steps get the CPU image
     assert "note: configs/birds.yaml leaves trainer.accelerator to Lightning: " in capsys.readouterr().err
     job = load_job(target)
@@ -121,7 +121,8 @@ def test_a_sweep_is_the_train_step(capsys, tmp_path, birds_folder):
     SDK's sweep node takes the component alone), on the pipeline's serverless compute."""
     from azure.ai.ml import load_job
 
-    text = pipeline("configs/birds.yaml", "serverless", data=str(birds_folder), sweep="configs/sweeps/birds.yaml",
+    text = pipeline("configs/birds.yaml", compute="serverless", data=str(birds_folder),
+                    sweep="configs/sweeps/birds.yaml",
                     tier="spot", nodes=2, processes_per_node=4, instance_type="Standard_NC4as_T4_v3",
                     dry_run=True)  # fmt: skip
     (tmp_path / "sweep.yml").write_text(text)
@@ -146,11 +147,13 @@ def test_a_sweep_under_mpi_says_its_trials_lack_the_stop_grace(tmp_path, monkeyp
               "dry_run": True}  # fmt: skip
     for presets, distribution, said in [([], "mpi", True), ([], "pytorch", False),
                                         (["configs/trainer/horovod.yaml"], "mpi", False)]:  # fmt: skip
-        text = pipeline("configs/penguins.yaml", "cpu", presets, distribution=distribution, **common)
+        text = pipeline("configs/penguins.yaml", compute="cpu", presets=presets, distribution=distribution, **common)
         assert "environment_variables" not in yaml.safe_load(text)["jobs"]["train"]  # the SDK's sweep node has none
         note = "note: a pipeline's sweep trials take no environment variables, so under --distribution mpi Open MPI "
         assert (note in capsys.readouterr().err) == said, (presets, distribution)
-    steps = yaml.safe_load(pipeline("configs/penguins.yaml", "cpu", distribution="mpi", **{**common, "sweep": None}))
+    steps = yaml.safe_load(
+        pipeline("configs/penguins.yaml", compute="cpu", distribution="mpi", **{**common, "sweep": None})
+    )
     assert steps["jobs"]["train"]["environment_variables"] == {"OMPI_MCA_odls_base_sigkill_timeout": "10"}
 
 
@@ -159,7 +162,7 @@ def test_the_steps_read_the_configs_in_the_order_their_image_was_chosen_by(tmp_p
     first, as scripts.submit's job does, so the GPU preset wins in them as it did in choosing the GPU image."""
     monkeypatch.setattr("scripts.azure_ml.images.HOROVOD_CONTEXT", tmp_path / "horovod-image")  # not outputs/
     presets = ["configs/trainer/gpu.yaml", "configs/trainer/horovod.yaml"]
-    text = pipeline("configs/penguins.yaml", "gpu", presets, score_data=str(PENGUINS), dry_run=True)
+    text = pipeline("configs/penguins.yaml", compute="gpu", presets=presets, score_data=str(PENGUINS), dry_run=True)
     steps = yaml.safe_load(text)["jobs"]
     order = "--config configs/penguins.yaml --config configs/trainer/horovod.yaml --config configs/trainer/gpu.yaml"
     assert order in steps["train"]["component"]["command"] and order in steps["evaluate"]["component"]["command"]
@@ -178,7 +181,7 @@ def fake_workspace(monkeypatch) -> FakeAzureML:
 
 def test_a_submission_puts_the_pipeline_with_its_four_steps(monkeypatch, capsys):
     azure = fake_workspace(monkeypatch)
-    name = pipeline("configs/penguins.yaml", "azureml:cpu-cluster", data="azureml:penguins:3", threshold=0.95,
+    name = pipeline("configs/penguins.yaml", compute="azureml:cpu-cluster", data="azureml:penguins:3", threshold=0.95,
                     environment="azureml:lightning-training:1", tier="spot")  # fmt: skip
     assert capsys.readouterr().out.endswith(f"submitted {name}: https://ml.azure.com/runs/fake\n")
     (job,) = [body["properties"] for method, path, body in azure.requests if path.endswith(f"/jobs/{name}")]
@@ -197,7 +200,8 @@ def test_serverless_compute_is_the_pipelines_default_on_the_vm_size_each_step_ne
     VM size of train and evaluate (both run the GPU config); register and score run on CPUs: with a GPU size given,
     theirs is left to Azure ML, which picks a CPU one."""
     azure = fake_workspace(monkeypatch)
-    name = pipeline("configs/birds.yaml", "serverless", ["configs/trainer/gpu.yaml"], nodes=2, data="azureml:birds:1",
+    name = pipeline("configs/birds.yaml", compute="serverless", presets=["configs/trainer/gpu.yaml"], nodes=2,
+                    data="azureml:birds:1",
                     environment="azureml:lightning-training-gpu:1", instance_type="Standard_NC4as_T4_v3")  # fmt: skip
     (job,) = [body["properties"] for method, path, body in azure.requests if path.endswith(f"/jobs/{name}")]
     assert "computeId" not in job and job["settings"]["default_compute"] == f"{WORKSPACE}/computes/serverless"
@@ -218,7 +222,7 @@ def test_a_compute_the_workspace_does_not_have_is_one_line(monkeypatch, capsys):
 
 def test_the_components_are_registered_in_the_workspace(monkeypatch, capsys):
     azure = fake_workspace(monkeypatch)
-    created = pipeline("configs/birds.yaml", "gpu", components=True, version="3")
+    created = pipeline("configs/birds.yaml", compute="gpu", components=True, version="3")
     assert created.split() == [f"azureml:birds_{step}:3" for step in ("train", "evaluate", "register", "score")]
     puts = [path.removeprefix(WORKSPACE) for method, path, _ in azure.requests if method == "PUT"]
     assert [path for path in puts if path.startswith("/components/")] == [

@@ -39,7 +39,7 @@ PRESETS = {"pytorch": "configs/trainer/ddp.yaml", "mpi": "configs/trainer/ddp_mp
 
 @dataclass
 class Plan:
-    """What the job runs, decided and checked before azure.ai.ml is imported (a mistake costs no 4 s import)."""
+    """What the job runs, decided and checked before azure.ai.ml is imported (a mistake costs no import of the SDK)."""
 
     command: str
     configs: list[str]

@@ -108,3 +108,15 @@ def write_yaml_file(given: str, text: str) -> None:
     except OSError as error:
         raise SubmitError(f"--yaml_file {given}: cannot write it ({error.strerror}); give another path") from None
     print(f"wrote {given}: az ml job create -f {given}")
+
+
+def print_or_write_yaml(job, as_yaml, yaml_file: str | None) -> str:
+    """A dry run's YAML of `job` (`as_yaml(job, folder)`): written to --yaml_file, its local paths relative to that
+    file's folder, or printed with them relative to this one; returns it."""
+    if yaml_file:
+        text = as_yaml(job, Path(yaml_file).parent)
+        write_yaml_file(yaml_file, text)
+        return text
+    text = as_yaml(job)
+    print(text, end="")
+    return text

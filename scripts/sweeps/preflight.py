@@ -58,7 +58,7 @@ def check_options(sweep: Sweep, configs: list[str] | None = None) -> dict:
                     f"{sweep.path}: {where}.{option}: no such option in {' + '.join(configs)}{hint} "
                     f"(python -m scripts.train fit --config {configs[0]} --print_config lists them)"
                 )
-    # Every representative value of every option, several options' at once (a parse costs ~0.3 s of jsonargparse):
+    # Every representative value of every option, several options' at once (each parse is a jsonargparse run):
     # round i gives each option its i-th value (or its first). Only a round the CLI refuses is tried again an option
     # at a time, to name the culprit.
     representatives = {param.option: param.representatives() for param in sweep.params}
