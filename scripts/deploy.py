@@ -288,8 +288,9 @@ def batch(
         instance_count: nodes of the cluster a scoring job uses.
         mini_batch_size: files per call of the scoring code (per run(mini_batch)).
         max_concurrency_per_instance: scoring processes per node.
-        environment: with --inputs images, a registered serving environment, azureml:NAME:VERSION; default:
-            scripts/serving/environment.yml, built with the deployment.
+        environment: with --inputs images, a registered serving environment, azureml:NAME:VERSION, with azureml-core
+            in it (Azure ML's batch driver needs it); default: scripts/serving/environment.yml and azureml-core, built
+            with the deployment.
         given: --dry_run (the endpoint's and the deployment's YAML), --yaml_dir (endpoint.yml and deployment.yml)
             and the workspace (scripts/azure_ml/options.py's DryRun).
     """

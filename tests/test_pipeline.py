@@ -68,11 +68,12 @@ def test_each_tasks_components_read_back_with_load_component_from_another_folder
     assert load_component(tmp_path / "penguins" / "penguins_score.yml").inputs["data"].type == "uri_file"
 
 
-def test_the_train_command_with_its_defaults_is_one_the_cli_accepts(tmp_path):
+def test_the_train_command_with_its_defaults_is_one_the_cli_accepts(tmp_path, birds_folder):
     from scripts.azure_ml.local_pipeline import local_command, step_inputs
     from scripts.azure_ml.pipelines import plan_pipeline
 
-    plan = plan_pipeline(["configs/birds.yaml"], "c", data=str(tmp_path), train_args="--trainer.max_epochs 2")
+    plan = plan_pipeline(["configs/birds.yaml"], "c", data=str(tmp_path), train_args="--trainer.max_epochs 2",
+                         score_data=str(birds_folder))  # fmt: skip
     inputs = step_inputs(plan, {})["train"] | {"patience": 7, "learning_rate": 0.01}
     outputs = {name: tmp_path / name for name in ("model", "checkpoints", "metrics")}
     args = local_command(plan.components.commands["train"], inputs, outputs)
@@ -259,6 +260,8 @@ def test_the_components_are_registered_in_the_workspace(monkeypatch, capsys):
         (["configs/birds.yaml", "--compute", "c", "--data", "configs/birds.yaml"],
          "--data configs/birds.yaml: a file; this task reads a folder"),
         (["configs/birds.yaml", "--compute", "c", "--data", "no/such"], "--data no/such: no such file or folder"),
+        (["configs/birds.yaml", "--compute", "c", "--score_data", "strategies"],
+         "--score_data strategies: no image in it"),
         (["configs/penguins.yaml", "--compute", "c"], "--score_data: give what the score step scores (a CSV"),
         (["configs/birds.yaml", "--compute", "c", "--data", "azureml:birds"], "--data 'azureml:birds': give a"),
         (["configs/penguins.yaml", "--compute", "c", "--sweep", "configs/sweeps/penguins.yaml", "--timeout", "1h"],
@@ -278,6 +281,37 @@ def test_a_mistake_is_one_line_before_the_azure_sdk_is_imported(args, line):
     assert result.returncode == 1 and len(messages) == 1 and messages[0].startswith(f"error: {line}"), messages
     imported = [text.rsplit("|", 1)[-1].strip() for text in result.stderr.splitlines() if text.startswith("import")]
     assert not [name for name in imported if name.startswith("azure")]
+
+
+@pytest.mark.parametrize("option", ["--data", "--test_data", "--score_data"])
+def test_a_data_path_that_is_not_there_is_one_line_before_the_training_cli_is_imported(option):
+    """Every other mistake is found in about a second; the configs' check through the training CLI imports Lightning
+    (tens of seconds on a busy machine): a mistyped path is named before it."""
+    args = ["configs/penguins.yaml", "--compute", "c", option, "no/such.csv"]
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "scripts.pipeline", *args], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    messages = [text for text in result.stderr.splitlines() if not text.startswith("import time:")]
+    assert result.returncode == 1 and messages == [f"error: {option} no/such.csv: no such file or folder; give the "
+                                                   "data as the task reads it"]  # fmt: skip
+    imported = [text.rsplit("|", 1)[-1].strip() for text in result.stderr.splitlines() if text.startswith("import")]
+    assert not [name for name in imported if name.split(".")[0] in ("lightning", "torch", "azure")]
+
+
+def test_a_score_folder_with_only_what_scripts_score_leaves_out_is_refused_before_any_step(tmp_path, birds_folder):
+    """.DS_Store and Thumbs.db are no images; a photo without a suffix is one (by its bytes)."""
+    from scripts.azure_ml.errors import SubmitError
+    from scripts.azure_ml.pipelines import plan_pipeline
+
+    folder = tmp_path / "to-score"
+    (folder / "__MACOSX").mkdir(parents=True)
+    (folder / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    (folder / "Thumbs.db").write_bytes(b"\xd0\xcf")
+    photo = next(path for path in birds_folder.rglob("*") if path.is_file())
+    (folder / "__MACOSX" / "photo.jpg").write_bytes(photo.read_bytes())
+    with pytest.raises(SubmitError, match=f"--score_data {folder}: no image in it"):
+        plan_pipeline(["configs/birds.yaml"], "c", data=str(birds_folder), score_data=str(folder))
+    (folder / "photo").write_bytes(photo.read_bytes())  # no suffix: an image by its bytes
+    assert plan_pipeline(["configs/birds.yaml"], "c", data=str(birds_folder), score_data=str(folder)).score_data
 
 
 def test_a_yaml_file_that_is_not_a_jobs_yaml_is_refused_not_written_over(tmp_path):
@@ -358,31 +392,35 @@ def run_folder(stdout: str) -> Path:
 
 @pytest.mark.slow
 def test_penguins_run_here_end_to_end_registering_only_above_the_threshold(tmp_path):
+    """A run whose model misses the threshold says, at its end, that it registered nothing and why; the register step
+    run again on its folders with a threshold reached registers it."""
     local = ["configs/penguins.yaml", "--local", "true", "--local_dir", tmp_path, "--score_data", PENGUINS,
-             "--train_args", "--trainer.max_epochs 3", "--model_name", "penguins-pipeline"]  # fmt: skip
-    result = run_module("scripts.pipeline", *local, "--threshold", "0")
+             "--train_args", "--trainer.max_epochs=3", "--model_name", "penguins-pipeline"]  # fmt: skip
+    result = run_module("scripts.pipeline", *local, "--metric", "test_loss", "--threshold", "0")
     assert result.returncode == 0, result.stderr[-3000:]
     folder = run_folder(result.stdout)
     for step in ("train", "evaluate", "register", "score"):
         assert f"[{step}] python -m scripts." in result.stdout
+    assert "--trainer.max_epochs=3" in result.stdout  # given as the next argument, though it starts with a dash
     assert (folder / "train/model/MLmodel").is_file() and (folder / "train/checkpoints/best.ckpt").is_file()
     metrics = yaml.safe_load((folder / "evaluate/metrics/metrics.json").read_text())
     assert set(metrics) >= {"test_acc", "test_loss"} and 0 <= metrics["test_acc"] <= 1
-    assert f"registered model: penguins-pipeline version 1 (test_acc {metrics['test_acc']:.4f}" in result.stdout
-    assert registered_versions(tmp_path / "mlflow.db", "penguins-pipeline") == ["1"]
+    assert result.stdout.strip().splitlines()[-1] == (
+        f"registered nothing: test_loss {metrics['test_loss']:.4f} does not reach --threshold 0 (at most); the "
+        "predictions are the unregistered model's"
+    )
+    assert registered_versions(tmp_path / "mlflow.db", "penguins-pipeline") == []
     rows = list(csv.reader((folder / "score/predictions/predictions.csv").read_text().splitlines()))
     assert rows[0] == ["input", "class", "probability"] and len(rows) == len(PENGUINS.read_text().splitlines())
     assert (folder / "train/outputs").is_dir()  # the step's ./outputs, as Azure ML keeps it: its run's config
 
-    # The register step again, as its own process on the same folders and store, with a threshold not reached.
-    step = [folder / "train/model", folder / "evaluate/metrics", "--name", "penguins-pipeline", "--threshold", "1"]
+    # The register step again, as its own process on the same folders and store, with a threshold reached.
+    step = [folder / "train/model", folder / "evaluate/metrics", "--name", "penguins-pipeline", "--threshold", "0"]
     store = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     again = run_module("scripts.azure_ml.register_step", *step, "--output", tmp_path / "passed-on", env=store)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stdout.strip() == (
-        f"not registered: test_acc {metrics['test_acc']:.4f} does not reach the threshold (at least 1)"
-    )
-    assert registered_versions(tmp_path / "mlflow.db", "penguins-pipeline") == ["1"]  # nothing else registered
+    assert f"registered model: penguins-pipeline version 1 (test_acc {metrics['test_acc']:.4f}" in again.stdout
+    assert registered_versions(tmp_path / "mlflow.db", "penguins-pipeline") == ["1"]
     assert (tmp_path / "passed-on/MLmodel").is_file()  # the model goes on to the score step all the same
 
 

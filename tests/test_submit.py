@@ -212,6 +212,52 @@ def test_a_file_in_train_args_the_jobs_code_leaves_out_is_one_line_naming_the_in
     assert yaml.safe_load(text)["command"].endswith("--ckpt_path ${{inputs.ckpt_path}}")
 
 
+@pytest.mark.parametrize(
+    ("task", "option", "path", "kind"),
+    [("penguins", "data.init_args.csv_path", "data/penguins.csv", "file"),
+     ("birds", "data.init_args.data_dir", "data/birds", "folder")],
+)  # fmt: skip
+def test_a_data_path_of_the_config_or_train_args_the_jobs_code_leaves_out_is_one_line_naming_the_input(
+    tmp_path, monkeypatch, capsys, task, option, path, kind
+):
+    """A data file or folder named in a preset's YAML, or in --train_args, under .amlignore's data/ (or outside the
+    folder): the job would fail after its image is built; the job, its sweep and the pipeline name --inputs (--data)."""
+    from scripts.azure_ml.errors import SubmitError
+    from scripts.azure_ml.pipelines import plan_pipeline
+
+    folder = tmp_path / "repo"
+    (folder / "configs").mkdir(parents=True)
+    for name in ("environment.yml", ".amlignore", ".gitignore"):
+        shutil.copy(REPO / name, folder)
+    shutil.copy(REPO / f"configs/{task}.yaml", folder / "configs")
+    data = folder / path
+    if kind == "file":
+        data.parent.mkdir(parents=True)
+        data.write_text("species\n")
+    else:
+        (data / "train/turkey").mkdir(parents=True)
+    outside = tmp_path / f"elsewhere-{Path(path).name}"
+    shutil.copytree(data, outside) if kind == "folder" else shutil.copy(data, outside)
+    name = option.rsplit(".", 1)[-1]
+    (folder / "configs/my_data.yaml").write_text(f"data:\n  init_args:\n    {name}: {path}\n")
+    monkeypatch.chdir(folder)
+    sweep = str(REPO / f"configs/sweeps/{task}.yaml")
+    for given in (["--presets+", "configs/my_data.yaml"], [f"--train_args=--{option} {outside}"],
+                  ["--presets+", "configs/my_data.yaml", "--sweep", sweep]):  # fmt: skip
+        named = str(outside) if "--train_args" in given[0] else path
+        with pytest.raises(SystemExit) as exit:
+            main([f"configs/{task}.yaml", "--compute", "c", "--dry_run", "true", *given])
+        line = str(exit.value.code)  # a file in --train_args: named before the training CLI reads the configs
+        assert f"{option} {named}: a {kind} here that the job's code leaves out" in line, line
+        assert line.endswith(f"so its processes would not find it; give it as an input: --inputs+ {option}={named}")
+    with pytest.raises(SubmitError, match=f"give it as an input: --data {path}$"):
+        plan_pipeline([f"configs/{task}.yaml", "configs/my_data.yaml"], "c", score_data=str(outside))
+    assert capsys.readouterr().out == ""
+    text = submit(f"configs/{task}.yaml", compute="c", presets=["configs/my_data.yaml"], inputs=[f"{option}={path}"],
+                  dry_run=True)  # fmt: skip
+    assert yaml.safe_load(text)["command"].endswith(f"--{option} ${{{{inputs.{name}}}}}")
+
+
 def test_dry_run_prints_yaml_that_load_job_reads_back(tmp_path, capsys):
     from azure.ai.ml import load_job
 
@@ -398,6 +444,14 @@ def test_a_broken_config_json_is_named_before_anything_is_built(tmp_path, monkey
         assert message.removeprefix("error: ").startswith(line), message
     with pytest.raises(Built):  # a dry run asks no workspace: the file is not read
         submit("configs/penguins.yaml", compute="cpu-cluster", dry_run=True)
+
+
+@pytest.mark.parametrize("given", [["--train_args", "--trainer.max_epochs=5"], ["--train_args=--trainer.max_epochs=5"]])
+def test_train_args_whose_first_option_has_an_equals_sign_is_taken_either_way(given, capsys):
+    """`--train_args "--trainer.max_epochs=5"`: a value that starts with a dash and has no space, which argparse
+    would take for an option of this command ("expected one argument")."""
+    main(["configs/penguins.yaml", "--compute", "c", *given, "--dry_run", "true"])
+    assert "--trainer.max_epochs=5" in yaml.safe_load(capsys.readouterr().out)["command"]
 
 
 @pytest.mark.parametrize(("final", "code"), [("Completed", 0), ("Failed", 1)])

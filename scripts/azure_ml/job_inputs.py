@@ -6,6 +6,7 @@ file reaches the job's processes (in the uploaded code, under a name the job's s
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,3 +79,44 @@ def check_uploaded_name(path: Path, given: str) -> None:
             f"{given}: Azure ML writes the uploaded file's path, {path.name!r} at its end, into the job's command as "
             "it is, where a shell would split it; give a copy whose name has no spaces, quotes or shell characters"
         )
+
+
+def data_paths(config: dict, prefix: str = "") -> dict[str, str]:
+    """The resolved config's values that may name data here, by their dotted option: every string under `data` (its
+    class's arguments) and `ckpt_path`."""
+    found: dict[str, str] = {}
+    for key, value in config.items() if isinstance(config, dict) else enumerate(config):
+        option = f"{prefix}{key}"
+        if isinstance(value, dict | list):
+            found.update(data_paths(value, f"{option}."))
+        elif isinstance(value, str) and value and option.split(".")[0] in ("data", "ckpt_path"):
+            found[option] = value
+    return found
+
+
+def left_out_kind(value: str) -> str | None:
+    """'file' or 'folder' when `value` names one here that the job's code (this folder as Azure ML uploads it) does not
+    hold: outside this folder, or left out by .amlignore (data/, outputs/, ...); else None (not a path here at all)."""
+    try:
+        path = Path(value)
+        if not path.exists():
+            return None
+        probe = value if path.is_file() else os.path.join(value, "_")  # a folder's files are uploaded with it
+        return None if is_uploaded(Path.cwd(), probe) else ("file" if path.is_file() else "folder")
+    except (OSError, ValueError):  # not a path at all: a name too long for one, a NUL
+        return None
+
+
+def check_data_paths(config: dict, given: set[str], fix: dict[str, str] | None = None) -> None:
+    """Every data path of the resolved config (data_paths) that names a file or folder here reaches the job's
+    processes: the options in `given` (the job's inputs) excepted. `fix`: the command's own option for one, by option
+    (a pipeline's --data), else --inputs."""
+    for option, value in data_paths(config).items():
+        kind = option not in given and left_out_kind(value)
+        if kind:
+            advice = (fix or {}).get(option) or f"--inputs+ {option}={value}"
+            raise SubmitError(
+                f"{option} {value}: a {kind} here that the job's code leaves out (it is outside this folder, or "
+                f".amlignore leaves it out: data/, outputs/, ...), so its processes would not find it; give it as an "
+                f"input: {advice}"
+            )

@@ -13,7 +13,7 @@ from typing import Literal
 
 from scripts.azure_ml.images import BASE_IMAGE, GPU_IMAGE, horovod_build_context
 from scripts.azure_ml.job_configs import job_experiment, resolved_config
-from scripts.azure_ml.job_inputs import is_local
+from scripts.azure_ml.job_inputs import check_data_paths, is_local
 from scripts.azure_ml.job_plan import Plan, plan_job
 from scripts.azure_ml.workspace import check_compute
 
@@ -50,7 +50,8 @@ def build_job(
     experiment = job_experiment(experiment, plan.configs, train_args)
     if checked_args is not None:  # a typo in an option or a config would end the job on Azure, after its image build
         given = [f"--{i.option} {shlex.quote(i.path if is_local(i.path) else f'inputs/{i.name}')}" for i in plan.inputs]
-        resolved_config(plan.configs, " ".join([checked_args, *given]))
+        config = resolved_config(plan.configs, " ".join([checked_args, *given]))
+        check_data_paths(config, {i.option for i in plan.inputs})
     from azure.ai.ml import Input, Output, command
 
     job_inputs = {i.name: Input(type=i.type, path=i.path, mode=i.mode) for i in plan.inputs}
