@@ -554,15 +554,9 @@ def test_the_yaml_file_runs_from_anywhere_its_code_is_this_repository(tmp_path, 
 
     target = tmp_path / "jobs" / "mnist.yml"
     target.parent.mkdir()
-    submit(
-        "configs/mnist.yaml",
-        compute="gpu",
-        presets=["configs/trainer/gpu.yaml"],
-        nodes=2,
-        processes_per_node=4,
-        dry_run=True,
-        yaml_file=str(target),
-    )
+    gpu = ["configs/trainer/gpu.yaml"]
+    submit("configs/mnist.yaml", compute="gpu", presets=gpu, nodes=2, processes_per_node=4, dry_run=True,
+           yaml_file=str(target))  # fmt: skip
     assert yaml.safe_load(target.read_text())["code"] == os.path.relpath(REPO, target.parent)
     assert (
         yaml.safe_load(submit("configs/mnist.yaml", compute="gpu", dry_run=True))["code"] == "."
@@ -749,14 +743,8 @@ def test_every_path_in_a_written_yaml_is_relative_to_it_and_the_folder_is_made(h
 def test_the_readme_multi_gpu_example_gets_the_gpu_image_and_one_without_the_preset_says_why_not(tmp_path, capsys):
     (line,) = [line for line in (REPO / "README.md").read_text().splitlines() if "--processes_per_node 4`" in line]
     assert "python -m scripts.submit configs/mnist.yaml --presets+ configs/trainer/gpu.yaml" in line
-    text = submit(
-        "configs/mnist.yaml",
-        compute="gpu-cluster",
-        presets=["configs/trainer/gpu.yaml"],
-        nodes=2,
-        processes_per_node=4,
-        dry_run=True,
-    )
+    gpu = ["configs/trainer/gpu.yaml"]
+    text = submit("configs/mnist.yaml", compute="gpu-cluster", presets=gpu, nodes=2, processes_per_node=4, dry_run=True)
     assert yaml.safe_load(text)["environment"]["image"] == GPU_IMAGE
     assert capsys.readouterr().err == ""
     text = submit("configs/mnist.yaml", compute="gpu-cluster", nodes=2, processes_per_node=4, dry_run=True)
