@@ -116,9 +116,10 @@ def test_secrets_and_checkpoints_are_never_uploaded_and_the_sdk_leaves_them_out_
         assert uploaded == sdk_files(project)
 
 
-def test_a_large_file_uploaded_is_named_with_the_amlignore_line_that_leaves_it_out(tmp_path, capsys):
+def test_a_large_file_uploaded_is_named_with_the_amlignore_line_that_leaves_it_out(tmp_path, capsys, monkeypatch):
     """A 300 MB CSV at the root goes up with every job: said once, with the line, and left out once it is added."""
     from scripts.azure_ml import code_snapshot as snapshots
+    from scripts.azure_ml.yaml_files import print_or_write_yaml
 
     project = a_project(tmp_path / "project", ".amlignore", (REPO / ".amlignore").read_text())
     with open(project / "penguins-300MB.csv", "wb") as file:
@@ -133,6 +134,10 @@ def test_a_large_file_uploaded_is_named_with_the_amlignore_line_that_leaves_it_o
         "note: the code upload takes penguins-300MB.csv (300 MB) with every job; add the line /penguins-300MB.csv to "
         ".amlignore to leave it out, and give it as data with --inputs+ OPTION=PATH (scripts.pipeline: --data)"
     ]
+    snapshots.named_large.clear()
+    monkeypatch.chdir(project)  # a dry run: `az ml job create -f` of its YAML would upload the file too
+    print_or_write_yaml(None, lambda job: "type: command\n", None)
+    assert capsys.readouterr().err.splitlines() == note
     snapshots.named_large.clear()
     with open(project / ".amlignore", "a") as file:
         file.write("/penguins-300MB.csv\n")

@@ -50,6 +50,10 @@ def test_each_tasks_components_read_back_with_load_component_from_another_folder
     train = birds["train"]
     assert (train.name, train.version, (tmp_path / "birds" / train.code).resolve()) == ("birds_train", "2", REPO)
     assert {name: train.inputs[name].default for name in DESIGNER} == DESIGNER
+    # Where a parameter means other than the designer's, the studio shows how in its description.
+    assert "the designer's counts epochs" in train.inputs["warmup_step_number"].description
+    learning_rate = train.inputs["learning_rate"].description
+    assert "multiplied by the processes' count and decays polynomially" in learning_rate
     assert (train.inputs["training_data"].type, train.inputs["training_data"].optional) == ("uri_folder", True)
     assert {name: output.type for name, output in train.outputs.items()} == {
         "model": "mlflow_model", "checkpoints": "uri_folder", "metrics": "uri_folder"}  # fmt: skip

@@ -112,7 +112,11 @@ def write_yaml_file(given: str, text: str) -> None:
 
 def print_or_write_yaml(job, as_yaml, yaml_file: str | None) -> str:
     """A dry run's YAML of `job` (`as_yaml(job, folder)`): written to --yaml_file, its local paths relative to that
-    file's folder, or printed with them relative to this one; returns it."""
+    file's folder, or printed with them relative to this one; returns it. The large files `az ml job create -f` would
+    upload with the code are named on stderr, as a submission names them."""
+    from scripts.azure_ml.code_snapshot import name_large_files, uploaded_files
+
+    name_large_files(Path.cwd(), uploaded_files(Path.cwd()))
     if yaml_file:
         text = as_yaml(job, Path(yaml_file).parent)
         write_yaml_file(yaml_file, text)
