@@ -20,28 +20,23 @@ is config.json or --subscription_id --resource_group --workspace, as for scripts
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Literal
 
 from scripts.azure_ml.assets import Asset, AssetError, asset_yaml, build, plan_data, plan_environment
-from scripts.azure_ml.jobs import SubmitError, check_not_written_over, check_yaml_dir
+from scripts.azure_ml.errors import SubmitError
+from scripts.azure_ml.options import DryRun, run_command
 from scripts.azure_ml.workspace import check_workspace_ids, not_signed_in, workspace_client
+from scripts.azure_ml.yaml_files import check_not_written_over, check_yaml_dir
 
 
-def create(
-    assets: list[Asset],
-    dry_run: bool,
-    yaml_dir: str | None,
-    subscription_id: str | None,
-    resource_group: str | None,
-    workspace: str | None,
-) -> str:
+def create(assets: list[Asset], options: DryRun) -> str:
     """Prints (dry_run) or creates the assets; returns their YAML (dry_run) or their references."""
+    dry_run, yaml_dir = options.dry_run, options.yaml_dir
     if yaml_dir and not dry_run:
         raise AssetError("--yaml_dir writes the YAML instead of creating the assets: add --dry_run true")
     check_yaml_dir(yaml_dir, "assets/")
-    check_workspace_ids(subscription_id, resource_group, workspace, not dry_run)
+    check_workspace_ids(*options.workspace_ids(), not dry_run)
     entities = [build(asset) for asset in assets]
     if dry_run:
         folder = Path(yaml_dir) if yaml_dir else Path(".")
@@ -59,7 +54,7 @@ def create(
         return "---\n".join(texts)
     from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
 
-    client = workspace_client(subscription_id, resource_group, workspace)
+    client = workspace_client(*options.workspace_ids())
     try:
         for asset, entity in zip(assets, entities):
             operations = client.data if asset.kind == "data" else client.environments
@@ -79,11 +74,7 @@ def data(
     version: str = "",
     mltable: bool = False,
     description: str = "",
-    dry_run: bool = False,
-    yaml_dir: str | None = None,
-    subscription_id: str | None = None,
-    resource_group: str | None = None,
-    workspace: str | None = None,
+    **given,
 ) -> str:
     """Registers a local file or folder as a version of a data asset (and a CSV also as an MLTable).
 
@@ -93,12 +84,10 @@ def data(
         version: the version to create, a number; versions are immutable, so each upload of changed data is the next.
         mltable: also register the CSV (or .tsv) as NAME-table, an MLTable of the same version.
         description: what the asset is; default: where it came from.
-        dry_run: print the assets' YAML instead of creating them.
-        yaml_dir: with dry_run, write data-NAME.yml files there for `az ml data create -f`.
-        subscription_id, resource_group, workspace: the workspace, when there is no config.json.
+        given: --dry_run, --yaml_dir (data-NAME.yml files) and the workspace (scripts/azure_ml/options.py's DryRun).
     """
     assets = plan_data(name, path, version, mltable, description)
-    return create(assets, dry_run, yaml_dir, subscription_id, resource_group, workspace)
+    return create(assets, DryRun(**given))
 
 
 def environment(
@@ -106,11 +95,7 @@ def environment(
     version: str = "",
     name: str | None = None,
     description: str = "",
-    dry_run: bool = False,
-    yaml_dir: str | None = None,
-    subscription_id: str | None = None,
-    resource_group: str | None = None,
-    workspace: str | None = None,
+    **given,
 ) -> str:
     """Registers a version of the training (CPU or GPU image) or serving environment.
 
@@ -120,29 +105,15 @@ def environment(
         version: the version to create, a number (Azure ML builds its image once, when a job first uses it).
         name: the environment's name; default: lightning-KIND.
         description: what it is; default: its packages and image.
-        dry_run: print its YAML instead of creating it.
-        yaml_dir: with dry_run, write environment-NAME.yml there for `az ml environment create -f`.
-        subscription_id, resource_group, workspace: the workspace, when there is no config.json.
+        given: --dry_run, --yaml_dir (environment-NAME.yml) and the workspace (scripts/azure_ml/options.py's DryRun).
     """
     asset = plan_environment(kind, name, version, description)
-    return create([asset], dry_run, yaml_dir, subscription_id, resource_group, workspace)
+    return create([asset], DryRun(**given))
 
 
 def main(args: list[str] | None = None) -> None:
     """Every mistake is one line on stderr and exit 1."""
-    import logging
-
-    from jsonargparse import ArgumentError, auto_cli
-
-    from scripts.training.cli_errors import argument_error_line
-
-    logging.getLogger("azure.ai.ml._utils._experimental").setLevel(logging.ERROR)
-    try:
-        auto_cli({"data": data, "environment": environment}, args=args, as_positional=True, exit_on_error=False)
-    except ArgumentError as error:
-        sys.exit(f"error: {argument_error_line(str(error))} (python -m scripts.assets --help lists the options)")
-    except SubmitError as error:
-        sys.exit(f"error: {error}")
+    run_command({"data": data, "environment": environment}, "scripts.assets", (SubmitError,), args)
 
 
 if __name__ == "__main__":

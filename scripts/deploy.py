@@ -33,13 +33,14 @@ workspace is config.json or --subscription_id --resource_group --workspace, as f
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 from typing import Literal
 
 from scripts.azure_ml.assets import default_kind
 from scripts.azure_ml.endpoints import SERVE_ENVIRONMENT, Names
-from scripts.azure_ml.jobs import SubmitError, check_not_written_over, check_yaml_dir, parse_reference
+from scripts.azure_ml.errors import SubmitError
+from scripts.azure_ml.option_values import parse_reference
+from scripts.azure_ml.options import DryRun, run_command
 from scripts.azure_ml.workspace import (
     GPU_SIZE,
     VM_SIZE,
@@ -48,6 +49,7 @@ from scripts.azure_ml.workspace import (
     not_signed_in,
     workspace_client,
 )
+from scripts.azure_ml.yaml_files import check_not_written_over, check_yaml_dir
 
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{1,30}[A-Za-z0-9]")  # Azure ML's rule for endpoint and deployment names
 MODEL = re.compile(r"(?:azureml:|models:/)?([A-Za-z0-9][\w.-]*)[:/](\d+)")
@@ -92,6 +94,19 @@ def registered_environment(environment: str | None, with_code: bool, option: str
             "(python -m scripts.assets environment serving)"
         )
     return reference
+
+
+def checked_output(options: DryRun, with_code: bool, environment: str | None, option: str) -> str | None:
+    """The last checks before the SDK's import: the dry run's folder, the code folder (`with_code`: the deployment
+    uploads it), the workspace's ids; returns the registered environment (--environment, which goes with `option`)."""
+    if options.yaml_dir and not options.dry_run:
+        raise DeployError("--yaml_dir writes the YAML instead of deploying: add --dry_run true")
+    check_yaml_dir(options.yaml_dir, "deploy/")
+    if with_code:
+        check_code_folder()
+    environment = registered_environment(environment, with_code, option)
+    check_workspace_ids(*options.workspace_ids(), not options.dry_run)
+    return environment
 
 
 def print_or_write(entities: tuple, yaml_dir: str | None, kind: str) -> str:
@@ -180,11 +195,7 @@ def online(
     workers: int = 1,
     request_timeout_ms: int = 5000,
     environment: str | None = None,
-    dry_run: bool = False,
-    yaml_dir: str | None = None,
-    subscription_id: str | None = None,
-    resource_group: str | None = None,
-    workspace: str | None = None,
+    **given,
 ) -> str:
     """Creates or updates the managed online endpoint and its deployment, and sends it all traffic; returns the
     scoring URI (or, with dry_run, the YAML).
@@ -204,9 +215,8 @@ def online(
         request_timeout_ms: Azure ML's request timeout (its default, 5000 ms, fits these models), 180000 at most.
         environment: with --scoring script, a registered serving environment, azureml:NAME:VERSION (python -m
             scripts.assets environment serving); default: scripts/serving/environment.yml, built with the deployment.
-        dry_run: print the endpoint's and the deployment's YAML instead of creating them.
-        yaml_dir: with dry_run, write endpoint.yml and deployment.yml to this folder (for `az ml ... create -f`).
-        subscription_id, resource_group, workspace: the workspace, when there is no config.json.
+        given: --dry_run (the endpoint's and the deployment's YAML), --yaml_dir (endpoint.yml and deployment.yml)
+            and the workspace (scripts/azure_ml/options.py's DryRun).
     """
     names = check_names(model, endpoint, deployment)
     if not VM_SIZE.fullmatch(instance_type):
@@ -224,20 +234,15 @@ def online(
             f"--request_timeout_ms {request_timeout_ms}: Azure ML's managed online endpoints take "
             f"{MAX_REQUEST_TIMEOUT_MS} (3 minutes) at most; give {MAX_REQUEST_TIMEOUT_MS} or less"
         )
-    if yaml_dir and not dry_run:
-        raise DeployError("--yaml_dir writes the YAML instead of deploying: add --dry_run true")
-    check_yaml_dir(yaml_dir, "deploy/")
+    options = DryRun(**given)
     with_code = scoring == "script"
-    if with_code:
-        check_code_folder()
-    environment = registered_environment(environment, with_code, "--scoring script")
-    check_workspace_ids(subscription_id, resource_group, workspace, not dry_run)
+    environment = checked_output(options, with_code, environment, "--scoring script")
     from scripts.azure_ml.endpoints import build_online
 
     entities = build_online(names, instance_type, instance_count, auth_mode or "key", scoring, workers,
                             request_timeout_ms, environment)  # fmt: skip
-    if dry_run:
-        return print_or_write(entities, yaml_dir, "online")
+    if options.dry_run:
+        return print_or_write(entities, options.yaml_dir, "online")
 
     def all_traffic(endpoints) -> str:
         created = endpoints.get(names.endpoint)
@@ -250,7 +255,7 @@ def online(
         endpoints.begin_create_or_update(created).result()
         return endpoints.get(names.endpoint).scoring_uri
 
-    client = workspace_client(subscription_id, resource_group, workspace)
+    client = workspace_client(*options.workspace_ids())
     scoring_uri = create(client, names, "online_endpoints", *entities, all_traffic, () if auth_mode else ("auth_mode",))
     credentials = "get-credentials" if entities[0].auth_mode == "key" else "get-credentials (an aml_token)"
     print(f"deployment {names.deployment} takes all traffic of {scoring_uri}")
@@ -268,11 +273,7 @@ def batch(
     mini_batch_size: int = 10,
     max_concurrency_per_instance: int = 1,
     environment: str | None = None,
-    dry_run: bool = False,
-    yaml_dir: str | None = None,
-    subscription_id: str | None = None,
-    resource_group: str | None = None,
-    workspace: str | None = None,
+    **given,
 ) -> str:
     """Creates or updates a batch endpoint and a model deployment, its default; returns the endpoint's invocation URI
     (or, with dry_run, the YAML).
@@ -287,11 +288,11 @@ def batch(
         instance_count: nodes of the cluster a scoring job uses.
         mini_batch_size: files per call of the scoring code (per run(mini_batch)).
         max_concurrency_per_instance: scoring processes per node.
-        environment: with --inputs images, a registered serving environment, azureml:NAME:VERSION; default:
-            scripts/serving/environment.yml, built with the deployment.
-        dry_run: print the endpoint's and the deployment's YAML instead of creating them.
-        yaml_dir: with dry_run, write endpoint.yml and deployment.yml to this folder (for `az ml ... create -f`).
-        subscription_id, resource_group, workspace: the workspace, when there is no config.json.
+        environment: with --inputs images, a registered serving environment, azureml:NAME:VERSION, with azureml-core
+            in it (Azure ML's batch driver needs it); default: scripts/serving/environment.yml and azureml-core, built
+            with the deployment.
+        given: --dry_run (the endpoint's and the deployment's YAML), --yaml_dir (endpoint.yml and deployment.yml)
+            and the workspace (scripts/azure_ml/options.py's DryRun).
     """
     names = check_names(model, endpoint, deployment)
     if inputs is None:
@@ -306,20 +307,15 @@ def batch(
         )
     if instance_count < 1 or mini_batch_size < 1 or max_concurrency_per_instance < 1:
         raise DeployError("--instance_count, --mini_batch_size and --max_concurrency_per_instance must be 1 or more")
-    if yaml_dir and not dry_run:
-        raise DeployError("--yaml_dir writes the YAML instead of deploying: add --dry_run true")
-    check_yaml_dir(yaml_dir, "deploy/")
+    options = DryRun(**given)
     with_code = inputs == "images"
-    if with_code:
-        check_code_folder()
-    environment = registered_environment(environment, with_code, "--inputs images")
-    check_workspace_ids(subscription_id, resource_group, workspace, not dry_run)
+    environment = checked_output(options, with_code, environment, "--inputs images")
     from scripts.azure_ml.endpoints import build_batch
 
     entities = build_batch(names, inputs, compute, instance_count, mini_batch_size, max_concurrency_per_instance,
                            environment)  # fmt: skip
-    if dry_run:
-        return print_or_write(entities, yaml_dir, "batch")
+    if options.dry_run:
+        return print_or_write(entities, options.yaml_dir, "batch")
 
     def default_deployment(endpoints) -> str:
         created = endpoints.get(names.endpoint)
@@ -327,7 +323,7 @@ def batch(
         endpoints.begin_create_or_update(created).result()
         return endpoints.get(names.endpoint).scoring_uri
 
-    client = workspace_client(subscription_id, resource_group, workspace)
+    client = workspace_client(*options.workspace_ids())
     uri = create(client, names, "batch_endpoints", *entities, default_deployment)
     kind = "uri_folder" if with_code else "uri_folder (or uri_file for one CSV)"
     print(f"deployment {names.deployment} is the default of {uri}")
@@ -337,19 +333,7 @@ def batch(
 
 def main(args: list[str] | None = None) -> None:
     """Every mistake is one line on stderr and exit 1."""
-    import logging
-
-    from jsonargparse import ArgumentError, auto_cli
-
-    from scripts.training.cli_errors import argument_error_line
-
-    logging.getLogger("azure.ai.ml._utils._experimental").setLevel(logging.ERROR)
-    try:
-        auto_cli({"online": online, "batch": batch}, args=args, as_positional=True, exit_on_error=False)
-    except ArgumentError as error:
-        sys.exit(f"error: {argument_error_line(str(error))} (python -m scripts.deploy --help lists the options)")
-    except (DeployError, SubmitError) as error:
-        sys.exit(f"error: {error}")
+    run_command({"online": online, "batch": batch}, "scripts.deploy", (DeployError, SubmitError), args)
 
 
 if __name__ == "__main__":

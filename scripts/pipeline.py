@@ -25,64 +25,34 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Literal
 
-from scripts.azure_ml.jobs import (
-    SubmitError,
-    check_yaml_dir,
-    check_yaml_file,
-    cpu_image_note,
-    submit_job,
-    write_yaml_file,
-)
+from scripts.azure_ml.errors import SubmitError
+from scripts.azure_ml.job_configs import cpu_image_note
+from scripts.azure_ml.options import JobOptions, Workspace, run_command
+from scripts.azure_ml.submission import submit_job
 from scripts.azure_ml.workspace import check_workspace_ids, not_signed_in, workspace_client
-from scripts.training.cli_errors import argument_error_line
+from scripts.azure_ml.yaml_files import check_yaml_dir, check_yaml_file, print_or_write_yaml
 
 
 def pipeline(
     task: str,
-    compute: str = "",
-    presets: list[str] | None = None,
-    nodes: int = 1,
-    processes_per_node: int = 1,
-    distribution: Literal["pytorch", "mpi"] = "pytorch",
     data: str | None = None,
     test_data: str | None = None,
     score_data: str | None = None,
     model_name: str | None = None,
     metric: str = "test_acc",
     threshold: float = 0.9,
-    train_args: str = "",
-    sweep: str | None = None,
     name: str | None = None,
-    experiment: str | None = None,
-    image: str | None = None,
-    environment: str | None = None,
-    tier: Literal["spot", "standard"] | None = None,
-    timeout: str | None = None,
-    shm_size: str | None = None,
     local: bool = False,
     local_dir: str = "outputs",
-    dry_run: bool = False,
-    yaml_file: str | None = None,
     components: bool = False,
     version: str | None = None,
-    stream: bool = False,
-    subscription_id: str | None = None,
-    resource_group: str | None = None,
-    workspace: str | None = None,
-    instance_type: str | None = None,
+    **given,
 ) -> str:
     """Builds the pipeline and submits it (or prints its YAML, runs it here, registers its components).
 
     Args:
         task: the task's config, e.g. configs/birds.yaml.
-        compute: the Azure ML compute cluster every step runs on, or serverless (Azure ML's serverless compute: the
-            VM size of --instance_type, or one Azure ML picks, a CPU one).
-        presets: configs added after it, e.g. configs/trainer/gpu.yaml (not ddp*.yaml: the train step adds those).
-        nodes: machines of the train step (its instance count).
-        processes_per_node: processes on each, one per GPU.
-        distribution: how Azure ML starts the train step's processes: `pytorch` or `mpi`.
         data: the training data: a local folder or file (as the task reads; uploaded), azureml:NAME:VERSION or a URI;
             default: the config's own (penguins: the palmerpenguins package; birds, MNIST: their download).
         test_data: what the evaluate step tests on (its test split); default: --data.
@@ -90,28 +60,18 @@ def pipeline(
         model_name: the name the register step registers the model under; default: TASK-classifier.
         metric: the evaluation's metric the threshold is for: test_acc (reached at or above) or test_loss (at or below).
         threshold: the value --metric must reach for the model to be registered.
-        train_args: more scripts.train options of the train step, e.g. "--data.init_args.num_workers 4".
-        sweep: a sweep file (configs/sweeps/TASK.yaml): the train step is an Azure ML sweep over it, its best trial's
-            outputs going on to evaluate.
         name: the components' names' start (NAME_train, NAME_evaluate, ...); default: the config's file name.
-        experiment: the Azure ML experiment; default: the config's logger's.
-        image: the Docker base image environment.yml is built on (as scripts.submit).
-        environment: a registered environment, azureml:NAME:VERSION, for every step.
-        tier: every step's job tier: spot (preemptible; the train step resumes from its checkpoints output) or standard.
-        timeout: every step's time limit: seconds or 90m, 4h, 1h30m, 2d.
-        shm_size: /dev/shm of the train and evaluate steps; default: 1g per DataLoader worker of each process.
         local: run the pipeline on this machine, step after step, instead of submitting it.
         local_dir: with local, where its folders (local_dir/pipelines/...) and MLflow store (local_dir/mlflow.db) go.
-        dry_run: print the pipeline's YAML (or with --components true, the components') instead of submitting it.
-        yaml_file: with dry_run, write it to this file (with components: a folder of TASK_STEP.yml files).
         components: register the four components in the workspace (a version each: --version) instead of a pipeline.
         version: with components, the version to register them as, a number.
-        stream: follow the submitted pipeline's logs and exit with its status.
-        subscription_id, resource_group, workspace: the workspace, when there is no config.json.
-        instance_type: with --compute serverless, the VM size of the train and evaluate steps, e.g.
-            Standard_NC4as_T4_v3 (a GPU size for configs that run on GPUs); register and score run on CPUs: a GPU
-            size leaves theirs to Azure ML (a CPU one).
+        given: the train step's launch and the steps' settings, a dry run's output, the workspace
+            (scripts/azure_ml/options.py's JobOptions).
     """
+    options = JobOptions(**given)
+    compute, nodes, processes_per_node = options.compute, options.nodes, options.processes_per_node
+    train_args, dry_run, yaml_file, stream = options.train_args, options.dry_run, options.yaml_file, options.stream
+    environment, image, instance_type = options.environment, options.image, options.instance_type
     if not compute and not local and not components:
         raise SubmitError("give the compute cluster to run on: --compute NAME (or --local true to run it here)")
     if local and (dry_run or components or stream):
@@ -137,12 +97,13 @@ def pipeline(
         check_version(version or "")
     elif version is not None:
         raise SubmitError("--version is the components' version: add --components true, or leave it out")
-    check_workspace_ids(subscription_id, resource_group, workspace, not (dry_run or local))
+    check_workspace_ids(*options.workspace_ids(), not (dry_run or local))
     from scripts.azure_ml.pipelines import plan_pipeline
 
-    plan = plan_pipeline([task, *(presets or [])], compute, nodes, processes_per_node, distribution, train_args, data,
-                         test_data, score_data, model_name, metric, threshold, name, experiment, image, environment,
-                         tier, timeout, shm_size, sweep, components, instance_type)  # fmt: skip
+    plan = plan_pipeline([task, *(options.presets or [])], compute, nodes, processes_per_node, options.distribution,
+                         train_args, data, test_data, score_data, model_name, metric, threshold, name,
+                         options.experiment, image, environment, options.tier, options.timeout, options.shm_size,
+                         options.sweep, components, instance_type)  # fmt: skip
     note = None if local or environment or image else cpu_image_note(plan.components.configs, train_args, compute,
                                                                       processes_per_node, instance_type)  # fmt: skip
     if note:  # as scripts.submit's: GPUs look meant, and the steps get the CPU image
@@ -159,21 +120,15 @@ def pipeline(
 
         return str(run_local(plan, Path(local_dir)))
     if components:
-        return create_components(plan, version, dry_run, yaml_file, subscription_id, resource_group, workspace)
+        return create_components(plan, version, dry_run, yaml_file, options)
     from scripts.azure_ml.pipelines import build_pipeline, pipeline_yaml
 
     job = build_pipeline(plan)
     if dry_run:
-        if yaml_file:
-            text = pipeline_yaml(job, Path(yaml_file).parent)
-            write_yaml_file(yaml_file, text)
-            return text
-        text = pipeline_yaml(job)
-        print(text, end="")
-        return text
+        return print_or_write_yaml(job, pipeline_yaml, yaml_file)
     from azure.ai.ml.exceptions import MlException
 
-    client = workspace_client(subscription_id, resource_group, workspace)
+    client = workspace_client(*options.workspace_ids())
     steps = [step.trial if step.type == "sweep" else step.component for step in job.jobs.values()]
     try:
         return submit_job(client, job, steps, stream)
@@ -193,8 +148,7 @@ def refusal(text: str) -> str:
     return f"{error.get('path')} {error.get('value')}: {message}"
 
 
-def create_components(plan, version: str, dry_run: bool, yaml_file: str | None, subscription_id: str | None,
-                      resource_group: str | None, workspace: str | None) -> str:  # fmt: skip
+def create_components(plan, version: str, dry_run: bool, yaml_file: str | None, workspace: Workspace) -> str:
     """Registers (or prints) the task's four components; returns their references (or YAML)."""
     from scripts.azure_ml.components import component_yaml
     from scripts.azure_ml.pipelines import build_components_of
@@ -217,7 +171,7 @@ def create_components(plan, version: str, dry_run: bool, yaml_file: str | None, 
 
     from scripts.azure_ml.code_snapshot import code_snapshot
 
-    client = workspace_client(subscription_id, resource_group, workspace)
+    client = workspace_client(*workspace.workspace_ids())
     created = []
     try:
         with code_snapshot(Path.cwd()) as code:
@@ -239,17 +193,7 @@ def create_components(plan, version: str, dry_run: bool, yaml_file: str | None, 
 def main(args: list[str] | None = None) -> None:
     """A bad config, option, input, threshold, name or login ends in one line on stderr and exit status 1; so does a
     step that fails here (--local true) or a followed pipeline that does not complete."""
-    import logging
-
-    from jsonargparse import ArgumentError, auto_cli
-
-    logging.getLogger("azure.ai.ml._utils._experimental").setLevel(logging.ERROR)
-    try:
-        auto_cli(pipeline, args=args, as_positional=True, exit_on_error=False)
-    except ArgumentError as error:
-        sys.exit(f"error: {argument_error_line(str(error))} (python -m scripts.pipeline --help lists the options)")
-    except SubmitError as error:
-        sys.exit(f"error: {error}")
+    run_command(pipeline, "scripts.pipeline", (SubmitError,), args)
 
 
 if __name__ == "__main__":

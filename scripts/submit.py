@@ -32,94 +32,42 @@ Needs azure-ai-ml (pyproject's `azure` extra, which `make install` installs).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import Literal
 
 from scripts.azure_ml.assets import default_kind
-from scripts.azure_ml.jobs import (
-    GPU_ACCELERATORS,
-    SubmitError,
-    accelerator_of,
-    build_job,
-    check_yaml_file,
-    cpu_image_note,
-    job_yaml,
-    submit_job,
-    write_yaml_file,
-)
+from scripts.azure_ml.errors import SubmitError
+from scripts.azure_ml.job_configs import GPU_ACCELERATORS, accelerator_of, cpu_image_note
+from scripts.azure_ml.jobs import build_job
+from scripts.azure_ml.options import JobOptions, run_command
+from scripts.azure_ml.submission import submit_job
 from scripts.azure_ml.workspace import check_workspace_ids, workspace_client
-from scripts.training.cli_errors import argument_error_line
+from scripts.azure_ml.yaml_files import check_yaml_file, job_yaml, print_or_write_yaml
 
 
-def submit(
-    task: str,
-    compute: str = "",
-    presets: list[str] | None = None,
-    nodes: int = 1,
-    processes_per_node: int = 1,
-    distribution: Literal["pytorch", "mpi"] = "pytorch",
-    inputs: list[str] | None = None,
-    train_args: str = "",
-    experiment: str | None = None,
-    image: str | None = None,
-    dry_run: bool = False,
-    yaml_file: str | None = None,
-    stream: bool = False,
-    subscription_id: str | None = None,
-    resource_group: str | None = None,
-    workspace: str | None = None,
-    sweep: str | None = None,
-    environment: str | None = None,
-    tier: Literal["spot", "standard"] | None = None,
-    timeout: str | None = None,
-    shm_size: str | None = None,
-    instance_type: str | None = None,
-) -> str:
+def submit(task: str, inputs: list[str] | None = None, **given) -> str:
     """Builds the job and submits it (or prints its YAML); returns the job's name (or the YAML).
 
     Args:
         task: the task's config, e.g. configs/mnist.yaml.
-        compute: the Azure ML compute cluster's name, or serverless (Azure ML's serverless compute: no cluster, the
-            VM size of --instance_type or one Azure ML picks, a CPU one).
-        presets: configs added after it, in order, e.g. configs/trainer/gpu.yaml (not ddp*.yaml: submit adds those).
-        nodes: machines (instance_count); with processes_per_node > 1 or nodes > 1 the job runs DDP.
-        processes_per_node: processes on each machine, one per GPU (process_count_per_instance).
-        distribution: how Azure ML starts the processes: `pytorch` (torch.distributed's variables) or `mpi`.
         inputs: OPTION=PATH[,type=uri_folder|uri_file][,mode=ro_mount|download|direct|eval_mount|eval_download]:
             the data at PATH (a local path, uploaded; a datastore URI; azureml:NAME:VERSION) is given to the job and
             its path passed as --OPTION. A local path is a file or folder as on disk; anything else a folder unless
             `type=uri_file`; mode ro_mount unless given.
-        train_args: more `scripts.train` options, e.g. "--trainer.max_epochs 5" (not devices, num_nodes, strategy).
-        experiment: the Azure ML experiment; default: the configs' logger's experiment_name.
-        image: the Docker base image environment.yml is built on; default: Azure ML's Open MPI image, its CUDA one
-            when the configs run on GPUs.
-        dry_run: print the job's YAML instead of submitting; save it at the repository's root (job.yml) and
-            `az ml job create -f job.yml` runs it.
-        yaml_file: with dry_run, write the YAML to this file instead, its code path relative to the file's folder.
-        stream: follow the submitted job's logs and exit with its status (0 when it completed).
-        subscription_id, resource_group, workspace: the workspace, when there is no config.json.
-        sweep: a sweep file (configs/sweeps/TASK.yaml): submit an Azure ML sweep job over its search space, each
-            trial this command with the trial's values (scripts/sweeps/azure.py).
-        environment: a registered environment, azureml:NAME:VERSION (python -m scripts.assets environment training),
-            instead of building environment.yml on --image.
-        tier: Azure ML's job tier (queue settings): spot (preemptible, cheaper; the job resumes from its checkpoints
-            output when restarted) or standard; default: the compute's own.
-        timeout: the job's time limit: seconds (3600) or a duration of days, hours, minutes, seconds: 90m, 4h, 1h30m,
-            2d. A sweep's limits are its file's budget.time and trial_time.
-        shm_size: the container's /dev/shm, e.g. 8g; default: 1g per DataLoader worker of each process on a node
-            (data.init_args.num_workers; at least 2g), or Azure ML's own when the data loads in the training process.
-        instance_type: with --compute serverless, the VM size, e.g. Standard_NC4as_T4_v3 (a GPU size for configs
-            that run on GPUs).
+        given: the job's options (scripts/azure_ml/options.py's JobOptions).
     """
+    options = JobOptions(**given)
+    compute, nodes, processes_per_node = options.compute, options.nodes, options.processes_per_node
+    train_args, dry_run, yaml_file = options.train_args, options.dry_run, options.yaml_file
+    environment, image, instance_type = options.environment, options.image, options.instance_type
+    sweep, timeout, tier = options.sweep, options.timeout, options.tier
     if not compute:
         raise SubmitError("give the compute cluster to run on: --compute NAME (or --compute serverless)")
-    if stream and dry_run:
+    if options.stream and dry_run:
         raise SubmitError("--stream follows a submitted job: leave out --dry_run")
     if yaml_file and not dry_run:
         raise SubmitError(f"--yaml_file {yaml_file} writes the job's YAML instead of submitting it: add --dry_run true")
     if yaml_file:
         check_yaml_file(yaml_file)
-    check_workspace_ids(subscription_id, resource_group, workspace, not dry_run)  # before build_job imports the SDK
+    check_workspace_ids(*options.workspace_ids(), not dry_run)  # before build_job imports the SDK
     if environment and default_kind(environment) == "serving":  # the job would fail at its first import
         raise SubmitError(
             f"--environment {environment}: the serving environment (scripts/serving/environment.yml: no torch, no "
@@ -128,8 +76,8 @@ def submit(
         )
     if sweep and timeout is not None:
         raise SubmitError("--timeout with --sweep: a sweep's limits are its file's budget.time and budget.trial_time")
-    configs = [task, *(presets or [])]
-    settings = {"environment": environment, "tier": tier, "timeout": timeout, "shm_size": shm_size,
+    configs = [task, *(options.presets or [])]
+    settings = {"environment": environment, "tier": tier, "timeout": timeout, "shm_size": options.shm_size,
                 "instance_type": instance_type}  # fmt: skip
     as_yaml = job_yaml
     if sweep:
@@ -141,12 +89,12 @@ def submit(
         except SweepError as error:
             raise SubmitError(f"--sweep {error}") from None
         args = " ".join(part for part in (trial_args(spec), train_args) if part)
-        trial = build_job(configs, compute, nodes, processes_per_node, distribution, inputs, args, experiment, image,
-                          checkpoints=False, checked_args=train_args, **settings)  # fmt: skip
+        trial = build_job(configs, compute, nodes, processes_per_node, options.distribution, inputs, args,
+                          options.experiment, image, False, checked_args=train_args, **settings)  # fmt: skip
         job, as_yaml = build_sweep_job(trial, spec, trial.compute, tier), sweep_yaml  # None: serverless
     else:
-        job = build_job(configs, compute, nodes, processes_per_node, distribution, inputs, train_args, experiment,
-                        image, checked_args=train_args, **settings)  # fmt: skip
+        job = build_job(configs, compute, nodes, processes_per_node, options.distribution, inputs, train_args,
+                        options.experiment, image, checked_args=train_args, **settings)  # fmt: skip
     note = None if environment or image else cpu_image_note(configs, train_args, compute, processes_per_node,
                                                             instance_type)  # fmt: skip
     gpu = accelerator_of(configs, train_args) in GPU_ACCELERATORS
@@ -159,32 +107,15 @@ def submit(
     if note:  # after the checks: the configs are there and parse
         print(note, file=sys.stderr)
     if dry_run:
-        if yaml_file:
-            text = as_yaml(job, Path(yaml_file).parent)
-            write_yaml_file(yaml_file, text)
-            return text
-        text = as_yaml(job)
-        print(text, end="")
-        return text
-    client = workspace_client(subscription_id, resource_group, workspace)
-    return submit_job(client, job, [job.trial if sweep else job], stream)
+        return print_or_write_yaml(job, as_yaml, yaml_file)
+    client = workspace_client(*options.workspace_ids())
+    return submit_job(client, job, [job.trial if sweep else job], options.stream)
 
 
 def main(args: list[str] | None = None) -> None:
     """A bad config path, option, workspace or login ends in one line on stderr and exit status 1; so does a job
     followed with --stream that does not complete."""
-    import logging
-
-    from jsonargparse import ArgumentError, auto_cli
-
-    # azure-ai-ml warns of its own experimental schema classes when it writes a job: nothing a user can act on.
-    logging.getLogger("azure.ai.ml._utils._experimental").setLevel(logging.ERROR)
-    try:
-        auto_cli(submit, args=args, as_positional=True, exit_on_error=False)
-    except ArgumentError as error:
-        sys.exit(f"error: {argument_error_line(str(error))} (python -m scripts.submit --help lists the options)")
-    except SubmitError as error:
-        sys.exit(f"error: {error}")
+    run_command(submit, "scripts.submit", (SubmitError,), args)
 
 
 if __name__ == "__main__":

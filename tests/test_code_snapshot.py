@@ -88,6 +88,12 @@ SECRETS_AND_CHECKPOINTS = {
     ".ssh/id_rsa": "-----BEGIN OPENSSH PRIVATE KEY-----\n",
     "best.ckpt": "weights",
     "scripts/old/last.ckpt": "weights",
+    "credentials.json": '{"client_secret": "s3cret"}',
+    "configs/gcp-credentials.json": '{"private_key": "s3cret"}',
+    "model.onnx": "weights",
+    "outputs-old/network.pt": "weights",
+    "weights/resnet.pth": "weights",
+    "model.safetensors": "weights",
 }
 
 
@@ -108,6 +114,34 @@ def test_secrets_and_checkpoints_are_never_uploaded_and_the_sdk_leaves_them_out_
         assert "s3cret" not in "".join(p.read_text() for p in snapshot.rglob("*") if p.is_file())
     if ignore_file == ".amlignore":
         assert uploaded == sdk_files(project)
+
+
+def test_a_large_file_uploaded_is_named_with_the_amlignore_line_that_leaves_it_out(tmp_path, capsys, monkeypatch):
+    """A 300 MB CSV at the root goes up with every job: said once, with the line, and left out once it is added."""
+    from scripts.azure_ml import code_snapshot as snapshots
+    from scripts.azure_ml.yaml_files import print_or_write_yaml
+
+    project = a_project(tmp_path / "project", ".amlignore", (REPO / ".amlignore").read_text())
+    with open(project / "penguins-300MB.csv", "wb") as file:
+        file.truncate(300 * 2**20)  # sparse: no disk taken
+    (project / "small.csv").write_text("species\n")
+    with code_snapshot(project):
+        pass
+    with code_snapshot(project):  # a local pipeline's next step: said once
+        pass
+    note = capsys.readouterr().err.splitlines()
+    assert note == [
+        "note: the code upload takes penguins-300MB.csv (300 MB) with every job; add the line /penguins-300MB.csv to "
+        ".amlignore to leave it out, and give it as data with --inputs+ OPTION=PATH (scripts.pipeline: --data)"
+    ]
+    snapshots.named_large.clear()
+    monkeypatch.chdir(project)  # a dry run: `az ml job create -f` of its YAML would upload the file too
+    print_or_write_yaml(None, lambda job: "type: command\n", None)
+    assert capsys.readouterr().err.splitlines() == note
+    snapshots.named_large.clear()
+    with open(project / ".amlignore", "a") as file:
+        file.write("/penguins-300MB.csv\n")
+    assert "penguins-300MB.csv" not in uploaded_files(project) and "small.csv" in uploaded_files(project)
 
 
 def test_what_gitignore_leaves_out_stays_out_beside_an_amlignore(tmp_path):
@@ -135,6 +169,6 @@ def test_a_submission_asks_for_the_repositorys_own_code_snapshot(monkeypatch, ca
     azure = FakeAzureML()
     monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: fake_client(azure))
     monkeypatch.chdir(REPO)
-    submit("configs/penguins.yaml", "cpu-cluster")
+    submit("configs/penguins.yaml", compute="cpu-cluster")
     assert capsys.readouterr().out.startswith("submitted ")
     assert azure.code_hashes == [sdk_hash(REPO)]

@@ -43,13 +43,17 @@ def test_each_tasks_components_read_back_with_load_component_from_another_folder
 
     for config in ("configs/penguins.yaml", "configs/birds.yaml"):
         folder = tmp_path / Path(config).stem
-        pipeline(config, "c", components=True, version="2", dry_run=True, yaml_file=str(folder))
+        pipeline(config, compute="c", components=True, version="2", dry_run=True, yaml_file=str(folder))
     monkeypatch.chdir(tmp_path)  # `az ml component create -f` from elsewhere: the code is still this repository
     birds = {step: load_component(tmp_path / "birds" / f"birds_{step}.yml") for step in
              ("train", "evaluate", "register", "score")}  # fmt: skip
     train = birds["train"]
     assert (train.name, train.version, (tmp_path / "birds" / train.code).resolve()) == ("birds_train", "2", REPO)
     assert {name: train.inputs[name].default for name in DESIGNER} == DESIGNER
+    # Where a parameter means other than the designer's, the studio shows how in its description.
+    assert "the designer's counts epochs" in train.inputs["warmup_step_number"].description
+    learning_rate = train.inputs["learning_rate"].description
+    assert "multiplied by the processes' count and decays polynomially" in learning_rate
     assert (train.inputs["training_data"].type, train.inputs["training_data"].optional) == ("uri_folder", True)
     assert {name: output.type for name, output in train.outputs.items()} == {
         "model": "mlflow_model", "checkpoints": "uri_folder", "metrics": "uri_folder"}  # fmt: skip
@@ -68,11 +72,12 @@ def test_each_tasks_components_read_back_with_load_component_from_another_folder
     assert load_component(tmp_path / "penguins" / "penguins_score.yml").inputs["data"].type == "uri_file"
 
 
-def test_the_train_command_with_its_defaults_is_one_the_cli_accepts(tmp_path):
+def test_the_train_command_with_its_defaults_is_one_the_cli_accepts(tmp_path, birds_folder):
     from scripts.azure_ml.local_pipeline import local_command, step_inputs
     from scripts.azure_ml.pipelines import plan_pipeline
 
-    plan = plan_pipeline(["configs/birds.yaml"], "c", data=str(tmp_path), train_args="--trainer.max_epochs 2")
+    plan = plan_pipeline(["configs/birds.yaml"], "c", data=str(tmp_path), train_args="--trainer.max_epochs 2",
+                         score_data=str(birds_folder))  # fmt: skip
     inputs = step_inputs(plan, {})["train"] | {"patience": 7, "learning_rate": 0.01}
     outputs = {name: tmp_path / name for name in ("model", "checkpoints", "metrics")}
     args = local_command(plan.components.commands["train"], inputs, outputs)
@@ -89,8 +94,8 @@ def test_the_pipeline_yaml_reads_back_with_load_job_its_steps_wired_and_set(tmp_
     from azure.ai.ml import load_job
 
     target = tmp_path / "jobs" / "birds.yml"  # in a folder not there yet: it is made
-    pipeline("configs/birds.yaml", "gpu", nodes=2, processes_per_node=4, distribution="mpi", data=str(birds_folder),
-             tier="spot", timeout="2h", dry_run=True, yaml_file=str(target))  # fmt: skip
+    pipeline("configs/birds.yaml", compute="gpu", nodes=2, processes_per_node=4, distribution="mpi",
+             data=str(birds_folder), tier="spot", timeout="2h", dry_run=True, yaml_file=str(target))  # fmt: skip
     # 4 processes a node, the accelerator left to Lightning: scripts.submit's note that the steps get the CPU image
     assert "note: configs/birds.yaml leaves trainer.accelerator to Lightning: " in capsys.readouterr().err
     job = load_job(target)
@@ -121,7 +126,8 @@ def test_a_sweep_is_the_train_step(capsys, tmp_path, birds_folder):
     SDK's sweep node takes the component alone), on the pipeline's serverless compute."""
     from azure.ai.ml import load_job
 
-    text = pipeline("configs/birds.yaml", "serverless", data=str(birds_folder), sweep="configs/sweeps/birds.yaml",
+    text = pipeline("configs/birds.yaml", compute="serverless", data=str(birds_folder),
+                    sweep="configs/sweeps/birds.yaml",
                     tier="spot", nodes=2, processes_per_node=4, instance_type="Standard_NC4as_T4_v3",
                     dry_run=True)  # fmt: skip
     (tmp_path / "sweep.yml").write_text(text)
@@ -141,25 +147,27 @@ def test_a_sweep_is_the_train_step(capsys, tmp_path, birds_folder):
 def test_a_sweep_under_mpi_says_its_trials_lack_the_stop_grace(tmp_path, monkeypatch, capsys):
     """Azure ML's sweep node takes no environment variables, so OMPI_MCA_odls_base_sigkill_timeout, which the train
     step has, does not reach its trials: said, for DDP under mpi; Horovod's image carries it (tests/test_submit.py)."""
-    monkeypatch.setattr("scripts.azure_ml.jobs.HOROVOD_CONTEXT", tmp_path / "horovod-image")  # not this repo's outputs/
+    monkeypatch.setattr("scripts.azure_ml.images.HOROVOD_CONTEXT", tmp_path / "horovod-image")  # not outputs/
     common = {"score_data": str(PENGUINS), "sweep": "configs/sweeps/penguins.yaml", "nodes": 2, "processes_per_node": 2,
               "dry_run": True}  # fmt: skip
     for presets, distribution, said in [([], "mpi", True), ([], "pytorch", False),
                                         (["configs/trainer/horovod.yaml"], "mpi", False)]:  # fmt: skip
-        text = pipeline("configs/penguins.yaml", "cpu", presets, distribution=distribution, **common)
+        text = pipeline("configs/penguins.yaml", compute="cpu", presets=presets, distribution=distribution, **common)
         assert "environment_variables" not in yaml.safe_load(text)["jobs"]["train"]  # the SDK's sweep node has none
         note = "note: a pipeline's sweep trials take no environment variables, so under --distribution mpi Open MPI "
         assert (note in capsys.readouterr().err) == said, (presets, distribution)
-    steps = yaml.safe_load(pipeline("configs/penguins.yaml", "cpu", distribution="mpi", **{**common, "sweep": None}))
+    steps = yaml.safe_load(
+        pipeline("configs/penguins.yaml", compute="cpu", distribution="mpi", **{**common, "sweep": None})
+    )
     assert steps["jobs"]["train"]["environment_variables"] == {"OMPI_MCA_odls_base_sigkill_timeout": "10"}
 
 
 def test_the_steps_read_the_configs_in_the_order_their_image_was_chosen_by(tmp_path, monkeypatch, capsys):
     """A GPU preset given before Horovod's, whose config sets the CPU build's accelerator: the steps read Horovod's
     first, as scripts.submit's job does, so the GPU preset wins in them as it did in choosing the GPU image."""
-    monkeypatch.setattr("scripts.azure_ml.jobs.HOROVOD_CONTEXT", tmp_path / "horovod-image")  # not this repo's outputs/
+    monkeypatch.setattr("scripts.azure_ml.images.HOROVOD_CONTEXT", tmp_path / "horovod-image")  # not outputs/
     presets = ["configs/trainer/gpu.yaml", "configs/trainer/horovod.yaml"]
-    text = pipeline("configs/penguins.yaml", "gpu", presets, score_data=str(PENGUINS), dry_run=True)
+    text = pipeline("configs/penguins.yaml", compute="gpu", presets=presets, score_data=str(PENGUINS), dry_run=True)
     steps = yaml.safe_load(text)["jobs"]
     order = "--config configs/penguins.yaml --config configs/trainer/horovod.yaml --config configs/trainer/gpu.yaml"
     assert order in steps["train"]["component"]["command"] and order in steps["evaluate"]["component"]["command"]
@@ -178,7 +186,7 @@ def fake_workspace(monkeypatch) -> FakeAzureML:
 
 def test_a_submission_puts_the_pipeline_with_its_four_steps(monkeypatch, capsys):
     azure = fake_workspace(monkeypatch)
-    name = pipeline("configs/penguins.yaml", "azureml:cpu-cluster", data="azureml:penguins:3", threshold=0.95,
+    name = pipeline("configs/penguins.yaml", compute="azureml:cpu-cluster", data="azureml:penguins:3", threshold=0.95,
                     environment="azureml:lightning-training:1", tier="spot")  # fmt: skip
     assert capsys.readouterr().out.endswith(f"submitted {name}: https://ml.azure.com/runs/fake\n")
     (job,) = [body["properties"] for method, path, body in azure.requests if path.endswith(f"/jobs/{name}")]
@@ -197,7 +205,8 @@ def test_serverless_compute_is_the_pipelines_default_on_the_vm_size_each_step_ne
     VM size of train and evaluate (both run the GPU config); register and score run on CPUs: with a GPU size given,
     theirs is left to Azure ML, which picks a CPU one."""
     azure = fake_workspace(monkeypatch)
-    name = pipeline("configs/birds.yaml", "serverless", ["configs/trainer/gpu.yaml"], nodes=2, data="azureml:birds:1",
+    name = pipeline("configs/birds.yaml", compute="serverless", presets=["configs/trainer/gpu.yaml"], nodes=2,
+                    data="azureml:birds:1",
                     environment="azureml:lightning-training-gpu:1", instance_type="Standard_NC4as_T4_v3")  # fmt: skip
     (job,) = [body["properties"] for method, path, body in azure.requests if path.endswith(f"/jobs/{name}")]
     assert "computeId" not in job and job["settings"]["default_compute"] == f"{WORKSPACE}/computes/serverless"
@@ -218,7 +227,7 @@ def test_a_compute_the_workspace_does_not_have_is_one_line(monkeypatch, capsys):
 
 def test_the_components_are_registered_in_the_workspace(monkeypatch, capsys):
     azure = fake_workspace(monkeypatch)
-    created = pipeline("configs/birds.yaml", "gpu", components=True, version="3")
+    created = pipeline("configs/birds.yaml", compute="gpu", components=True, version="3")
     assert created.split() == [f"azureml:birds_{step}:3" for step in ("train", "evaluate", "register", "score")]
     puts = [path.removeprefix(WORKSPACE) for method, path, _ in azure.requests if method == "PUT"]
     assert [path for path in puts if path.startswith("/components/")] == [
@@ -255,6 +264,8 @@ def test_the_components_are_registered_in_the_workspace(monkeypatch, capsys):
         (["configs/birds.yaml", "--compute", "c", "--data", "configs/birds.yaml"],
          "--data configs/birds.yaml: a file; this task reads a folder"),
         (["configs/birds.yaml", "--compute", "c", "--data", "no/such"], "--data no/such: no such file or folder"),
+        (["configs/birds.yaml", "--compute", "c", "--score_data", "strategies"],
+         "--score_data strategies: no image in it"),
         (["configs/penguins.yaml", "--compute", "c"], "--score_data: give what the score step scores (a CSV"),
         (["configs/birds.yaml", "--compute", "c", "--data", "azureml:birds"], "--data 'azureml:birds': give a"),
         (["configs/penguins.yaml", "--compute", "c", "--sweep", "configs/sweeps/penguins.yaml", "--timeout", "1h"],
@@ -274,6 +285,37 @@ def test_a_mistake_is_one_line_before_the_azure_sdk_is_imported(args, line):
     assert result.returncode == 1 and len(messages) == 1 and messages[0].startswith(f"error: {line}"), messages
     imported = [text.rsplit("|", 1)[-1].strip() for text in result.stderr.splitlines() if text.startswith("import")]
     assert not [name for name in imported if name.startswith("azure")]
+
+
+@pytest.mark.parametrize("option", ["--data", "--test_data", "--score_data"])
+def test_a_data_path_that_is_not_there_is_one_line_before_the_training_cli_is_imported(option):
+    """Every other mistake is found in about a second; the configs' check through the training CLI imports Lightning
+    (tens of seconds on a busy machine): a mistyped path is named before it."""
+    args = ["configs/penguins.yaml", "--compute", "c", option, "no/such.csv"]
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "scripts.pipeline", *args], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    messages = [text for text in result.stderr.splitlines() if not text.startswith("import time:")]
+    assert result.returncode == 1 and messages == [f"error: {option} no/such.csv: no such file or folder; give the "
+                                                   "data as the task reads it"]  # fmt: skip
+    imported = [text.rsplit("|", 1)[-1].strip() for text in result.stderr.splitlines() if text.startswith("import")]
+    assert not [name for name in imported if name.split(".")[0] in ("lightning", "torch", "azure")]
+
+
+def test_a_score_folder_with_only_what_scripts_score_leaves_out_is_refused_before_any_step(tmp_path, birds_folder):
+    """.DS_Store and Thumbs.db are no images; a photo without a suffix is one (by its bytes)."""
+    from scripts.azure_ml.errors import SubmitError
+    from scripts.azure_ml.pipelines import plan_pipeline
+
+    folder = tmp_path / "to-score"
+    (folder / "__MACOSX").mkdir(parents=True)
+    (folder / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    (folder / "Thumbs.db").write_bytes(b"\xd0\xcf")
+    photo = next(path for path in birds_folder.rglob("*") if path.is_file())
+    (folder / "__MACOSX" / "photo.jpg").write_bytes(photo.read_bytes())
+    with pytest.raises(SubmitError, match=f"--score_data {folder}: no image in it"):
+        plan_pipeline(["configs/birds.yaml"], "c", data=str(birds_folder), score_data=str(folder))
+    (folder / "photo").write_bytes(photo.read_bytes())  # no suffix: an image by its bytes
+    assert plan_pipeline(["configs/birds.yaml"], "c", data=str(birds_folder), score_data=str(folder)).score_data
 
 
 def test_a_yaml_file_that_is_not_a_jobs_yaml_is_refused_not_written_over(tmp_path):
@@ -324,7 +366,7 @@ def test_a_local_run_started_in_the_same_second_as_another_gets_a_folder_of_its_
     from types import SimpleNamespace
 
     from scripts.azure_ml import local_pipeline
-    from scripts.azure_ml.jobs import SubmitError
+    from scripts.azure_ml.errors import SubmitError
     from scripts.azure_ml.pipelines import plan_pipeline
 
     monkeypatch.setattr(local_pipeline, "time", SimpleNamespace(strftime=lambda form: "20260101-120000"))
@@ -354,31 +396,35 @@ def run_folder(stdout: str) -> Path:
 
 @pytest.mark.slow
 def test_penguins_run_here_end_to_end_registering_only_above_the_threshold(tmp_path):
+    """A run whose model misses the threshold says, at its end, that it registered nothing and why; the register step
+    run again on its folders with a threshold reached registers it."""
     local = ["configs/penguins.yaml", "--local", "true", "--local_dir", tmp_path, "--score_data", PENGUINS,
-             "--train_args", "--trainer.max_epochs 3", "--model_name", "penguins-pipeline"]  # fmt: skip
-    result = run_module("scripts.pipeline", *local, "--threshold", "0")
+             "--train_args", "--trainer.max_epochs=3", "--model_name", "penguins-pipeline"]  # fmt: skip
+    result = run_module("scripts.pipeline", *local, "--metric", "test_loss", "--threshold", "0")
     assert result.returncode == 0, result.stderr[-3000:]
     folder = run_folder(result.stdout)
     for step in ("train", "evaluate", "register", "score"):
         assert f"[{step}] python -m scripts." in result.stdout
+    assert "--trainer.max_epochs=3" in result.stdout  # given as the next argument, though it starts with a dash
     assert (folder / "train/model/MLmodel").is_file() and (folder / "train/checkpoints/best.ckpt").is_file()
     metrics = yaml.safe_load((folder / "evaluate/metrics/metrics.json").read_text())
     assert set(metrics) >= {"test_acc", "test_loss"} and 0 <= metrics["test_acc"] <= 1
-    assert f"registered model: penguins-pipeline version 1 (test_acc {metrics['test_acc']:.4f}" in result.stdout
-    assert registered_versions(tmp_path / "mlflow.db", "penguins-pipeline") == ["1"]
+    assert result.stdout.strip().splitlines()[-1] == (
+        f"registered nothing: test_loss {metrics['test_loss']:.4f} does not reach --threshold 0 (at most); the "
+        "predictions are the unregistered model's"
+    )
+    assert registered_versions(tmp_path / "mlflow.db", "penguins-pipeline") == []
     rows = list(csv.reader((folder / "score/predictions/predictions.csv").read_text().splitlines()))
     assert rows[0] == ["input", "class", "probability"] and len(rows) == len(PENGUINS.read_text().splitlines())
     assert (folder / "train/outputs").is_dir()  # the step's ./outputs, as Azure ML keeps it: its run's config
 
-    # The register step again, as its own process on the same folders and store, with a threshold not reached.
-    step = [folder / "train/model", folder / "evaluate/metrics", "--name", "penguins-pipeline", "--threshold", "1"]
+    # The register step again, as its own process on the same folders and store, with a threshold reached.
+    step = [folder / "train/model", folder / "evaluate/metrics", "--name", "penguins-pipeline", "--threshold", "0"]
     store = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     again = run_module("scripts.azure_ml.register_step", *step, "--output", tmp_path / "passed-on", env=store)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stdout.strip() == (
-        f"not registered: test_acc {metrics['test_acc']:.4f} does not reach the threshold (at least 1)"
-    )
-    assert registered_versions(tmp_path / "mlflow.db", "penguins-pipeline") == ["1"]  # nothing else registered
+    assert f"registered model: penguins-pipeline version 1 (test_acc {metrics['test_acc']:.4f}" in again.stdout
+    assert registered_versions(tmp_path / "mlflow.db", "penguins-pipeline") == ["1"]
     assert (tmp_path / "passed-on/MLmodel").is_file()  # the model goes on to the score step all the same
 
 
@@ -475,7 +521,7 @@ def test_main_prints_one_line_for_an_unknown_option(capsys):
 
 def test_an_experiment_name_is_azure_mls_kind_only_for_azure_ml(monkeypatch):
     """A pipeline run here (--local true, no compute) tracks to MLflow, whose experiment names take any character."""
-    from scripts.azure_ml.jobs import SubmitError
+    from scripts.azure_ml.errors import SubmitError
     from scripts.azure_ml.pipelines import plan_pipeline
 
     monkeypatch.chdir(REPO)

@@ -16,7 +16,9 @@ import pytest
 import requests
 import yaml
 
-from scripts.azure_ml.jobs import BASE_IMAGE, GPU_IMAGE, MPI_STOP_GRACE, SubmitError, build_job
+from scripts.azure_ml.errors import SubmitError
+from scripts.azure_ml.images import BASE_IMAGE, GPU_IMAGE
+from scripts.azure_ml.jobs import MPI_STOP_GRACE, build_job
 from scripts.azure_ml.workspace import workspace_client
 from scripts.submit import main, submit
 from tests.conftest import REPO, run_module
@@ -84,7 +86,7 @@ def test_several_processes_run_ddp_with_devices_and_nodes_that_match_the_job(dis
 
 @pytest.fixture
 def horovod_context(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setattr("scripts.azure_ml.jobs.HOROVOD_CONTEXT", tmp_path / "horovod-image")  # not this repo's outputs/
+    monkeypatch.setattr("scripts.azure_ml.images.HOROVOD_CONTEXT", tmp_path / "horovod-image")  # not outputs/
     return tmp_path / "horovod-image"
 
 
@@ -113,14 +115,16 @@ def test_horovod_runs_under_mpi_on_the_image_its_dockerfile_builds_from_only_the
 def test_horovod_dry_run_yaml_reads_back_with_its_build_context(horovod_context, tmp_path, capsys):
     from azure.ai.ml import load_job
 
-    text = submit("configs/penguins.yaml", "cpu", ["configs/trainer/horovod.yaml"], 1, 4, "mpi", dry_run=True,
+    text = submit("configs/penguins.yaml", compute="cpu", presets=["configs/trainer/horovod.yaml"], nodes=1,
+                 processes_per_node=4, distribution="mpi", dry_run=True,
                   yaml_file=str(tmp_path / "job.yml"))  # fmt: skip
     loaded = load_job(tmp_path / "job.yml")
     build = loaded.environment.build  # its path relative to the YAML's folder
     assert ((tmp_path / build.path).resolve(), build.dockerfile_path) == (horovod_context, "Dockerfile")
     assert (loaded.distribution.type, loaded.distribution.process_count_per_instance) == ("mpi", 4)
     assert loaded.environment_variables == {"OMPI_MCA_odls_base_sigkill_timeout": "10"}  # mpirun's SIGTERM grace
-    again = submit("configs/penguins.yaml", "cpu", ["configs/trainer/horovod.yaml"], 1, 4, "mpi", dry_run=True,
+    again = submit("configs/penguins.yaml", compute="cpu", presets=["configs/trainer/horovod.yaml"], nodes=1,
+                  processes_per_node=4, distribution="mpi", dry_run=True,
                    yaml_file=str(tmp_path / "again.yml"))  # fmt: skip
     assert yaml.safe_load(again)["environment"] == yaml.safe_load(text)["environment"]  # same version: one image
 
@@ -204,8 +208,54 @@ def test_a_file_in_train_args_the_jobs_code_leaves_out_is_one_line_naming_the_in
         assert str(exit.value.code).startswith(f"error: --train_args --ckpt_path {checkpoint}: a file here that the")
         assert str(exit.value.code).endswith(f"; give it as an input: --inputs+ ckpt_path={checkpoint}")
     assert capsys.readouterr().out == ""
-    text = submit("configs/penguins.yaml", "c", inputs=[f"ckpt_path={checkpoint}"], dry_run=True)
+    text = submit("configs/penguins.yaml", compute="c", inputs=[f"ckpt_path={checkpoint}"], dry_run=True)
     assert yaml.safe_load(text)["command"].endswith("--ckpt_path ${{inputs.ckpt_path}}")
+
+
+@pytest.mark.parametrize(
+    ("task", "option", "path", "kind"),
+    [("penguins", "data.init_args.csv_path", "data/penguins.csv", "file"),
+     ("birds", "data.init_args.data_dir", "data/birds", "folder")],
+)  # fmt: skip
+def test_a_data_path_of_the_config_or_train_args_the_jobs_code_leaves_out_is_one_line_naming_the_input(
+    tmp_path, monkeypatch, capsys, task, option, path, kind
+):
+    """A data file or folder named in a preset's YAML, or in --train_args, under .amlignore's data/ (or outside the
+    folder): the job would fail after its image is built; the job, its sweep and the pipeline name --inputs (--data)."""
+    from scripts.azure_ml.errors import SubmitError
+    from scripts.azure_ml.pipelines import plan_pipeline
+
+    folder = tmp_path / "repo"
+    (folder / "configs").mkdir(parents=True)
+    for name in ("environment.yml", ".amlignore", ".gitignore"):
+        shutil.copy(REPO / name, folder)
+    shutil.copy(REPO / f"configs/{task}.yaml", folder / "configs")
+    data = folder / path
+    if kind == "file":
+        data.parent.mkdir(parents=True)
+        data.write_text("species\n")
+    else:
+        (data / "train/turkey").mkdir(parents=True)
+    outside = tmp_path / f"elsewhere-{Path(path).name}"
+    shutil.copytree(data, outside) if kind == "folder" else shutil.copy(data, outside)
+    name = option.rsplit(".", 1)[-1]
+    (folder / "configs/my_data.yaml").write_text(f"data:\n  init_args:\n    {name}: {path}\n")
+    monkeypatch.chdir(folder)
+    sweep = str(REPO / f"configs/sweeps/{task}.yaml")
+    for given in (["--presets+", "configs/my_data.yaml"], [f"--train_args=--{option} {outside}"],
+                  ["--presets+", "configs/my_data.yaml", "--sweep", sweep]):  # fmt: skip
+        named = str(outside) if "--train_args" in given[0] else path
+        with pytest.raises(SystemExit) as exit:
+            main([f"configs/{task}.yaml", "--compute", "c", "--dry_run", "true", *given])
+        line = str(exit.value.code)  # a file in --train_args: named before the training CLI reads the configs
+        assert f"{option} {named}: a {kind} here that the job's code leaves out" in line, line
+        assert line.endswith(f"so its processes would not find it; give it as an input: --inputs+ {option}={named}")
+    with pytest.raises(SubmitError, match=f"give it as an input: --data {path}$"):
+        plan_pipeline([f"configs/{task}.yaml", "configs/my_data.yaml"], "c", score_data=str(outside))
+    assert capsys.readouterr().out == ""
+    text = submit(f"configs/{task}.yaml", compute="c", presets=["configs/my_data.yaml"], inputs=[f"{option}={path}"],
+                  dry_run=True)  # fmt: skip
+    assert yaml.safe_load(text)["command"].endswith(f"--{option} ${{{{inputs.{name}}}}}")
 
 
 def test_dry_run_prints_yaml_that_load_job_reads_back(tmp_path, capsys):
@@ -213,7 +263,9 @@ def test_dry_run_prints_yaml_that_load_job_reads_back(tmp_path, capsys):
 
     data = tmp_path / "mnist"
     data.mkdir()
-    text = submit("configs/mnist.yaml", "gpu", nodes=2, inputs=[f"data.init_args.data_dir={data}"], dry_run=True)
+    text = submit(
+        "configs/mnist.yaml", compute="gpu", nodes=2, inputs=[f"data.init_args.data_dir={data}"], dry_run=True
+    )
     assert capsys.readouterr().out == text
     (tmp_path / "job.yml").write_text(text)
     loaded = load_job(tmp_path / "job.yml")
@@ -232,7 +284,7 @@ def test_submit_puts_the_job_with_its_code_environment_and_compute(monkeypatch, 
     client = MLClient(FakeCredential(), "00000000-0000-0000-0000-000000000000", "rg", "ws",
                       transport=RequestsTransport(session=azure))  # fmt: skip
     monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: client)
-    name = submit("configs/penguins.yaml", "cpu-cluster", nodes=2, processes_per_node=2, distribution="mpi")
+    name = submit("configs/penguins.yaml", compute="cpu-cluster", nodes=2, processes_per_node=2, distribution="mpi")
     assert capsys.readouterr().out == f"submitted {name}: {STUDIO}\n"
     (environment,) = [sent for method, path, sent in azure.requests if method == "PUT" and "/environments/" in path]
     conda = yaml.safe_load(environment["properties"]["condaFile"])
@@ -258,7 +310,14 @@ def test_a_horovod_submission_uploads_only_its_build_context_and_puts_the_enviro
     )
     client = MLClient(FakeCredential(), "00000000-0000-0000-0000-000000000000", "rg", "ws")
     monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: client)
-    name = submit("configs/penguins.yaml", "cpu-cluster", [HOROVOD], nodes=2, processes_per_node=2, distribution="mpi")
+    name = submit(
+        "configs/penguins.yaml",
+        compute="cpu-cluster",
+        presets=[HOROVOD],
+        nodes=2,
+        processes_per_node=2,
+        distribution="mpi",
+    )
     assert capsys.readouterr().out.endswith(f"submitted {name}: {STUDIO}\n")
     uploaded = {blob.split(f"/{horovod_context.name}/", 1)[1]: content for blob, content in azure.blobs.items()}
     assert uploaded == {
@@ -359,8 +418,10 @@ def test_a_broken_config_json_is_named_before_anything_is_built(tmp_path, monkey
         monkeypatch.setattr(where, build)
     line = f"{broken}: subscription_id 's': Azure takes a GUID, 8-4-4-4-12 hexadecimal digits; download the"
     commands = [
-        lambda: submit("configs/penguins.yaml", "cpu-cluster"),
-        lambda: pipeline.pipeline("configs/penguins.yaml", "cpu-cluster", score_data="configs/examples/penguins.csv"),
+        lambda: submit("configs/penguins.yaml", compute="cpu-cluster"),
+        lambda: pipeline.pipeline(
+            "configs/penguins.yaml", compute="cpu-cluster", score_data="configs/examples/penguins.csv"
+        ),
         lambda: assets.main(["environment", "training", "--version", "1"]),
         lambda: deploy.main(["online", "penguins-classifier:1", "--endpoint", "penguins"]),
         lambda: deploy.main(
@@ -382,7 +443,15 @@ def test_a_broken_config_json_is_named_before_anything_is_built(tmp_path, monkey
         message = str(error.value.code if isinstance(error.value, SystemExit) else error.value)
         assert message.removeprefix("error: ").startswith(line), message
     with pytest.raises(Built):  # a dry run asks no workspace: the file is not read
-        submit("configs/penguins.yaml", "cpu-cluster", dry_run=True)
+        submit("configs/penguins.yaml", compute="cpu-cluster", dry_run=True)
+
+
+@pytest.mark.parametrize("given", [["--train_args", "--trainer.max_epochs=5"], ["--train_args=--trainer.max_epochs=5"]])
+def test_train_args_whose_first_option_has_an_equals_sign_is_taken_either_way(given, capsys):
+    """`--train_args "--trainer.max_epochs=5"`: a value that starts with a dash and has no space, which argparse
+    would take for an option of this command ("expected one argument")."""
+    main(["configs/penguins.yaml", "--compute", "c", *given, "--dry_run", "true"])
+    assert "--trainer.max_epochs=5" in yaml.safe_load(capsys.readouterr().out)["command"]
 
 
 @pytest.mark.parametrize(("final", "code"), [("Completed", 0), ("Failed", 1)])
@@ -456,7 +525,15 @@ def test_a_job_azure_ml_refuses_is_one_line_naming_why(monkeypatch, capsys):
 def test_the_image_follows_the_accelerator_in_the_dry_run_yaml(presets, train_args, image, tmp_path):
     from azure.ai.ml import load_job
 
-    text = submit("configs/mnist.yaml", "c", presets, 2, 2, train_args=train_args, dry_run=True)
+    text = submit(
+        "configs/mnist.yaml",
+        compute="c",
+        presets=presets,
+        nodes=2,
+        processes_per_node=2,
+        train_args=train_args,
+        dry_run=True,
+    )
     (tmp_path / "job.yml").write_text(text)
     assert load_job(tmp_path / "job.yml").environment.image == image
 
@@ -477,9 +554,13 @@ def test_the_yaml_file_runs_from_anywhere_its_code_is_this_repository(tmp_path, 
 
     target = tmp_path / "jobs" / "mnist.yml"
     target.parent.mkdir()
-    submit("configs/mnist.yaml", "gpu", ["configs/trainer/gpu.yaml"], 2, 4, dry_run=True, yaml_file=str(target))
+    gpu = ["configs/trainer/gpu.yaml"]
+    submit("configs/mnist.yaml", compute="gpu", presets=gpu, nodes=2, processes_per_node=4, dry_run=True,
+           yaml_file=str(target))  # fmt: skip
     assert yaml.safe_load(target.read_text())["code"] == os.path.relpath(REPO, target.parent)
-    assert yaml.safe_load(submit("configs/mnist.yaml", "gpu", dry_run=True))["code"] == "."  # for job.yml at the root
+    assert (
+        yaml.safe_load(submit("configs/mnist.yaml", compute="gpu", dry_run=True))["code"] == "."
+    )  # for job.yml at the root
     monkeypatch.chdir(tmp_path)  # `az ml job create -f jobs/mnist.yml` from another folder
     job = load_job(target)  # a relative code path is the YAML file's folder's, wherever az runs
     assert (target.parent / job.code).resolve() == REPO
@@ -519,7 +600,7 @@ def test_registered_assets_leave_nothing_but_the_code_to_upload(tmp_path, monkey
 
     assets = {"environment": "azureml:lightning-training:1",
               "inputs": ["data.init_args.csv_path=azureml:penguins:3,type=uri_file"]}  # fmt: skip
-    text = submit("configs/penguins.yaml", "cpu-cluster", dry_run=True, **assets)
+    text = submit("configs/penguins.yaml", compute="cpu-cluster", dry_run=True, **assets)
     written = yaml.safe_load(text)
     assert written["environment"] == "azureml:lightning-training:1"  # no conda file, no image to build
     assert written["inputs"] == {"csv_path": {"mode": "ro_mount", "path": "azureml:penguins:3", "type": "uri_file"}}
@@ -535,7 +616,7 @@ def test_registered_assets_leave_nothing_but_the_code_to_upload(tmp_path, monkey
     )
     client = fake_client(azure)
     monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: client)
-    name = submit("configs/penguins.yaml", "cpu-cluster", **assets)
+    name = submit("configs/penguins.yaml", compute="cpu-cluster", **assets)
     puts = [path.removeprefix(WORKSPACE) for method, path, _ in azure.requests if method == "PUT"]
     assert puts == [f"/jobs/{name}"] and azure.blobs == {}  # the code snapshot is one the workspace has
     (job,) = [body["properties"] for method, path, body in azure.requests if path.endswith(f"/jobs/{name}")]
@@ -558,14 +639,21 @@ def test_registered_assets_leave_nothing_but_the_code_to_upload(tmp_path, monkey
 def test_the_shared_memory_follows_the_dataloader_workers(config, options, shm_size, tmp_path):
     from azure.ai.ml import load_job
 
-    (tmp_path / "job.yml").write_text(submit(config, "c", dry_run=True, **options))
+    (tmp_path / "job.yml").write_text(submit(config, compute="c", dry_run=True, **options))
     assert load_job(tmp_path / "job.yml").resources.shm_size == shm_size
 
 
 def test_tier_and_timeout_are_in_the_yaml_and_the_job_put(tmp_path, monkeypatch, capsys):
     from azure.ai.ml import load_job
 
-    text = submit("configs/birds.yaml", "gpu", ["configs/trainer/gpu.yaml"], tier="spot", timeout="1h30m", dry_run=True)
+    text = submit(
+        "configs/birds.yaml",
+        compute="gpu",
+        presets=["configs/trainer/gpu.yaml"],
+        tier="spot",
+        timeout="1h30m",
+        dry_run=True,
+    )
     (tmp_path / "job.yml").write_text(text)
     job = load_job(tmp_path / "job.yml")
     assert (job.queue_settings.job_tier, job.limits.timeout) == ("spot", 5400)
@@ -573,7 +661,7 @@ def test_tier_and_timeout_are_in_the_yaml_and_the_job_put(tmp_path, monkeypatch,
     azure = FakeAzureML()
     client = fake_client(azure)
     monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: client)
-    name = submit("configs/birds.yaml", "gpu", tier="standard", timeout="7200")
+    name = submit("configs/birds.yaml", compute="gpu", tier="standard", timeout="7200")
     (sent,) = [body["properties"] for method, path, body in azure.requests if path.endswith(f"/jobs/{name}")]
     assert sent["queueSettings"]["jobTier"].lower() == "standard"
     assert sent["limits"]["timeout"] == "PT2H" and sent["resources"]["shmSize"] == "2g"
@@ -584,14 +672,14 @@ def test_tier_and_timeout_are_in_the_yaml_and_the_job_put(tmp_path, monkeypatch,
     [("3600", 3600), (3600, 3600), ("90m", 5400), ("4h", 14400), ("1h30m", 5400), ("2d", 172800), ("45s", 45)],
 )
 def test_a_timeout_is_seconds_or_a_duration(given, seconds):
-    from scripts.azure_ml.jobs import parse_duration
+    from scripts.azure_ml.option_values import parse_duration
 
     assert parse_duration(given) == seconds
 
 
 @pytest.mark.parametrize("given", ["4 hours", "1h30", "30m1h", "", "0", "-5"])
 def test_a_timeout_that_is_neither_is_refused(given):
-    from scripts.azure_ml.jobs import parse_duration
+    from scripts.azure_ml.option_values import parse_duration
 
     with pytest.raises(SubmitError, match="--timeout"):
         parse_duration(given)
@@ -601,7 +689,15 @@ def test_gpu_and_horovod_presets_in_either_order_give_one_gpu_job(horovod_contex
     """The Horovod preset sets its CPU build's accelerator; with the GPU preset the job is a GPU Horovod job whatever
     the order (the last config that sets a value wins, so the order alone decided, without a word)."""
     texts = [
-        submit("configs/mnist.yaml", "gpu", presets, 2, 4, "mpi", dry_run=True)
+        submit(
+            "configs/mnist.yaml",
+            compute="gpu",
+            presets=presets,
+            nodes=2,
+            processes_per_node=4,
+            distribution="mpi",
+            dry_run=True,
+        )
         for presets in (["configs/trainer/gpu.yaml", HOROVOD], [HOROVOD, "configs/trainer/gpu.yaml"])
     ]
     assert texts[0] == texts[1]
@@ -629,7 +725,8 @@ def test_every_path_in_a_written_yaml_is_relative_to_it_and_the_folder_is_made(h
     data = tmp_path / "penguins.csv"
     data.write_text("x\n")
     target = tmp_path / "new" / "jobs" / "horovod.yml"
-    submit("configs/penguins.yaml", "cpu", [HOROVOD], 2, 2, "mpi", inputs=[f"data.init_args.csv_path={data}"],
+    submit("configs/penguins.yaml", compute="cpu", presets=[HOROVOD], nodes=2, processes_per_node=2, distribution="mpi",
+           inputs=[f"data.init_args.csv_path={data}"],
            dry_run=True, yaml_file=str(target))  # fmt: skip
     written = yaml.safe_load(target.read_text())
     paths = local_paths(written)
@@ -646,16 +743,17 @@ def test_every_path_in_a_written_yaml_is_relative_to_it_and_the_folder_is_made(h
 def test_the_readme_multi_gpu_example_gets_the_gpu_image_and_one_without_the_preset_says_why_not(tmp_path, capsys):
     (line,) = [line for line in (REPO / "README.md").read_text().splitlines() if "--processes_per_node 4`" in line]
     assert "python -m scripts.submit configs/mnist.yaml --presets+ configs/trainer/gpu.yaml" in line
-    text = submit("configs/mnist.yaml", "gpu-cluster", ["configs/trainer/gpu.yaml"], 2, 4, dry_run=True)
+    gpu = ["configs/trainer/gpu.yaml"]
+    text = submit("configs/mnist.yaml", compute="gpu-cluster", presets=gpu, nodes=2, processes_per_node=4, dry_run=True)
     assert yaml.safe_load(text)["environment"]["image"] == GPU_IMAGE
     assert capsys.readouterr().err == ""
-    text = submit("configs/mnist.yaml", "gpu-cluster", nodes=2, processes_per_node=4, dry_run=True)
+    text = submit("configs/mnist.yaml", compute="gpu-cluster", nodes=2, processes_per_node=4, dry_run=True)
     assert yaml.safe_load(text)["environment"]["image"] == BASE_IMAGE
     assert capsys.readouterr().err.splitlines() == [
         "note: configs/mnist.yaml leaves trainer.accelerator to Lightning: the job gets the CPU image and 4 "
         "process(es) per node on CPUs; for GPUs add --presets+ configs/trainer/gpu.yaml"
     ]
-    submit("configs/penguins.yaml", "cpu-cluster", dry_run=True)  # one process on a CPU cluster: nothing to say
+    submit("configs/penguins.yaml", compute="cpu-cluster", dry_run=True)  # one process on a CPU cluster: nothing to say
     assert capsys.readouterr().err == ""
 
 
@@ -680,21 +778,33 @@ def test_serverless_compute_is_a_job_without_compute_on_the_instance_type_given(
     from azure.ai.ml import load_job
 
     gpu = ["configs/trainer/gpu.yaml"]
-    text = submit("configs/mnist.yaml", "serverless", gpu, nodes=2, instance_type="Standard_NC4as_T4_v3", dry_run=True)
+    text = submit(
+        "configs/mnist.yaml",
+        compute="serverless",
+        presets=gpu,
+        nodes=2,
+        instance_type="Standard_NC4as_T4_v3",
+        dry_run=True,
+    )
     (tmp_path / "job.yml").write_text(text)
     loaded = load_job(tmp_path / "job.yml")
     assert loaded.compute is None
     assert (loaded.resources.instance_type, loaded.resources.instance_count) == ("Standard_NC4as_T4_v3", 2)
     assert loaded.environment.image == GPU_IMAGE
     capsys.readouterr()
-    submit("configs/mnist.yaml", "serverless", instance_type="Standard_NC4as_T4_v3", dry_run=True)
+    submit("configs/mnist.yaml", compute="serverless", instance_type="Standard_NC4as_T4_v3", dry_run=True)
     assert capsys.readouterr().err.startswith("note: configs/mnist.yaml leaves trainer.accelerator to Lightning")
 
     azure = FakeAzureML()
     client = fake_client(azure)
     monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: client)
-    submit("configs/penguins.yaml", "Serverless")  # no VM size: Azure ML picks one
-    submit("configs/penguins.yaml", "serverless", sweep="configs/sweeps/penguins.yaml", instance_type="Standard_F4s_v2")
+    submit("configs/penguins.yaml", compute="Serverless")  # no VM size: Azure ML picks one
+    submit(
+        "configs/penguins.yaml",
+        compute="serverless",
+        sweep="configs/sweeps/penguins.yaml",
+        instance_type="Standard_F4s_v2",
+    )
     job, sweep = [body["properties"] for method, path, body in azure.requests if method == "PUT" and "/jobs/" in path]
     assert "computeId" not in job and "instanceType" not in job["resources"]
     assert sweep["jobType"] == "Sweep" and sweep.get("computeId") is None
@@ -775,14 +885,23 @@ def test_a_job_azure_ml_would_refuse_or_fail_is_one_line_before_azure(args, line
 
 def test_a_multi_node_gpu_job_on_the_cpu_training_environment_says_its_nccl_goes_over_tcp(capsys):
     gpu, environment = ["configs/trainer/gpu.yaml"], "azureml:lightning-training:1"
-    submit("configs/mnist.yaml", "gpu-cluster", gpu, nodes=2, environment=environment, dry_run=True)
+    submit("configs/mnist.yaml", compute="gpu-cluster", presets=gpu, nodes=2, environment=environment, dry_run=True)
     assert capsys.readouterr().err.splitlines() == [
         "note: --environment azureml:lightning-training:1 is the training environment on the CPU image, without "
         "InfiniBand: NCCL between the 2 nodes goes over TCP; for GPU jobs register training-gpu (python -m "
         "scripts.assets environment training-gpu)"
     ]
-    submit("configs/mnist.yaml", "gpu", gpu, nodes=2, environment="azureml:lightning-training-gpu:1", dry_run=True)
-    submit("configs/mnist.yaml", "gpu-cluster", gpu, environment=environment, dry_run=True)  # one node: no NCCL between
+    submit(
+        "configs/mnist.yaml",
+        compute="gpu",
+        presets=gpu,
+        nodes=2,
+        environment="azureml:lightning-training-gpu:1",
+        dry_run=True,
+    )
+    submit(
+        "configs/mnist.yaml", compute="gpu-cluster", presets=gpu, environment=environment, dry_run=True
+    )  # one node: no NCCL between
     assert capsys.readouterr().err == ""
 
 
@@ -790,12 +909,12 @@ def test_a_compute_named_as_azure_mls_yaml_names_it_is_the_cluster(monkeypatch, 
     azure = FakeAzureML()
     client = fake_client(azure)
     monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: client)
-    assert yaml.safe_load(submit("configs/penguins.yaml", "azureml:cpu-cluster", dry_run=True))["compute"] == (
+    assert yaml.safe_load(submit("configs/penguins.yaml", compute="azureml:cpu-cluster", dry_run=True))["compute"] == (
         "azureml:cpu-cluster"
     )
-    name = submit("configs/penguins.yaml", "azureml:cpu-cluster")
+    name = submit("configs/penguins.yaml", compute="azureml:cpu-cluster")
     (job,) = [body["properties"] for method, path, body in azure.requests if path.endswith(f"/jobs/{name}")]
     assert job["computeId"] == f"{WORKSPACE}/computes/cpu-cluster"  # not a cluster named "azureml:cpu-cluster"
-    name = submit("configs/penguins.yaml", f"azureml:{WORKSPACE}/computes/gpu-cluster")  # an ARM id too
+    name = submit("configs/penguins.yaml", compute=f"azureml:{WORKSPACE}/computes/gpu-cluster")  # an ARM id too
     (job,) = [body["properties"] for method, path, body in azure.requests if path.endswith(f"/jobs/{name}")]
     assert job["computeId"] == f"{WORKSPACE}/computes/gpu-cluster"

@@ -35,7 +35,7 @@ def dry_run_job(tmp_path, *args, **kwargs):
 
 
 def test_the_dry_run_yaml_is_a_sweep_job_of_the_files_space_objective_policy_and_limits(tmp_path, capsys):
-    job, data = dry_run_job(tmp_path, "configs/penguins.yaml", "cpu-cluster", sweep=PENGUINS_SWEEP)
+    job, data = dry_run_job(tmp_path, "configs/penguins.yaml", compute="cpu-cluster", sweep=PENGUINS_SWEEP)
     assert job.type == "sweep" and data["trial"]["code"] == "."  # az ml job create -f from the repository root
     assert (job.objective.primary_metric, job.objective.goal) == ("val_loss", "minimize")  # what the trial logs
     assert (job.sampling_algorithm.type, job.sampling_algorithm.seed) == ("random", 42)
@@ -65,7 +65,7 @@ def test_the_dry_run_yaml_is_a_sweep_job_of_the_files_space_objective_policy_and
 def test_a_trials_command_with_its_values_is_one_the_training_cli_accepts(tmp_path, capsys):
     from scripts.training.cli import cli_main, flatten
 
-    job, _ = dry_run_job(tmp_path, "configs/penguins.yaml", "cpu-cluster", sweep=PENGUINS_SWEEP)
+    job, _ = dry_run_job(tmp_path, "configs/penguins.yaml", compute="cpu-cluster", sweep=PENGUINS_SWEEP)
     drawn = {
         "model_optimizer_class_path": "torch.optim.SGD",
         "model_optimizer_init_args_lr": math.exp(-4.2),
@@ -87,7 +87,8 @@ def test_distributed_trials_run_ddp_with_the_jobs_processes_and_inputs(tmp_path)
     data = tmp_path / "mnist"
     data.mkdir()
     job, raw = dry_run_job(
-        tmp_path, "configs/mnist.yaml", "gpu-cluster", ["configs/trainer/gpu.yaml"], 2, 4, "pytorch",
+        tmp_path, "configs/mnist.yaml", compute="gpu-cluster", presets=["configs/trainer/gpu.yaml"], nodes=2,
+        processes_per_node=4, distribution="pytorch",
         inputs=[f"data.init_args.data_dir={data}"], sweep="configs/sweeps/mnist.yaml",
     )  # fmt: skip
     assert (job.trial.distribution.type, job.trial.distribution.process_count_per_instance) == ("pytorch", 4)
@@ -109,7 +110,7 @@ def test_the_yaml_file_runs_from_its_own_folder(tmp_path, monkeypatch):
 
     target = tmp_path / "jobs" / "sweep.yml"
     target.parent.mkdir()
-    submit("configs/penguins.yaml", "cpu", dry_run=True, yaml_file=str(target), sweep=PENGUINS_SWEEP)
+    submit("configs/penguins.yaml", compute="cpu", dry_run=True, yaml_file=str(target), sweep=PENGUINS_SWEEP)
     monkeypatch.chdir(tmp_path)
     job = load_job(target)
     assert (target.parent / job.trial.code).resolve() == REPO
@@ -119,7 +120,7 @@ def test_a_submission_puts_the_sweep_job_over_the_fake_transport(monkeypatch, ca
     azure = FakeAzureML()
     client = fake_client(azure)
     monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: client)
-    name = submit("configs/penguins.yaml", "cpu-cluster", nodes=2, processes_per_node=2, sweep=PENGUINS_SWEEP)
+    name = submit("configs/penguins.yaml", compute="cpu-cluster", nodes=2, processes_per_node=2, sweep=PENGUINS_SWEEP)
     assert re.fullmatch(rf"submitted {name}: \S+\n", capsys.readouterr().out)
     (sent,) = [body for method, path, body in azure.requests if method == "PUT" and path.endswith(f"/jobs/{name}")]
     job = sent["properties"]
@@ -207,7 +208,7 @@ def test_a_search_space_option_the_job_already_sets_is_refused(tmp_path):
 
 def test_trials_take_the_tier_the_shared_memory_and_a_registered_environment(tmp_path, capsys):
     job, raw = dry_run_job(
-        tmp_path, "configs/birds.yaml", "gpu-cluster", sweep="configs/sweeps/birds.yaml", tier="spot",
+        tmp_path, "configs/birds.yaml", compute="gpu-cluster", sweep="configs/sweeps/birds.yaml", tier="spot",
         environment="azureml:lightning-training-gpu:1",
     )  # fmt: skip
     assert job.queue_settings.job_tier == "spot"

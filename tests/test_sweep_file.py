@@ -180,7 +180,7 @@ def test_trials_that_would_never_validate_are_one_line_before_any_trial(tmp_path
 
 
 def test_trials_that_validate_every_few_epochs_are_not_refused(tmp_path):
-    from scripts.sweeps.space import check_options
+    from scripts.sweeps.preflight import check_options
 
     fixed = {"trainer.max_epochs": 10, "trainer.check_val_every_n_epoch": 2, "trainer.limit_val_batches": 0.5}
     check_options(load_sweep(str(write(tmp_path, changed(fixed=fixed)))))
@@ -203,7 +203,7 @@ def test_an_objective_the_module_does_not_log_is_one_line_before_any_trial(tmp_p
 
 
 def test_the_objective_check_validates_though_the_trials_validate_every_few_epochs(tmp_path):
-    from scripts.sweeps.space import check_metric
+    from scripts.sweeps.preflight import check_metric
 
     # Trials of 4 epochs validate at epochs 1 and 3; the check's one epoch must validate all the same.
     fixed = {"trainer.max_epochs": 4, "trainer.check_val_every_n_epoch": 2}
@@ -211,7 +211,8 @@ def test_the_objective_check_validates_though_the_trials_validate_every_few_epoc
 
 
 def test_the_objective_check_takes_the_batches_an_integer_val_check_interval_needs(tmp_path):
-    from scripts.sweeps.space import SweepError, check_metric, check_options
+    from scripts.sweeps.preflight import check_metric, check_options
+    from scripts.sweeps.space import SweepError
 
     # A penguin epoch has 12 batches of 20: validating every 3 is a valid sweep (refused as 'above 2 batches' before).
     sweep = load_sweep(str(write(tmp_path, changed(fixed={"trainer.val_check_interval": 3}))))
@@ -254,7 +255,7 @@ def test_outputs_under_a_file_is_one_line_and_the_file_stays(tmp_path, outputs):
 
 
 def test_the_shipped_sweep_files_are_valid_and_their_options_exist():
-    from scripts.sweeps.space import check_options
+    from scripts.sweeps.preflight import check_options
 
     for task in ("penguins", "mnist", "birds"):
         sweep = load_sweep(f"configs/sweeps/{task}.yaml")
@@ -298,7 +299,7 @@ def test_a_study_resumed_after_its_config_file_was_edited_is_refused_naming_the_
 
     import optuna
 
-    from scripts.sweep import connect, open_study
+    from scripts.sweeps.study import connect, open_study
 
     config = tmp_path / "penguins.yaml"
     shutil.copy(REPO / "configs/penguins.yaml", config)
@@ -325,7 +326,7 @@ def test_a_study_resumed_after_a_config_file_its_config_points_to_was_edited_is_
 
     import optuna
 
-    from scripts.sweep import connect, open_study
+    from scripts.sweeps.study import connect, open_study
 
     # jsonargparse reads data: data.yaml as that file (relative to the config's folder): part of the config.
     head = (REPO / "configs/penguins.yaml").read_text().split("\ndata:\n")[0]
@@ -379,7 +380,7 @@ def test_a_study_started_before_configs_were_fingerprinted_by_contents_resumes(t
 
     import optuna
 
-    from scripts.sweep import connect, open_study
+    from scripts.sweeps.study import connect, open_study
 
     path = write(tmp_path, GOOD, name="penguins-study.yaml")
     folder, url = tmp_path / "penguins-study", f"sqlite:///{tmp_path}/optuna.db"

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import yaml
 
-from scripts.azure_ml.jobs import BASE_IMAGE, GPU_IMAGE, SubmitError, check_uploaded_name
+from scripts.azure_ml.errors import SubmitError
+from scripts.azure_ml.images import BASE_IMAGE, GPU_IMAGE
+from scripts.azure_ml.job_inputs import check_uploaded_name
 from scripts.azure_ml.names import name_problem
 
 # Numbers only, so a team's versions sort and the next one is plain; no leading zero, for Azure ML keeps the

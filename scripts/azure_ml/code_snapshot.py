@@ -4,17 +4,17 @@
         job.code = str(code)
         client.jobs.create_or_update(job)
 
-azure-ai-ml lists a code folder by walking every file in it, links followed, and testing each against .amlignore
-(or .gitignore), several times a submission: with .venv's ~100,000 files inside the repository that takes ~10 s.
+azure-ai-ml lists a code folder by walking every file in it, links followed, and testing each against .amlignore (or
+.gitignore), several times a submission: with .venv's files inside the repository that takes seconds (docs/measured.md).
 This walk skips an ignored folder whole, so it reads only the files that are uploaded. The copy holds the same files
-under the same paths with the same bytes, so its content hash, by which Azure ML finds a snapshot it already has,
-is the folder's own (tests/test_code_snapshot.py compares the two with the SDK's hash).
+under the same paths with the same bytes, so its content hash, by which Azure ML finds a snapshot it already has, is the
+folder's own (tests/test_code_snapshot.py compares the two with the SDK's hash).
 
 What is left out is more than the SDK leaves out: what .amlignore leaves out, and also what .gitignore does (the SDK
 reads only .amlignore when there is one, so a file a user keeps out of git would reach the workspace), and always
-secrets and checkpoints by their names (LEFT_OUT: a .env, keys, a stray best.ckpt), whatever the ignore files say.
-The repository's .amlignore lists all of them too, for `az ml job create -f` of a --dry_run YAML, which uploads
-through the SDK's own walk.
+secrets and weights by their names (LEFT_OUT: a .env, keys, credentials.json, a stray best.ckpt or model.onnx), whatever
+the ignore files say. The repository's .amlignore lists all of them too, for `az ml job create -f` of a --dry_run YAML,
+which uploads through the SDK's own walk.
 """
 
 from __future__ import annotations
@@ -22,18 +22,24 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pathspec
 
-# Never uploaded, whatever the ignore files say: secrets (environment files, keys, credentials) and checkpoints (a
-# job writes its own to its checkpoints output; one left in the code folder is hundreds of MB uploaded every time).
+# Never uploaded, whatever the ignore files say: secrets (environment files, keys, credentials: a service account's
+# or an OAuth client's JSON by the names their consoles download them as) and weights (checkpoints, saved tensors,
+# exported models: a job writes its own to its outputs; one left in the code folder is hundreds of MB uploaded every
+# time, and a job given one reads it as --inputs).
 LEFT_OUT = (
     ".env", ".env.*", "*.pem", "*.key", "*.pfx", "*.p12", "id_rsa*", "id_ed25519*", ".netrc", ".git-credentials",
-    ".databrickscfg", ".azure/", ".aws/", ".ssh/", "*.ckpt",
+    ".databrickscfg", ".azure/", ".aws/", ".ssh/", "credentials.json", "*credentials*.json", "client_secret*.json",
+    "service_account*.json", "service-account*.json", "*.ckpt", "*.pt", "*.pth", "*.onnx", "*.safetensors",
 )  # fmt: skip
+LARGE_FILE_BYTES = 10 * 2**20  # an uploaded file this large is named on stderr: data belongs in --inputs
+named_large: set[str] = set()  # the large files named by this process (a local pipeline snapshots once a step)
 
 
 def ignore_spec(folder: Path) -> pathspec.PathSpec:
@@ -80,13 +86,29 @@ def is_uploaded(folder: Path, path: str) -> bool:
     return not any(spec.match_file(relative.as_posix()) for spec in specs)
 
 
+def name_large_files(folder: Path, names: list[str]) -> None:
+    """A line on stderr for each uploaded file of LARGE_FILE_BYTES or more, with the .amlignore line that leaves it
+    out: a data file in the code folder is uploaded with every job, where --inputs uploads it once."""
+    for name in names:
+        size = (folder / name).stat().st_size
+        if size >= LARGE_FILE_BYTES and name not in named_large:
+            named_large.add(name)
+            print(
+                f"note: the code upload takes {name} ({size / 2**20:.0f} MB) with every job; add the line /{name} to "
+                ".amlignore to leave it out, and give it as data with --inputs+ OPTION=PATH (scripts.pipeline: --data)",
+                file=sys.stderr,
+            )
+
+
 @contextlib.contextmanager
 def code_snapshot(folder: Path) -> Iterator[Path]:
     """A temporary copy of what Azure ML uploads of `folder` (hard links where the file system allows), removed
-    on leaving the block."""
+    on leaving the block; its large files are named on stderr (name_large_files)."""
     with tempfile.TemporaryDirectory(prefix="code-") as temporary:
         snapshot = Path(temporary) / folder.resolve().name
-        for name in uploaded_files(folder):
+        names = uploaded_files(folder)
+        name_large_files(folder, names)
+        for name in names:
             target = snapshot / name
             target.parent.mkdir(parents=True, exist_ok=True)
             source = (folder / name).resolve()  # a link's target: the SDK uploads what a link points to

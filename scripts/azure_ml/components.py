@@ -29,7 +29,8 @@ from pathlib import Path
 
 import yaml
 
-from scripts.azure_ml.jobs import SubmitError, resolved_config
+from scripts.azure_ml.errors import SubmitError
+from scripts.azure_ml.job_configs import resolved_config
 
 # The datamodule argument that names the data it trains on, and the Azure ML input type it takes: a folder or a file.
 DATA_OPTIONS = {"data_dir": "uri_folder", "csv_path": "uri_file"}
@@ -46,12 +47,26 @@ class Parameter:
     what: str
 
 
-# Train PyTorch Model's parameters, in the designer's order, and the scripts.train option each sets.
+# Train PyTorch Model's parameters, in the designer's order, and the scripts.train option each sets; where the option
+# means other than the designer's parameter, its description says how (docs/pipelines.md, "The components").
 PARAMETERS = (
     Parameter("epochs", "trainer.max_epochs", "integer", "epochs to train at most"),
     Parameter("batch_size", "data.init_args.batch_size", "integer", "examples per step and process"),
-    Parameter("warmup_step_number", "model.warmup_steps", "integer", "steps of linear learning rate warm-up"),
-    Parameter("learning_rate", "model.optimizer.init_args.lr", "number", "the optimizer's learning rate"),
+    Parameter(
+        "warmup_step_number",
+        "model.warmup_steps",
+        "integer",
+        "optimizer steps of linear learning rate warm-up "
+        "from 0 (the designer's counts epochs: for E epochs give E x an epoch's steps)",
+    ),
+    Parameter(
+        "learning_rate",
+        "model.optimizer.init_args.lr",
+        "number",
+        "the optimizer's learning rate, as given (the "
+        "designer's is multiplied by the processes' count and decays polynomially: add --model."
+        "scale_lr_by_world_size true and --model.poly_decay_power 1 to train_args for those)",
+    ),
     Parameter("random_seed", "seed_everything", "integer", "seed of weights, shuffling and augmentation"),
     Parameter("patience", "trainer.callbacks", "integer", "epochs without a better val_loss before stopping"),
     Parameter("print_freq", "trainer.log_every_n_steps", "integer", "steps between logged train_loss points"),
@@ -70,6 +85,7 @@ class TaskComponents:
     parameters: dict[str, tuple[Parameter, object]] = field(default_factory=dict)  # name -> (parameter, default)
     commands: dict[str, str] = field(default_factory=dict)
     sweep_inputs: dict[str, str] = field(default_factory=dict)  # a sweep's own inputs: name -> Azure ML type
+    config: dict = field(default_factory=dict)  # the resolved config of the configs and train_args
 
     def name(self, step: str) -> str:
         return f"{self.prefix}_{step}"
@@ -111,7 +127,8 @@ def plan_components(configs: list[str], train_args: str = "", prefix: str | None
     data_args = value_at(config, "data.init_args") or {}
     data_name = next((name for name in DATA_OPTIONS if name in data_args), None)
     plan = TaskComponents(task, prefix, configs, data_name and f"data.init_args.{data_name}",
-                          DATA_OPTIONS.get(data_name, "uri_folder"), sweep_inputs=dict(sweep_inputs or {}))  # fmt: skip
+                          DATA_OPTIONS.get(data_name, "uri_folder"), sweep_inputs=dict(sweep_inputs or {}),
+                          config=config)  # fmt: skip
     parts = []
     for parameter in PARAMETERS:
         if parameter.name == "patience":

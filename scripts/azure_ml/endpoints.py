@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from scripts.azure_ml.assets import ENVIRONMENTS
-from scripts.azure_ml.jobs import BASE_IMAGE
+from scripts.azure_ml.images import BASE_IMAGE
 
 SERVE_ENVIRONMENT = ENVIRONMENTS["serving"].conda_file
 SCORING_SCRIPT = "scripts/score.py"
@@ -35,14 +35,31 @@ class Names:
         return f"azureml:{self.model}:{self.version}"
 
 
-def environment(registered: str | None = None):
+# What a batch deployment's scoring script runs under besides the serving environment: Azure ML's batch driver
+# imports azureml-core, which every scoring-script batch deployment of Azure's own examples installs
+# (Azure/azureml-examples, cli/endpoints/batch/deploy-models/*/environment/conda.yaml); pip resolves this version
+# beside the serving environment's pins (pydantic, OpenTelemetry, numpy).
+BATCH_PACKAGES = ("azureml-core==1.61.0.post4",)
+
+
+def batch_conda() -> dict:
+    """scripts/serving/environment.yml with BATCH_PACKAGES added to its pip list, as a conda file's contents."""
+    conda = yaml.safe_load(Path(SERVE_ENVIRONMENT).read_text())
+    pip = next(item for item in conda["dependencies"] if isinstance(item, dict) and "pip" in item)
+    pip["pip"] = [*pip["pip"], *BATCH_PACKAGES]
+    conda["name"] = f"{conda['name']}-batch"
+    return conda
+
+
+def environment(registered: str | None = None, batch: bool = False):
     """The serving environment: a registered one (azureml:NAME:VERSION, scripts.assets environment serving), else
-    scripts/serving/environment.yml on Azure ML's Open MPI image, the one jobs use."""
+    scripts/serving/environment.yml on Azure ML's Open MPI image, the one jobs use; for a batch deployment with its
+    BATCH_PACKAGES."""
     if registered:
         return registered
     from azure.ai.ml.entities import Environment
 
-    return Environment(image=BASE_IMAGE, conda_file=SERVE_ENVIRONMENT)
+    return Environment(image=BASE_IMAGE, conda_file=batch_conda() if batch else SERVE_ENVIRONMENT)
 
 
 def build_online(
@@ -124,7 +141,7 @@ def build_batch(
     if inputs == "images":
         code = {
             "code_configuration": CodeConfiguration(code=".", scoring_script=BATCH_SCORING_SCRIPT),
-            "environment": environment(registered_environment),
+            "environment": environment(registered_environment, batch=True),
         }
     deployment = ModelBatchDeployment(
         name=names.deployment,

@@ -13,6 +13,7 @@ status, naming the step.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import shlex
@@ -22,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from scripts.azure_ml.jobs import SubmitError
+from scripts.azure_ml.errors import SubmitError
 from scripts.azure_ml.pipelines import PipelinePlan
 
 OPTIONAL = re.compile(r"\$\[\[(.*?)\]\]")
@@ -118,4 +119,20 @@ def run_local(plan: PipelinePlan, local_dir: Path) -> Path:
             )
         done[step] = outputs
     print(f"pipeline done: {folder} (predictions: {done['score']['predictions'] / 'predictions.csv'})")
+    print(registration(plan, done["evaluate"]["metrics"]))
     return folder
+
+
+def registration(plan: PipelinePlan, metrics: Path) -> str:
+    """What the register step did, from the evaluate step's metrics: a run below the threshold registered nothing,
+    and its score step scored with the model all the same."""
+    from scripts.azure_ml.register_step import METRICS_FILE, reaches
+
+    value = float(json.loads((metrics / METRICS_FILE).read_text())[plan.metric])
+    relation = "at most" if plan.metric.endswith("_loss") else "at least"
+    if reaches(plan.metric, value, plan.threshold):
+        return f"registered: {plan.model_name} ({plan.metric} {value:.4f}, the threshold {relation} {plan.threshold:g})"
+    return (
+        f"registered nothing: {plan.metric} {value:.4f} does not reach --threshold {plan.threshold:g} ({relation}); "
+        f"the predictions are the unregistered model's"
+    )

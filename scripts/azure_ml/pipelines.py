@@ -1,6 +1,7 @@
 """A task's Azure ML pipeline job, train -> evaluate -> register -> score, built from its components
 (scripts/azure_ml/components.py) with the launch rules, images, tier, timeout and shared memory of single jobs
-(scripts/azure_ml/jobs.py); checked before the SDK is imported. scripts.pipeline submits it, prints it or runs it here.
+(scripts/azure_ml/job_plan.py); checked before the SDK is imported. scripts.pipeline submits it, prints it or runs it
+here.
 
     python -m scripts.pipeline configs/penguins.yaml --compute cpu-cluster --dry_run true
 """
@@ -14,8 +15,11 @@ from pathlib import Path
 
 import yaml
 
-from scripts.azure_ml.components import TaskComponents, plan_components
-from scripts.azure_ml.jobs import PRESETS, Plan, SubmitError, check_uploaded_name, is_local, parse_reference, plan_job
+from scripts.azure_ml.components import TaskComponents, plan_components, value_at
+from scripts.azure_ml.errors import SubmitError
+from scripts.azure_ml.job_inputs import check_data_paths, check_uploaded_name, is_local
+from scripts.azure_ml.job_plan import PRESETS, Plan, plan_job
+from scripts.azure_ml.option_values import parse_reference
 from scripts.azure_ml.workspace import GPU_SIZE, SERVERLESS
 
 STEPS = ("train", "evaluate", "register", "score")
@@ -80,6 +84,24 @@ def data_input(given: str, option: str, wanted: str) -> DataInput:
     return DataInput(str(path.resolve()), wanted)
 
 
+def check_has_an_image(folder: Path, given: str) -> None:
+    """A folder the score step scores holds an image at some depth (by its name, or by its first bytes), the files
+    scripts.score leaves out left out: else the pipeline would train and register a model, then fail at its end.
+    Called after the configs went through the training CLI, which imported torch."""
+    from datamodules.ignored_files import ignored
+    from datamodules.image_folder import IMAGE_SUFFIXES, is_image
+
+    for top, folders, names in os.walk(folder, followlinks=True):
+        folders[:] = sorted(name for name in folders if not ignored(name))
+        files = [Path(top) / name for name in sorted(names) if not ignored(name)]
+        if any(path.suffix.lower() in IMAGE_SUFFIXES for path in files) or any(map(is_image, files)):
+            return
+    raise SubmitError(
+        f"{given}: no image in it (looked for {', '.join(IMAGE_SUFFIXES)} and image files by their bytes); "
+        "give the folder of images the score step scores"
+    )
+
+
 def plan_pipeline(
     configs: list[str],
     compute: str,
@@ -108,9 +130,13 @@ def plan_pipeline(
     `components_only`: for the components alone, which name no data."""
     from scripts.azure_ml.assets import check_name
     from scripts.azure_ml.components import check_prefix
-    from scripts.azure_ml.jobs import BASE_IMAGE, experiment_of, job_experiment
+    from scripts.azure_ml.images import BASE_IMAGE
+    from scripts.azure_ml.job_configs import experiment_of, job_experiment
     from scripts.azure_ml.workspace import check_compute, compute_name
 
+    for option, given in (("--data", data), ("--test_data", test_data), ("--score_data", score_data)):
+        if given and is_local(given) and not Path(given).exists():  # before the training CLI's import
+            raise SubmitError(f"{option} {given}: no such file or folder; give the data as the task reads it")
     if instance_type is not None and not compute:
         raise SubmitError(
             f"--instance_type {instance_type}: the VM size of serverless compute; give --compute serverless with it, "
@@ -156,7 +182,16 @@ def plan_pipeline(
     if training is not None and not components.data_option:
         raise SubmitError(f"--data: {configs[0]}'s datamodule takes no data_dir or csv_path to give it as")
     testing = data_input(test_data, "--test_data", wanted) if test_data else None
+    # The config's own data path, where --data does not replace it, reaches the steps: in the code, or as --data.
+    given = {components.data_option} if training is not None else set()
+    fix = {components.data_option: f"--data {value_at(components.config, components.data_option)}"}
+    check_data_paths(components.config, given, fix if components.data_option else None)
     scoring = data_input(score_data, "--score_data", wanted) if score_data else (testing or training)
+    if scoring is not None and wanted == "uri_folder" and is_local(scoring.path):  # the score step would fail on it
+        given = next(
+            (o, g) for o, g in (("--score_data", score_data), ("--test_data", test_data), ("--data", data)) if g
+        )
+        check_has_an_image(Path(scoring.path), " ".join(given))
     if scoring is None and not components_only:
         what = "a folder of images" if wanted == "uri_folder" else "a CSV, e.g. configs/examples/penguins.csv"
         raise SubmitError(f"--score_data: give what the score step scores ({what}); without --data it has no default")
@@ -196,7 +231,9 @@ def build_pipeline(plan: PipelinePlan):
     from azure.ai.ml import Input
     from azure.ai.ml.entities import PipelineJob
 
-    from scripts.azure_ml.jobs import dataloader_workers, launch_distribution, launch_variables, shm_size_of
+    from scripts.azure_ml.job_configs import dataloader_workers
+    from scripts.azure_ml.jobs import launch_distribution, launch_variables
+    from scripts.azure_ml.option_values import shm_size_of
 
     serverless = plan.compute == SERVERLESS
     components = build_components_of(plan)

@@ -55,7 +55,7 @@ def search_space_names(sweep: Sweep) -> dict[str, str]:
 def check_for_azure(sweep: Sweep) -> None:
     """What Azure ML refuses that Optuna takes, and options the job sets from its processes; raises SweepError
     before the Azure SDK is imported."""
-    from scripts.azure_ml.jobs import LAUNCH_OPTIONS
+    from scripts.azure_ml.job_plan import LAUNCH_OPTIONS
 
     for where, options in (("fixed", list(sweep.fixed)), ("search_space", [p.option for p in sweep.params])):
         for option in options:
@@ -190,7 +190,8 @@ def options_of_trial(job_tags: dict[str, str], hyperparameters: dict[str, object
 def sweep_yaml(job, folder: Path = Path(".")) -> str:
     """The sweep job as `az ml job create -f` takes it from a file in `folder`: every local path in it (the trial's
     code, local inputs) relative to that folder."""
-    from scripts.azure_ml.jobs import is_local, relative_to
+    from scripts.azure_ml.job_inputs import is_local
+    from scripts.azure_ml.yaml_files import relative_to
 
     text = io.StringIO()
     job.dump(text)
@@ -205,7 +206,8 @@ def sweep_yaml(job, folder: Path = Path(".")) -> str:
 
 def load_for_azure(path: str, configs: list[str]) -> Sweep:
     """The sweep file, checked for Azure ML and against the CLI options of `configs` (the job's configs)."""
-    from scripts.sweeps.space import check_options, load_sweep
+    from scripts.sweeps.preflight import check_options
+    from scripts.sweeps.space import load_sweep
 
     sweep = load_sweep(path)
     check_configs(sweep, configs)

@@ -1,5 +1,6 @@
 """Trials started from a warm process: a local sweep's launcher imports torch, Lightning and MLflow once, then forks
-one child per trial, which runs `python -m scripts.train fit ...` as a fresh interpreter would, ~10 s sooner.
+one child per trial, which runs `python -m scripts.train fit ...` as a fresh interpreter would, without those imports
+(docs/measured.md: the sweep bench).
 
     python -m scripts.sweep configs/sweeps/penguins.yaml    # scripts.sweep starts and feeds the launcher itself
 
@@ -269,8 +270,8 @@ def serve(argv: list[str]) -> dict | None:
 
 
 def leave_finalizers_to_teardown() -> None:
-    """The finalizers registered so far (the preloaded libraries': torch.library's ~200 operator registrations, each
-    undone at exit, ~45 ms) belong to the interpreter's teardown, which a child skips (run_module_and_exit); at its
+    """The finalizers registered so far (the preloaded libraries': torch.library's operator registrations, each
+    undone at exit) belong to the interpreter's teardown, which a child skips (run_module_and_exit); at its
     exit a child runs the exit handlers and finalizers registered in it, its own (weakref.finalize._registry: CPython's,
     tests/test_sweep_isolation.py checks it)."""
     for finalizer in list(weakref.finalize._registry):
@@ -344,7 +345,7 @@ def run_module_and_exit(module: str) -> NoReturn:
     its non-daemon threads joined, the exit handlers run, the standard streams flushed, the same exit status (an
     uncaught exception's traceback and 1, `sys.exit`'s status or message, death by SIGINT for an uncaught Ctrl-C).
     It skips what comes after, the interpreter's teardown: freeing every object would write to every page of the
-    launcher's imports, copying them into the child first (~330 MB, ~0.45 s of a trial's CPU here, docs/measured.md).
+    launcher's imports, copying them into the child first (docs/measured.md has what that costs a trial).
     Python runs exit handlers and joins threads through threading._shutdown and atexit._run_exitfuncs, which are what
     this calls (CPython's own, tests/test_sweep_isolation.py checks they are there)."""
     import atexit

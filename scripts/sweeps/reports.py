@@ -5,7 +5,8 @@
 A trial's fit (scripts.sweeps.trial.SweepTrial) appends a JSON line {"step", "value"} to the file in SWEEP_REPORTS
 at every validation's end and goes on training; this thread of the sweep process, otherwise waiting for the fit,
 reads the new lines every POLL_S and stores them with the study's storage, on the other core. Optuna's report is a
-database transaction (~3 ms with sqlite, a penguin epoch's work): in the fit it would be on the training's path.
+database transaction (with sqlite, about a penguin epoch's work: docs/measured.md): in the fit it would be on the
+training's path.
 When the fit has ended, `finish` stores the rest before the sweep records the trial: what a fit reported before it
 ended, however it ended (SIGKILL included), is in the study. A sweep process killed during a fit leaves the file;
 the next start stores it before it queues the trial again. As optuna.trial.Trial.report does, the first value of an

@@ -3,13 +3,13 @@
 scripts.sweep runs every trial as `python -m scripts.train fit --config <task> <the trial's values> ...
 --trainer.callbacks+ '{"class_path": "scripts.sweeps.trial.SweepTrial", ...}'`. At every validation's end the
 callback reports the objective metric and, where the pruner can stop the trial, asks the study's pruner (reading the
-other trials from the study's storage: the sqlite file in outputs/sweeps, or a database server) whether it should;
-when it should, the fit ends after that epoch, as a finished fit does, and the trial is marked so that the sweep
-records it PRUNED. A report is one line appended to a file (SWEEP_REPORTS) that the sweep process stores into the
-study while the fit trains on (scripts/sweeps/reports.py): Optuna's own report is a database transaction, ~3 ms,
-about a penguin epoch's work. The pruner sees the same values either way, this fit's from memory. A loss or an objective
-that is not finite (a diverging lr) stops the fit with TrialDiverged, an error: the sweep records the trial FAIL.
-A fit whose sweep process is gone (killed) stops at the next batch instead of training for nobody.
+other trials from the study's storage: the sqlite file in outputs/sweeps, or a database server) whether it should; when
+it should, the fit ends after that epoch, as a finished fit does, and the trial is marked so that the sweep records it
+PRUNED. A report is one line appended to a file (SWEEP_REPORTS) that the sweep process stores into the study while the
+fit trains on (scripts/sweeps/reports.py): Optuna's own report is a database transaction, about a penguin epoch's work
+(docs/measured.md). The pruner sees the same values either way, this fit's from memory. A loss or an objective that is
+not finite (a diverging lr) stops the fit with TrialDiverged, an error: the sweep records the trial FAIL. A fit whose
+sweep process is gone (killed) stops at the next batch instead of training for nobody.
 
 Pruners, from the sweep file's early_termination: `median` is Optuna's MedianPruner (stop a trial whose best value
 so far is worse than the median of the other trials at the same epoch), `bandit` is BanditPruner below (Azure ML's
@@ -120,7 +120,8 @@ def open_storage(url: str, heartbeat: bool = False, checked: bool = False) -> op
     With `heartbeat` (the sweep processes' storage), each running trial's sweep process records that it is alive
     every HEARTBEAT_S; a sweep process that starts a trial first fails the trials of processes silent for GRACE_S
     (a machine lost while another goes on with the study) and queues them again. `checked`: the sweep process that
-    started this trial has created the tables and checked their schema version (~20-300 ms a check with sqlite)."""
+    started this trial has created the tables and checked their schema version (a check is slow with sqlite:
+    docs/measured.md)."""
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
     if not heartbeat:
         return optuna.storages.RDBStorage(
