@@ -57,7 +57,7 @@ class KillOnRank(FailOnRank):
 def spark(tmp_path_factory):
     """One local-cluster session for the module, started as scripts.spark starts one; the environment it sets is
     restored after. Its tasks' temporary folder is the module's (each task's torchrun leaves a log folder there)."""
-    from scripts.spark import LocalSpark
+    from scripts.training.spark_session import LocalSpark
 
     saved = {name: os.environ.get(name) for name in ("SPARK_HOME", "PYSPARK_PYTHON", "SPARK_LOCAL_IP", "TMPDIR")}
     os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("spark-tmp"))
@@ -108,8 +108,8 @@ def test_data_the_executors_do_not_see_is_one_line_before_the_fit(tmp_path, spar
     /dev/fd/N of a file this process holds open is a path of this process alone, as the driver's disk is to nodes."""
     import socket
 
-    from scripts.spark import resolve_trainer
     from scripts.training.spark_cluster import SparkFitError, check_fit_inputs
+    from scripts.training.spark_launch import resolve_trainer
 
     rows = tmp_path / "penguins.csv"
     rows.write_text("species,island\nAdelie,Torgersen\n")  # 32 bytes
@@ -215,7 +215,7 @@ def test_a_bad_option_is_one_line_before_spark_starts(tmp_path):
     ],
 )
 def test_launcher_options_given_wrong_are_one_line(argv, line):
-    from scripts.spark import SparkFitError, split_options
+    from scripts.training.spark_launch import SparkFitError, split_options
 
     with pytest.raises(SparkFitError) as error:
         split_options(argv)
@@ -227,7 +227,7 @@ def test_launcher_options_given_wrong_are_one_line(argv, line):
                "yarn", "k8s://https://10.0.0.1:6443", "sc://localhost:15002"],
 )  # fmt: skip
 def test_spark_s_master_urls_are_taken(master):
-    from scripts.spark import split_options
+    from scripts.training.spark_launch import split_options
 
     assert split_options(["fit", "--num_processes", "1", "--master", master])[1] == master
 
@@ -247,7 +247,7 @@ def trainer(accelerator="auto", strategy="auto", plugins=None) -> SimpleNamespac
     ],
 )
 def test_devices_and_nodes_follow_the_processes_and_the_gpus_of_a_task(config, processes, task_gpus, launch):
-    from scripts.spark import plan_launch
+    from scripts.training.spark_launch import plan_launch
 
     args = plan_launch(config, processes, task_gpus).trainer_args()
     assert " ".join(launch) in " ".join(args)
@@ -267,7 +267,7 @@ def test_devices_and_nodes_follow_the_processes_and_the_gpus_of_a_task(config, p
     ],
 )
 def test_launches_spark_cannot_run_are_one_line(config, processes, task_gpus, line):
-    from scripts.spark import SparkFitError, plan_launch
+    from scripts.training.spark_launch import SparkFitError, plan_launch
 
     with pytest.raises(SparkFitError) as error:
         plan_launch(config, processes, task_gpus)
@@ -323,14 +323,15 @@ def test_a_node_without_the_checkout_runs_the_code_the_driver_sent(tmp_path):
 
     from pyspark import cloudpickle
 
-    import scripts.spark
+    from scripts.training import spark_task
+    from scripts.training.spark_launch import resolve_trainer
 
-    cloudpickle.register_pickle_by_value(scripts.spark)
+    cloudpickle.register_pickle_by_value(spark_task)
     try:
-        entry = cloudpickle.dumps(scripts.spark.start_in_task)
+        entry = cloudpickle.dumps(spark_task.start_in_task)
     finally:
-        cloudpickle.unregister_pickle_by_value(scripts.spark)
-    code = scripts.spark.pack_code()
+        cloudpickle.unregister_pickle_by_value(spark_task)
+    code = spark_task.pack_code()
     call = (entry, "/nowhere/checkout", "/nowhere/checkout", code, ["--config", "configs/penguins.yaml"])
     program = (
         "import pickle, sys\n"
@@ -350,7 +351,7 @@ def test_a_node_without_the_checkout_runs_the_code_the_driver_sent(tmp_path):
 
     # There a relative root folder would be the task's, which Spark removes with the application: refused, not trained.
     args = ["--config", "configs/penguins.yaml", "--trainer.max_epochs", "1"]
-    relative = scripts.spark.relative_outputs(scripts.spark.resolve_trainer(args), {})
+    relative = spark_task.relative_outputs(resolve_trainer(args), {})
     assert relative == ["--trainer.default_root_dir outputs"]
     program = program.replace("'--print_config'], {", f"], relative={relative!r}, environment={{")
     result = subprocess.run(
@@ -365,12 +366,12 @@ def test_a_node_without_the_checkout_runs_the_code_the_driver_sent(tmp_path):
     ), result.stderr.decode()[-3000:]
     assert not (unpacked / "outputs").exists()
     absolute = ["--trainer.default_root_dir", str(tmp_path / "kept"), "--trainer.logger.init_args.tracking_uri"]
-    assert scripts.spark.relative_outputs(scripts.spark.resolve_trainer([*args, *absolute, "sqlite:///x.db"]),
+    assert spark_task.relative_outputs(resolve_trainer([*args, *absolute, "sqlite:///x.db"]),
                                           {}) == ["--trainer.logger.init_args.tracking_uri sqlite:///x.db"]  # fmt: skip
     # The files rank 0 writes beside the run: the served model and the metrics.
     given = ["--model_dir", "model", "--metrics_file", str(tmp_path / "metrics.json")]
-    config = scripts.spark.resolve_trainer([*args, *absolute[:2], *given])
-    assert scripts.spark.relative_outputs(config, {"MLFLOW_TRACKING_URI": "sqlite:///x.db"}) == [
+    config = resolve_trainer([*args, *absolute[:2], *given])
+    assert spark_task.relative_outputs(config, {"MLFLOW_TRACKING_URI": "sqlite:///x.db"}) == [
         "--model_dir model", "MLFLOW_TRACKING_URI sqlite:///x.db"
     ]  # fmt: skip
 
@@ -380,7 +381,7 @@ def test_the_failure_reported_is_the_first_one_whatever_order_its_line_arrived_i
     reach the driver in any order, so the time each task stamps on its failure decides."""
     import io
 
-    from scripts.spark import TaskErrors, failure_line
+    from scripts.training.spark_task_output import TaskErrors, failure_line
 
     stream = io.StringIO()
     errors = TaskErrors(stream)
@@ -393,7 +394,7 @@ def test_the_failure_reported_is_the_first_one_whatever_order_its_line_arrived_i
 
 
 def test_a_spark_failure_without_a_task_line_is_spark_s_reason_in_one_line():
-    from scripts.spark import failure_line
+    from scripts.training.spark_task_output import failure_line
 
     java = (
         "An error occurred while calling o67.collectToPython.\n: org.apache.spark.SparkException: Job aborted due to "
@@ -416,7 +417,7 @@ def test_after_a_failure_the_tasks_tracebacks_go_to_the_log_alone_and_a_kill_is_
     the console keeps what came before the first failure; the log keeps everything."""
     import io
 
-    from scripts.spark import TaskErrors, failure_line
+    from scripts.training.spark_task_output import TaskErrors, failure_line
 
     console, log = io.StringIO(), io.StringIO()
     errors = TaskErrors(console, log)
@@ -449,7 +450,7 @@ def test_on_databricks_the_tasks_track_to_its_mlflow_with_the_driver_s_credentia
     from mlflow.utils import databricks_utils
     from mlflow.utils.credentials import MlflowHostCreds
 
-    from scripts.spark import SparkFitError, tracking_environment
+    from scripts.training.spark_task import SparkFitError, tracking_environment
     from scripts.training.tracking import check_tracking_uri
 
     monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "18.0")
