@@ -36,16 +36,15 @@ class ServeError(Exception):
 
 
 def tracking_uri() -> str:
-    """MLFLOW_TRACKING_URI, else the local store scripts.train writes (outputs/mlflow.db)."""
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
-    store = Path("outputs/mlflow.db")
-    if not store.is_file():
-        raise ServeError(
-            "no MLflow store: outputs/mlflow.db is not here and MLFLOW_TRACKING_URI is not set; train with "
-            "--register_model first, or give a checkpoint"
-        )
-    return f"sqlite:///{store}"
+    """MLFLOW_TRACKING_URI, else the local store scripts.train writes (outputs/mlflow.db): scripts/serving/
+    model_registry.py, as every command that takes models:/ finds it."""
+    from scripts.serving.model_registry import RegistryError
+    from scripts.serving.model_registry import tracking_uri as registry_store
+
+    try:
+        return registry_store()
+    except RegistryError as error:
+        raise ServeError(str(error)) from None
 
 
 def download(uri: str, target: Path) -> Path:
@@ -54,8 +53,6 @@ def download(uri: str, target: Path) -> Path:
     from mlflow.exceptions import MlflowException
 
     store = tracking_uri()
-    if store.startswith("sqlite:///") and not Path(store.removeprefix("sqlite:///")).is_file():
-        raise ServeError(f"{store}: no such MLflow store; check MLFLOW_TRACKING_URI")  # MLflow would make one
     mlflow.set_tracking_uri(store)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # the server's log follows
     try:

@@ -113,11 +113,14 @@ def fit_on_spark(argv: list[str], spark=None) -> dict:
 def score_on_spark(argv: list[str], spark=None) -> dict:
     """Runs `score MODEL INPUT [--output DIR] [--label COLUMN] [--master MASTER]` (argv without `score`) on `spark`
     or the session this process has or starts; returns {"rows", "accuracy"}. Raises SparkFitError with the line."""
+    from scripts.serving.model_registry import REGISTRY_URIS, RegistryError, use_store
     from scripts.serving.spark_score import SparkScoreError, check_arguments, score
 
     model_uri, path, values = split_score_options(argv)
     try:
         check_arguments(model_uri, path, values.get("--output"))
+        if model_uri.startswith(REGISTRY_URIS):  # found where scripts.serve finds it, before Spark starts
+            use_store(model_uri)
         spark, local = session(spark, values.get("--master"), "local[*]")
         try:
             if local_slots(spark.conf.get("spark.master", "") or "") is None:  # executors elsewhere, not on this disk
@@ -126,7 +129,7 @@ def score_on_spark(argv: list[str], spark=None) -> dict:
         finally:
             if local:
                 local.stop()
-    except SparkScoreError as error:
+    except (SparkScoreError, RegistryError) as error:
         raise SparkFitError(str(error)) from None
 
 

@@ -799,6 +799,48 @@ def test_score_mistakes_are_one_line_before_spark_starts(argv, line, monkeypatch
     assert stop.value.code.startswith(f"error: {line}"), stop.value.code
 
 
+def test_score_finds_a_registered_model_where_serve_finds_it_and_a_missing_one_before_spark(tmp_path, monkeypatch):
+    """With MLFLOW_TRACKING_URI unset, models:/ resolved against ./mlflow.db (MLflow's default, made empty) after 80 s
+    of Spark, where scripts.serve finds the model in outputs/mlflow.db: both look there, and say so in one line."""
+    import mlflow
+
+    from scripts.serving.model_registry import use_store
+    from scripts.spark import main
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("JAVA_HOME", "/none")  # the JVM would not start: Spark is never asked
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rows.csv").write_text("island,bill_length_mm\nBiscoe,50.4\n")
+    with pytest.raises(SystemExit) as stop:
+        main(["score", "models:/penguins-classifier/1", "rows.csv"])
+    assert stop.value.code == (
+        "error: no MLflow store: outputs/mlflow.db is not here and MLFLOW_TRACKING_URI is not set; train with "
+        "--register_model first, or give a model folder or checkpoint"
+    )
+    assert not list(tmp_path.rglob("*.db"))  # no empty store made
+
+    class Echo(mlflow.pyfunc.PythonModel):
+        def predict(self, context, model_input):
+            return model_input
+
+    store = f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}"
+    (tmp_path / "outputs").mkdir()
+    try:
+        mlflow.set_tracking_uri(store)
+        with mlflow.start_run():
+            mlflow.pyfunc.log_model(name="model", python_model=Echo(), registered_model_name="echo",
+                                    pip_requirements=[])  # fmt: skip
+        mlflow.set_tracking_uri(None)
+        with pytest.raises(SystemExit) as stop:
+            main(["score", "models:/penguins-classifier/1", "rows.csv"])
+        assert stop.value.code.startswith(f"error: models:/penguins-classifier/1: not in the registry at {store} (")
+        assert "\n" not in stop.value.code
+        assert use_store("models:/echo/1") == store == os.environ["MLFLOW_TRACKING_URI"]
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert not (tmp_path / "mlflow.db").exists()
+
+
 @pytest.mark.slow
 @needs_java
 def test_spark_udf_scores_an_own_datamodules_rows_as_predict(tmp_path, spark):
