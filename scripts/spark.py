@@ -49,6 +49,7 @@ from scripts.training.spark_launch import (  # noqa: E402
     split_options,
     task_gpus,
 )
+from scripts.training.spark_runs import end_lost_runs, tagged_environment  # noqa: E402
 from scripts.training.spark_session import session  # noqa: E402
 from scripts.training.spark_task import (  # noqa: E402
     REPOSITORY,
@@ -75,12 +76,15 @@ def fit_on_spark(argv: list[str], spark=None) -> dict:
         if local_slots(spark.conf.get("spark.master", "") or "") is None:  # executors elsewhere, not on this disk
             check_fit_inputs(spark, config)
         environment = registry_environment(config, tracking_environment(config.trainer.logger), spark)
+        environment, fit = tagged_environment(environment)
         from pyspark.ml.torch.distributor import TorchDistributor
 
         distributor = TorchDistributor(num_processes=num_processes, local_mode=False, use_gpu=launch.use_gpu)
         cloudpickle.register_pickle_by_value(sys.modules[start_in_task.__module__])  # executors lack the module
         task_args = [*args, *launch.trainer_args()]
         log_path = task_log(config.trainer.default_root_dir)
+        if local:
+            local.trace_log = log_path  # the driver JVM's Java traces (a lost executor's), as the tasks' tracebacks
         with log_path.open("w") as log:
             errors = TaskErrors(sys.stderr, log)
             sys.stderr = errors
@@ -93,6 +97,9 @@ def fit_on_spark(argv: list[str], spark=None) -> dict:
             except Exception as error:
                 log.write(f"\n{type(error).__name__}: {error}\n")  # Spark's own report, its Java trace with it
                 line = failure_line(error, errors.failures, errors.killed)
+                killed = errors.killed or "ExecutorLostFailure" in str(error)
+                for run_id in end_lost_runs(config, environment, fit, "KILLED" if killed else "FAILED"):
+                    log.write(f"MLflow run {run_id} ended as {'KILLED' if killed else 'FAILED'} by the driver\n")
                 raise SparkFitError(f"{line} (the tasks' whole output: {log_path})") from None
             finally:
                 sys.stderr = errors.stream

@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -51,6 +52,19 @@ class KillOnRank(FailOnRank):
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.global_rank == self.rank and trainer.current_epoch == self.epoch:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KillExecutorOnRank(FailOnRank):
+    """SIGKILLs the Spark executor (the JVM) that runs one rank, at the start of an epoch: a lost node, or the OOM
+    killer choosing the executor."""
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        import psutil
+
+        if trainer.global_rank == self.rank and trainer.current_epoch == self.epoch:
+            executor = next(p for p in psutil.Process().parents() if p.name() == "java")
+            executor.kill()
+            time.sleep(60)  # this process goes with its executor's task
 
 
 @pytest.fixture(scope="module")
@@ -191,6 +205,40 @@ def test_a_task_that_fails_fails_the_command_with_its_error_in_one_line(tmp_path
     assert log.parent == tmp_path / "outputs" / "spark-logs"
     assert 'raise RuntimeError(f"rank {self.rank} lost its data' in log.read_text()  # the whole traceback is there
     assert "test_acc" not in result.stdout
+
+
+@pytest.mark.slow
+@needs_java
+def test_a_killed_rank_0_executor_ends_its_run_as_killed_and_its_stack_lines_stay_in_the_log(tmp_path):
+    """The executor of rank 0 killed (a lost node): its run stayed RUNNING (no process of it was left to end it) and
+    the survivor's C++ stack (c10d's `frame #N`) and the driver JVM's Java trace reached the console. The driver ends
+    the run as KILLED; the console keeps the progress and the one line."""
+    killing = '{"class_path": "tests.test_spark.KillExecutorOnRank", "init_args": {"rank": 0, "epoch": 1}}'
+    outputs = tmp_path / "outputs"
+    command = [
+        "fit",
+        "--num_processes",
+        "2",
+        "--master",
+        MASTER,
+        *penguin_fit(outputs, "--trainer.callbacks+", killing)[1:],
+    ]
+    env = {key: value for key, value in own_tmpdir(tmp_path).items() if key != "MLFLOW_TRACKING_URI"}
+    result = run_module("scripts.spark", *command, env=env)
+    assert result.returncode == 1
+    found = re.fullmatch(
+        r"error: the Spark fit lost an executor \(.*\): out of memory, or stopped from outside \(the tasks' whole "
+        r"output: (\S+)\)",
+        result.stderr.strip().splitlines()[-1],
+    )
+    assert found, result.stderr[-3000:]
+    for stack in ("frame #", "Exception raised from", "\tat ", "Exception:", "Traceback"):
+        assert stack not in result.stderr, result.stderr[-3000:]
+    assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in result.stderr  # the progress before it
+    client = MlflowClient(f"sqlite:///{outputs / 'mlflow.db'}")
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "KILLED"
+    assert f"MLflow run {run.info.run_id} ended as KILLED by the driver" in Path(found[1]).read_text()
 
 
 @pytest.mark.slow
@@ -797,6 +845,25 @@ def test_score_mistakes_are_one_line_before_spark_starts(argv, line, monkeypatch
     with pytest.raises(SystemExit) as stop:
         main(argv)
     assert stop.value.code.startswith(f"error: {line}"), stop.value.code
+
+
+def test_a_local_master_past_this_machine_s_cores_or_memory_is_one_line_before_spark_starts(monkeypatch):
+    """--num_processes 1000000 made a local[1000000] master: a Python process per task slot on this machine."""
+    from scripts.spark import main
+
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setenv("JAVA_HOME", "/none")  # the JVM would not start: Spark is never asked
+    fit = ["fit", "--config", "configs/penguins.yaml"]
+    for args, line in (
+        (["--num_processes", "1000000"], f"--num_processes 1000000: 1000000 task processes on this machine's {cores} "
+                                         f"cores; give at most {4 * cores} (4 a core), or --master of a cluster"),
+        (["--num_processes", "2", "--master", "local[5000]"], "--master local[5000]: 5000 task processes on this"),
+        (["--num_processes", "2", "--master", "local-cluster[2,1,100000000]"],
+         "--master local-cluster[2,1,100000000]: 2 workers of 100000000 MB, more than this machine's"),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit) as stop:
+            main([*fit, *args])
+        assert stop.value.code.startswith(f"error: {line}"), stop.value.code
 
 
 def test_score_finds_a_registered_model_where_serve_finds_it_and_a_missing_one_before_spark(tmp_path, monkeypatch):

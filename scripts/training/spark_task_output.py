@@ -19,8 +19,12 @@ from scripts.training.spark_task import TASK_FAILED
 TASK_FAILED_LINE = re.compile(rf"{TASK_FAILED} (\d+) at ([\d.]+): (.*)")
 # What the tasks print once one has failed: torch's and torchrun's tracebacks and reports, dozens of lines a task. They
 # go to the log file alone; the console keeps the line naming the failure. `exitcode: -9` is torchrun's word for a
-# process killed by a signal (the OOM killer's SIGKILL), reported for the rank its `rank:` line named.
-FAILURE_STARTS = re.compile(r"\[rank\d+\]: Traceback|Traceback \(most recent call last\)|E\d{4} .* failed \(exitcode")
+# process killed by a signal (the OOM killer's SIGKILL), reported for the rank its `rank:` line named. A rank whose
+# peer is gone prints torch's C++ report first: `[rank1]:[W1127 ...] [c10d] ... failed`, then its C++ stack.
+FAILURE_STARTS = re.compile(
+    r"\[rank\d+\]: Traceback|Traceback \(most recent call last\)|E\d{4} .* failed \(exitcode"
+    r"|(\[rank\d+\]:)?\[[WE]\d{4} [^\]]*\] \[c10d\]|Exception raised from |terminate called after throwing"
+)
 TORCHRUN_RANK = re.compile(r"\s*rank\s*:\s*(\d+)")
 TORCHRUN_SIGNAL = re.compile(r"\s*exitcode\s*:\s*-(\d+)\b")
 
