@@ -49,7 +49,7 @@ def tracking_environment(logger) -> dict[str, str]:
 
 
 def pack_code(repository: Path = REPOSITORY) -> bytes:
-    """This checkout's code and configs, zipped (~100 KB), for nodes that have no checkout at the driver's path."""
+    """This checkout's code and configs, zipped, for nodes that have no checkout at the driver's path."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         for folder in CODE_FOLDERS:
