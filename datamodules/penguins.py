@@ -55,6 +55,8 @@ def read_penguins(path: str | Path | None, need_species: bool = True):
         if not Path(path).is_file():
             raise DataError(f"{where}: no such file; give an existing CSV")
         data = Path(path).read_bytes()  # read once: the layout checks and pandas both read these bytes
+        if what := preprocessing.not_utf8(data[:4]):  # UTF-16 (a spreadsheet's "Unicode Text"), or a workbook
+            raise DataError(f"{where}: {what}")
         columns, header_line = check_row_lengths(data, where)
         try:
             # Only the header's columns: a row's empty fields past them (a spreadsheet's trailing commas) are dropped,
@@ -69,8 +71,6 @@ def read_penguins(path: str | Path | None, need_species: bool = True):
             # Row i is line i + 2 of the file, blank lines before the header counted too.
             frame = preprocessing.drop_blank_rows(frame, header_line)
         except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as error:
-            if what := preprocessing.not_utf8(data[:4]):  # UTF-16 (a spreadsheet's "Unicode Text"), or a workbook
-                raise DataError(f"{where}: {what}") from None
             raise DataError(f"{where}: not a readable CSV ({str(error).strip()})") from None
     return penguin_table(frame, where, need_species)
 

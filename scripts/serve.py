@@ -36,16 +36,15 @@ class ServeError(Exception):
 
 
 def tracking_uri() -> str:
-    """MLFLOW_TRACKING_URI, else the local store scripts.train writes (outputs/mlflow.db)."""
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
-    store = Path("outputs/mlflow.db")
-    if not store.is_file():
-        raise ServeError(
-            "no MLflow store: outputs/mlflow.db is not here and MLFLOW_TRACKING_URI is not set; train with "
-            "--register_model first, or give a checkpoint"
-        )
-    return f"sqlite:///{store}"
+    """MLFLOW_TRACKING_URI, else the local store scripts.train writes (outputs/mlflow.db): scripts/serving/
+    model_registry.py, as every command that takes models:/ finds it."""
+    from scripts.serving.model_registry import RegistryError
+    from scripts.serving.model_registry import tracking_uri as registry_store
+
+    try:
+        return registry_store()
+    except RegistryError as error:
+        raise ServeError(str(error)) from None
 
 
 def download(uri: str, target: Path) -> Path:
@@ -54,8 +53,6 @@ def download(uri: str, target: Path) -> Path:
     from mlflow.exceptions import MlflowException
 
     store = tracking_uri()
-    if store.startswith("sqlite:///") and not Path(store.removeprefix("sqlite:///")).is_file():
-        raise ServeError(f"{store}: no such MLflow store; check MLFLOW_TRACKING_URI")  # MLflow would make one
     mlflow.set_tracking_uri(store)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # the server's log follows
     try:
@@ -183,17 +180,20 @@ def serve(
         model: models:/NAME/VERSION (or models:/NAME@alias, runs:/RUN/model) from the MLflow registry at
             MLFLOW_TRACKING_URI or outputs/mlflow.db; a checkpoint (.ckpt) of `scripts.train fit`; or a model folder.
         port: the port of /score (and of the health probe GET /).
-        workers: server processes (gunicorn workers), each with its own copy of the model.
-        threads: threads of one request's computation (SCORE_THREADS); 0: one per core. With several workers,
-            cores / workers.
+        workers: server processes (gunicorn workers), each with its own copy of the model; at most 2 x cores + 1.
+        threads: threads of one request's computation (SCORE_THREADS); 0: one per core; at most the cores. With
+            several workers, cores / workers.
         host: the address to listen on; 0.0.0.0 serves every network this machine is on (no key is asked).
         prepare_only: make the model folder, print its path and stop (what `python -m scripts.score` takes).
         serving_dir: where the model folders go.
     """
-    for option, value, lowest, what in (("--port", port, 1, "a port 1-65535"), ("--workers", workers, 1, "1 or more"),
-                                        ("--threads", threads, 0, "0 (one per core) or more")):  # fmt: skip
-        if value < lowest or (option == "--port" and value > 65535):
-            raise ServeError(f"{option} {value}: give {what}")
+    check_numbers(port, workers, threads)
+    backend = os.environ.get("SCORE_BACKEND", "onnxruntime")
+    if backend != "onnxruntime":  # the scoring script would refuse it in each worker, after "serving" was printed
+        raise ServeError(
+            f"SCORE_BACKEND {backend!r}: the model's network runs with ONNX Runtime only (the serving environment "
+            "has no torch); unset SCORE_BACKEND"
+        )
     python = SERVE_VENV / "bin" / "python"
     if not prepare_only and not python.is_file():
         raise ServeError(f"{SERVE_VENV} is missing: run `make serve-env` (the inference server's environment) first")
@@ -205,8 +205,26 @@ def serve(
         return
     print(f"serving {folder} on http://{host}:{port}/score", flush=True)
     environment = {**os.environ, "SCORE_THREADS": str(threads)}
-    environment.pop("SCORE_BACKEND", None)  # the scoring script refuses any but ONNX Runtime
     os.execve(python, server_command(folder, port, workers, host, python), environment)  # Ctrl-C reaches the server
+
+
+def cores() -> int:
+    """The cores this process may run on (a container's or `taskset`'s share, not the host's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def check_numbers(port: int, workers: int, threads: int) -> None:
+    """Refuses a port that is none, and workers or threads past what this machine runs: each worker is a process
+    with its own copy of the model (gunicorn advises 2 x cores + 1), each thread one core's share of a request."""
+    n = cores()
+    most_workers = 2 * n + 1
+    for option, value, lowest, highest, what in (
+        ("--port", port, 1, 65535, "a port 1-65535"),
+        ("--workers", workers, 1, most_workers, f"1 to {most_workers} (2 x this machine's {n} cores + 1)"),
+        ("--threads", threads, 0, n, f"0 (one per core) to {n} (this machine's cores)"),
+    ):
+        if not lowest <= value <= highest:
+            raise ServeError(f"{option} {value}: give {what}")
 
 
 def check_address(host: str, port: int) -> None:

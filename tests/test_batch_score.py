@@ -103,11 +103,19 @@ def test_run_over_csv_files_answers_each_complete_row_as_predict_and_logs_a_file
     assert refused.startswith(f"{tmp_path / 'bad.csv'}: ") and "Atlantis" in refused
 
 
-def test_the_script_runs_from_the_command_line_on_a_folder(models):
+def test_the_script_runs_from_the_command_line_on_a_folder(models, tmp_path):
+    """A folder as a Mac or Windows Explorer leaves it: .DS_Store, Thumbs.db and desktop.ini are no images, and not
+    reported as images that failed."""
     birds = models["birds"]
-    command = [sys.executable, "-m", "scripts.serving.batch_score", str(birds.model), str(birds.inputs / "turkeys")]
+    photos = tmp_path / "turkeys"
+    shutil.copytree(birds.inputs / "turkeys", photos)
+    (photos / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    (photos / "Thumbs.db").write_bytes(b"\xd0\xcf\x11\xe0 a thumbnail cache")
+    (photos / "desktop.ini").write_text("[.ShellClassInfo]\n")
+    command = [sys.executable, "-m", "scripts.serving.batch_score", str(birds.model), str(photos)]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
+    assert not [name for name in (".DS_Store", "Thumbs.db", "desktop.ini") if name in result.stderr], result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "file,class,probability,probability_chickens,probability_turkeys"
     turkeys = [name for name in birds.expected if "/turkeys/" in name]

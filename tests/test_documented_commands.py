@@ -88,7 +88,7 @@ def test_a_documented_command_parses(where, module, args):
         split_score_options(args[1:])
         return
     if module == "scripts.spark":  # its own two options, then scripts.train fit's
-        from scripts.spark import split_options
+        from scripts.training.spark_launch import split_options
 
         _, _, rest = split_options(args)
         module, args = "scripts.train", ["fit", *rest]

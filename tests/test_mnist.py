@@ -146,6 +146,35 @@ def test_predict_inverts_dark_digits_on_white_saying_so_and_skips_dot_files(tmp_
     assert torch.equal(served[0], served[1])  # the scoring script answers as predict does
 
 
+@needs_mnist
+@pytest.mark.parametrize("paper", ["mid-grey paper", "white paper with a dark edge", "light grey paper", "mnist"])
+def test_photographed_digits_become_mnist_s_white_on_black_judged_by_the_digit_not_the_border(paper):
+    """Dark digits on mid-grey paper, or on white paper whose photo has a dark edge, were left as they were (the
+    border's grey decided, and it was not light): every one answered wrong. The strokes decide, the edge is painted
+    over, the paper made black: what the network gets is MNIST's digit again, within a few grey levels."""
+    import numpy as np
+
+    from datamodules.preprocessing.digits import as_white_on_black
+
+    with gzip.open(MNIST / "t10k-images-idx3-ubyte.gz") as file:
+        digits = np.frombuffer(file.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)[:50].astype(np.float32)
+    if paper == "mid-grey paper":  # pencil on grey card, as a phone exposes it
+        photos = 128 - 0.45 * digits
+    elif paper == "white paper with a dark edge":  # the page, and the desk beyond it along two sides
+        photos = 235 - 0.85 * digits
+        photos[:, :, :2, :] = photos[:, :, :, -3:] = 30
+    elif paper == "light grey paper":
+        photos = 190 - 0.7 * digits
+    else:
+        photos = digits
+    made, inverted = as_white_on_black(np.rint(photos).astype(np.uint8))
+    assert inverted.all() == (paper != "mnist") and inverted.any() == (paper != "mnist")
+    error = np.abs(made.astype(np.float32) - digits).mean(axis=(1, 2, 3))
+    assert error.max() < 4, error  # of 255 grey levels, per pixel
+    if paper == "mnist":
+        assert np.array_equal(made, digits.astype(np.uint8))
+
+
 def test_predict_reads_images_by_their_bytes_and_names_what_in_its_folder_it_does_not_read(tmp_path: Path, capsys):
     """A subfolder of digits, or a file that is no image, got no answer, without a word: fewer answers than files. A
     digit is an image by its bytes: a JPEG saved as .jfif or .jpe (Windows', browsers'), a GIF or a BMP, or one with

@@ -129,11 +129,25 @@ def test_predict_reads_a_csv_without_species_and_names_each_row_it_skips(tmp_pat
         ("Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass,Species\nDream,,1,2,3,0\n", "no row has all"),
         ("Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass,Species\nAtlantis,1,1,2,3,0\n", "unknown island"),
         ("Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass,Species\nDream,1,1,2,3,Emperor\n", "Emperor. is none"),
+        (
+            "Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass,Species\n1,39.1,18.7,181,3750,0\n",
+            "unknown island 1 in column Island on line 2; the model knows",
+        ),  # not np.int64(1)
+        (
+            "Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass,Species\nDream,1,1,2,3,0\n".encode("utf-16-le"),
+            "UTF-16LE text .without a byte order mark., not UTF-8; save it as",
+        ),  # not "missing columns"
+        (
+            "Island,CulmenLength,CulmenDepth,FlipperLength,BodyMass,Species\nDream,1,1,2,3,0\n".encode("utf-16-be"),
+            "UTF-16BE text .without a byte order mark., not UTF-8",
+        ),
     ],
 )
 def test_bad_csv_names_the_file_and_the_fix(tmp_path, content, message):
     path = tmp_path / "bad.csv"
-    if content is not None:
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
         path.write_text(content)
     with pytest.raises(DataError, match=message) as error:
         setup(csv_path=str(path))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 
 import numpy as np
 import pandas as pd
@@ -578,3 +579,63 @@ def test_images_are_run_through_the_network_32_at_a_time_whatever_the_batch_hand
     images[40] = b"not an image"  # named by its place in the whole batch, not in its run
     with pytest.raises(InputError, match="^image 41: not a readable image"):
         loaded.predict(pd.DataFrame({"image": images}))
+
+
+def test_file_names_survive_a_round_trip_through_the_csv_module_on_stdout_and_in_a_file(digits, tmp_path, capsys):
+    """A carriage return in a name split its row (the csv module quotes it only where lines end in it); a name that
+    is not UTF-8 crashed the output, leaving `--output` empty whatever it held, and stdout under a strict locale.
+    Such bytes are written as \\xNN, as `ls -b` shows them."""
+    import csv
+    import subprocess
+    import sys
+
+    from scripts.score import main
+    from tests.conftest import REPO
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    names = ["a\rb.png", 'comma, "quoted".png', "line\nbreak.png"]
+    for name in names:
+        (photos / name).write_bytes(png((28, 28), 30))
+    with open(os.path.join(os.fsencode(photos), b"caf\xe9.png"), "wb") as file:  # Latin-1, not UTF-8
+        file.write(png((28, 28), 220))
+    expected = sorted([str(photos / name) for name in names] + [str(photos / "caf\udce9.png")])
+    expected = [name.replace("\udce9", "\\xe9") for name in expected]
+
+    out = tmp_path / "out.csv"
+    out.write_text("what the file held before\n")
+    main([str(digits), str(photos), "--output", str(out)])
+    with out.open(newline="", encoding="utf-8") as file:
+        rows = list(csv.reader(file))
+    assert [row[0] for row in rows] == ["input", *expected]
+    assert all(len(row) == 3 for row in rows)
+    assert not list(tmp_path.glob(".out.csv.*"))  # the temporary file renamed over it, none left
+
+    capsys.readouterr()
+    main([str(digits), str(photos)])
+    assert [row[0] for row in csv.reader(io.StringIO(capsys.readouterr().out, newline=""))] == ["input", *expected]
+    strict = {**os.environ, "PYTHONIOENCODING": "utf-8:strict", "LC_ALL": "C.UTF-8"}
+    result = subprocess.run([sys.executable, "-m", "scripts.score", str(digits), str(photos)], cwd=REPO, env=strict,
+                            capture_output=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    text = result.stdout.decode("utf-8")  # strictly UTF-8
+    assert [row[0] for row in csv.reader(io.StringIO(text, newline=""))] == ["input", *expected]
+
+
+def test_a_chunk_past_what_memory_holds_or_below_one_is_one_line(digits, tmp_path):
+    from scripts.score import main
+
+    (tmp_path / "a.png").write_bytes(png((28, 28), 30))
+    for chunk in ("0", "-3", "100000"):
+        with pytest.raises(SystemExit) as exit:
+            main([str(digits), str(tmp_path), "--chunk", chunk])
+        assert exit.value.code == f"error: --chunk {chunk}: give 1 to 256 images per batch"
+
+
+def test_malformed_json_to_a_model_of_images_says_what_is_wrong_and_how_to_send_images(digits, monkeypatch):
+    status, answer = post(digits, b'{"images": [', "application/json", monkeypatch)
+    assert status == 400
+    assert answer["message"] == (
+        "request body is not valid JSON (Expecting value: line 1 column 13 (char 12)); send images as JSON "
+        '{"images": [base64, ...]} (or multipart files)'
+    )

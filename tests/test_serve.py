@@ -385,10 +385,11 @@ def test_batch_scoring_of_a_folder_answers_as_the_server(birds, tmp_path):
         (["nothing.ckpt"], "error: nothing.ckpt: no such model; give models:/NAME/VERSION (fit --register_model NAME)"),
         (["x", "--port", "0"], "error: --port 0: give a port 1-65535"),
         (["x", "--port", "65536"], "error: --port 65536: give a port 1-65535"),
-        (["x", "--workers", "0"], "error: --workers 0: give 1 or more"),
-        (["x", "--threads", "-1"], "error: --threads -1: give 0 (one per core) or more"),
+        (["x", "--workers", "0"], "error: --workers 0: give 1 to "),
+        (["x", "--threads", "-1"], "error: --threads -1: give 0 (one per core) to "),
         (["x", "--host", "192.0.2.1"], "error: --host 192.0.2.1 --port 5001: cannot listen there (Cannot assign"),
         (["x", "--backend", "torch"], "error: unrecognized arguments: --backend torch"),
+        (["x", "--threads", "1000"], "error: --threads 1000: give 0 (one per core) to "),
         (["configs"], "error: configs: no MLmodel in this folder; give a registered model's folder, .ckpt or models:/"),
         (["models:/penguins-classifier/1"], "error: sqlite:///{tmp}/none.db: no such MLflow store; check"),
     ],
@@ -401,6 +402,78 @@ def test_a_serve_mistake_is_one_line_and_exit_1(args, line, tmp_path, monkeypatc
     assert message.startswith(line.format(tmp=tmp_path)) and "\n" not in message, message
     assert not (tmp_path / "none.db").exists()  # MLflow would have made an empty store
     assert not (tmp_path / "serving").exists()  # no empty model folder left behind
+
+
+def test_score_backend_torch_is_one_line_not_a_silent_onnx_runtime(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCORE_BACKEND", "torch")
+    with pytest.raises(SystemExit) as exit:
+        serve_main(["x", "--serving_dir", str(tmp_path / "serving")])
+    assert exit.value.code == (
+        "error: SCORE_BACKEND 'torch': the model's network runs with ONNX Runtime only (the serving environment has no "
+        "torch); unset SCORE_BACKEND"
+    )
+
+
+def test_workers_and_threads_past_this_machine_s_cores_are_one_line(tmp_path):
+    """--workers 1000000 forked workers until memory ran out; --threads 1000 on 2 cores made a request 200x slower."""
+    cores = len(os.sched_getaffinity(0))
+    for args, line in (
+        (["--workers", "1000000"], f"error: --workers 1000000: give 1 to {2 * cores + 1} (2 x this machine's {cores} "
+                                   "cores + 1)"),
+        (["--workers", str(2 * cores + 2)], f"error: --workers {2 * cores + 2}: give 1 to {2 * cores + 1}"),
+        (["--threads", "1000"], f"error: --threads 1000: give 0 (one per core) to {cores} (this machine's cores)"),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit) as exit:
+            serve_main(["x", *args, "--serving_dir", str(tmp_path / "serving")])
+        assert str(exit.value.code).startswith(line), exit.value.code
+    assert not (tmp_path / "serving").exists()
+
+
+def test_the_serving_bench_takes_the_server_s_bounds_and_bounded_counts():
+    from scripts.bench.serve import bench
+
+    cores = len(os.sched_getaffinity(0))
+    for options, line in (
+        ({"workers": 1000000}, f"error: --workers 1000000: give 1 to {2 * cores + 1}"),
+        ({"threads": 1000}, "error: --threads 1000: give 0 (one per core) to"),
+        ({"rounds": 0}, "error: --rounds 0: give 1 to 100"),
+        ({"requests": 10**9}, "error: --requests 1000000000: give 1 to 100000"),
+    ):
+        with pytest.raises(SystemExit) as exit:
+            bench(**options)
+        assert str(exit.value.code).startswith(line), exit.value.code
+
+
+def test_sigterm_ends_the_server_and_every_worker_within_seconds(penguins):
+    """SIGTERM while the workers still load the model (gunicorn waited its 30 s graceful timeout for them): the
+    server and each worker are gone within seconds. Waited for by polling, with a bound."""
+    import psutil
+
+    folder, _, _ = penguins
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'outputs' / 'mlflow.db'}"}
+    command = [sys.executable, "-m", "scripts.serve", "models:/penguins-classifier/1", "--port", str(free_port()),
+               "--workers", "3", "--serving_dir", str(folder / "sigterm")]  # fmt: skip
+    with (folder / "sigterm.log").open("w") as log:
+        server = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+    workers: list = []
+    try:
+        deadline = time.monotonic() + 240
+        while len(workers) < 3 and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            workers = psutil.Process(server.pid).children(recursive=True)
+        assert len(workers) == 3, (folder / "sigterm.log").read_text()[-3000:]
+        server.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        alive = workers
+        while time.monotonic() < deadline and (server.poll() is None or alive):
+            time.sleep(0.1)
+            alive = [w for w in alive if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+        assert server.poll() is not None and not alive, f"still running 10 s after SIGTERM: server, {alive}"
+    finally:  # a failed check leaves nothing running behind it
+        for process in [*workers, psutil.Process(server.pid) if server.poll() is None else None]:
+            with contextlib.suppress(psutil.Error, AttributeError):
+                process.kill()
+        server.wait(timeout=30)
 
 
 def test_a_version_not_in_the_registry_is_one_line(penguins, tmp_path, monkeypatch):

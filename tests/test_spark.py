@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -53,11 +54,24 @@ class KillOnRank(FailOnRank):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class KillExecutorOnRank(FailOnRank):
+    """SIGKILLs the Spark executor (the JVM) that runs one rank, at the start of an epoch: a lost node, or the OOM
+    killer choosing the executor."""
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        import psutil
+
+        if trainer.global_rank == self.rank and trainer.current_epoch == self.epoch:
+            executor = next(p for p in psutil.Process().parents() if p.name() == "java")
+            executor.kill()
+            time.sleep(60)  # this process goes with its executor's task
+
+
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
     """One local-cluster session for the module, started as scripts.spark starts one; the environment it sets is
     restored after. Its tasks' temporary folder is the module's (each task's torchrun leaves a log folder there)."""
-    from scripts.spark import LocalSpark
+    from scripts.training.spark_session import LocalSpark
 
     saved = {name: os.environ.get(name) for name in ("SPARK_HOME", "PYSPARK_PYTHON", "SPARK_LOCAL_IP", "TMPDIR")}
     os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("spark-tmp"))
@@ -108,8 +122,8 @@ def test_data_the_executors_do_not_see_is_one_line_before_the_fit(tmp_path, spar
     /dev/fd/N of a file this process holds open is a path of this process alone, as the driver's disk is to nodes."""
     import socket
 
-    from scripts.spark import resolve_trainer
     from scripts.training.spark_cluster import SparkFitError, check_fit_inputs
+    from scripts.training.spark_launch import resolve_trainer
 
     rows = tmp_path / "penguins.csv"
     rows.write_text("species,island\nAdelie,Torgersen\n")  # 32 bytes
@@ -194,6 +208,40 @@ def test_a_task_that_fails_fails_the_command_with_its_error_in_one_line(tmp_path
 
 
 @pytest.mark.slow
+@needs_java
+def test_a_killed_rank_0_executor_ends_its_run_as_killed_and_its_stack_lines_stay_in_the_log(tmp_path):
+    """The executor of rank 0 killed (a lost node): its run stayed RUNNING (no process of it was left to end it) and
+    the survivor's C++ stack (c10d's `frame #N`) and the driver JVM's Java trace reached the console. The driver ends
+    the run as KILLED; the console keeps the progress and the one line."""
+    killing = '{"class_path": "tests.test_spark.KillExecutorOnRank", "init_args": {"rank": 0, "epoch": 1}}'
+    outputs = tmp_path / "outputs"
+    command = [
+        "fit",
+        "--num_processes",
+        "2",
+        "--master",
+        MASTER,
+        *penguin_fit(outputs, "--trainer.callbacks+", killing)[1:],
+    ]
+    env = {key: value for key, value in own_tmpdir(tmp_path).items() if key != "MLFLOW_TRACKING_URI"}
+    result = run_module("scripts.spark", *command, env=env)
+    assert result.returncode == 1
+    found = re.fullmatch(
+        r"error: the Spark fit lost an executor \(.*\): out of memory, or stopped from outside \(the tasks' whole "
+        r"output: (\S+)\)",
+        result.stderr.strip().splitlines()[-1],
+    )
+    assert found, result.stderr[-3000:]
+    for stack in ("frame #", "Exception raised from", "\tat ", "Exception:", "Traceback"):
+        assert stack not in result.stderr, result.stderr[-3000:]
+    assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in result.stderr  # the progress before it
+    client = MlflowClient(f"sqlite:///{outputs / 'mlflow.db'}")
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "KILLED"
+    assert f"MLflow run {run.info.run_id} ended as KILLED by the driver" in Path(found[1]).read_text()
+
+
+@pytest.mark.slow
 def test_a_bad_option_is_one_line_before_spark_starts(tmp_path):
     args = penguin_fit(tmp_path, "--trainer.max_epochs", "abc")[1:]
     result = run_module("scripts.spark", "fit", "--num_processes", "2", *args, env={**os.environ, "JAVA_HOME": "/none"})
@@ -215,7 +263,7 @@ def test_a_bad_option_is_one_line_before_spark_starts(tmp_path):
     ],
 )
 def test_launcher_options_given_wrong_are_one_line(argv, line):
-    from scripts.spark import SparkFitError, split_options
+    from scripts.training.spark_launch import SparkFitError, split_options
 
     with pytest.raises(SparkFitError) as error:
         split_options(argv)
@@ -227,7 +275,7 @@ def test_launcher_options_given_wrong_are_one_line(argv, line):
                "yarn", "k8s://https://10.0.0.1:6443", "sc://localhost:15002"],
 )  # fmt: skip
 def test_spark_s_master_urls_are_taken(master):
-    from scripts.spark import split_options
+    from scripts.training.spark_launch import split_options
 
     assert split_options(["fit", "--num_processes", "1", "--master", master])[1] == master
 
@@ -247,7 +295,7 @@ def trainer(accelerator="auto", strategy="auto", plugins=None) -> SimpleNamespac
     ],
 )
 def test_devices_and_nodes_follow_the_processes_and_the_gpus_of_a_task(config, processes, task_gpus, launch):
-    from scripts.spark import plan_launch
+    from scripts.training.spark_launch import plan_launch
 
     args = plan_launch(config, processes, task_gpus).trainer_args()
     assert " ".join(launch) in " ".join(args)
@@ -267,7 +315,7 @@ def test_devices_and_nodes_follow_the_processes_and_the_gpus_of_a_task(config, p
     ],
 )
 def test_launches_spark_cannot_run_are_one_line(config, processes, task_gpus, line):
-    from scripts.spark import SparkFitError, plan_launch
+    from scripts.training.spark_launch import SparkFitError, plan_launch
 
     with pytest.raises(SparkFitError) as error:
         plan_launch(config, processes, task_gpus)
@@ -323,14 +371,15 @@ def test_a_node_without_the_checkout_runs_the_code_the_driver_sent(tmp_path):
 
     from pyspark import cloudpickle
 
-    import scripts.spark
+    from scripts.training import spark_task
+    from scripts.training.spark_launch import resolve_trainer
 
-    cloudpickle.register_pickle_by_value(scripts.spark)
+    cloudpickle.register_pickle_by_value(spark_task)
     try:
-        entry = cloudpickle.dumps(scripts.spark.start_in_task)
+        entry = cloudpickle.dumps(spark_task.start_in_task)
     finally:
-        cloudpickle.unregister_pickle_by_value(scripts.spark)
-    code = scripts.spark.pack_code()
+        cloudpickle.unregister_pickle_by_value(spark_task)
+    code = spark_task.pack_code()
     call = (entry, "/nowhere/checkout", "/nowhere/checkout", code, ["--config", "configs/penguins.yaml"])
     program = (
         "import pickle, sys\n"
@@ -350,7 +399,7 @@ def test_a_node_without_the_checkout_runs_the_code_the_driver_sent(tmp_path):
 
     # There a relative root folder would be the task's, which Spark removes with the application: refused, not trained.
     args = ["--config", "configs/penguins.yaml", "--trainer.max_epochs", "1"]
-    relative = scripts.spark.relative_outputs(scripts.spark.resolve_trainer(args), {})
+    relative = spark_task.relative_outputs(resolve_trainer(args), {})
     assert relative == ["--trainer.default_root_dir outputs"]
     program = program.replace("'--print_config'], {", f"], relative={relative!r}, environment={{")
     result = subprocess.run(
@@ -365,12 +414,12 @@ def test_a_node_without_the_checkout_runs_the_code_the_driver_sent(tmp_path):
     ), result.stderr.decode()[-3000:]
     assert not (unpacked / "outputs").exists()
     absolute = ["--trainer.default_root_dir", str(tmp_path / "kept"), "--trainer.logger.init_args.tracking_uri"]
-    assert scripts.spark.relative_outputs(scripts.spark.resolve_trainer([*args, *absolute, "sqlite:///x.db"]),
+    assert spark_task.relative_outputs(resolve_trainer([*args, *absolute, "sqlite:///x.db"]),
                                           {}) == ["--trainer.logger.init_args.tracking_uri sqlite:///x.db"]  # fmt: skip
     # The files rank 0 writes beside the run: the served model and the metrics.
     given = ["--model_dir", "model", "--metrics_file", str(tmp_path / "metrics.json")]
-    config = scripts.spark.resolve_trainer([*args, *absolute[:2], *given])
-    assert scripts.spark.relative_outputs(config, {"MLFLOW_TRACKING_URI": "sqlite:///x.db"}) == [
+    config = resolve_trainer([*args, *absolute[:2], *given])
+    assert spark_task.relative_outputs(config, {"MLFLOW_TRACKING_URI": "sqlite:///x.db"}) == [
         "--model_dir model", "MLFLOW_TRACKING_URI sqlite:///x.db"
     ]  # fmt: skip
 
@@ -380,7 +429,7 @@ def test_the_failure_reported_is_the_first_one_whatever_order_its_line_arrived_i
     reach the driver in any order, so the time each task stamps on its failure decides."""
     import io
 
-    from scripts.spark import TaskErrors, failure_line
+    from scripts.training.spark_task_output import TaskErrors, failure_line
 
     stream = io.StringIO()
     errors = TaskErrors(stream)
@@ -393,7 +442,7 @@ def test_the_failure_reported_is_the_first_one_whatever_order_its_line_arrived_i
 
 
 def test_a_spark_failure_without_a_task_line_is_spark_s_reason_in_one_line():
-    from scripts.spark import failure_line
+    from scripts.training.spark_task_output import failure_line
 
     java = (
         "An error occurred while calling o67.collectToPython.\n: org.apache.spark.SparkException: Job aborted due to "
@@ -416,7 +465,7 @@ def test_after_a_failure_the_tasks_tracebacks_go_to_the_log_alone_and_a_kill_is_
     the console keeps what came before the first failure; the log keeps everything."""
     import io
 
-    from scripts.spark import TaskErrors, failure_line
+    from scripts.training.spark_task_output import TaskErrors, failure_line
 
     console, log = io.StringIO(), io.StringIO()
     errors = TaskErrors(console, log)
@@ -449,7 +498,7 @@ def test_on_databricks_the_tasks_track_to_its_mlflow_with_the_driver_s_credentia
     from mlflow.utils import databricks_utils
     from mlflow.utils.credentials import MlflowHostCreds
 
-    from scripts.spark import SparkFitError, tracking_environment
+    from scripts.training.spark_task import SparkFitError, tracking_environment
     from scripts.training.tracking_server import check_tracking_uri
 
     monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "18.0")
@@ -796,6 +845,67 @@ def test_score_mistakes_are_one_line_before_spark_starts(argv, line, monkeypatch
     with pytest.raises(SystemExit) as stop:
         main(argv)
     assert stop.value.code.startswith(f"error: {line}"), stop.value.code
+
+
+def test_a_local_master_past_this_machine_s_cores_or_memory_is_one_line_before_spark_starts(monkeypatch):
+    """--num_processes 1000000 made a local[1000000] master: a Python process per task slot on this machine."""
+    from scripts.spark import main
+
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setenv("JAVA_HOME", "/none")  # the JVM would not start: Spark is never asked
+    fit = ["fit", "--config", "configs/penguins.yaml"]
+    for args, line in (
+        (["--num_processes", "1000000"], f"--num_processes 1000000: 1000000 task processes on this machine's {cores} "
+                                         f"cores; give at most {4 * cores} (4 a core), or --master of a cluster"),
+        (["--num_processes", "2", "--master", "local[5000]"], "--master local[5000]: 5000 task processes on this"),
+        (["--num_processes", "2", "--master", "local-cluster[2,1,100000000]"],
+         "--master local-cluster[2,1,100000000]: 2 workers of 100000000 MB, more than this machine's"),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit) as stop:
+            main([*fit, *args])
+        assert stop.value.code.startswith(f"error: {line}"), stop.value.code
+
+
+def test_score_finds_a_registered_model_where_serve_finds_it_and_a_missing_one_before_spark(tmp_path, monkeypatch):
+    """With MLFLOW_TRACKING_URI unset, models:/ resolved against ./mlflow.db (MLflow's default, made empty) after 80 s
+    of Spark, where scripts.serve finds the model in outputs/mlflow.db: both look there, and say so in one line."""
+    import mlflow
+
+    from scripts.serving.model_registry import use_store
+    from scripts.spark import main
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("JAVA_HOME", "/none")  # the JVM would not start: Spark is never asked
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rows.csv").write_text("island,bill_length_mm\nBiscoe,50.4\n")
+    with pytest.raises(SystemExit) as stop:
+        main(["score", "models:/penguins-classifier/1", "rows.csv"])
+    assert stop.value.code == (
+        "error: no MLflow store: outputs/mlflow.db is not here and MLFLOW_TRACKING_URI is not set; train with "
+        "--register_model first, or give a model folder or checkpoint"
+    )
+    assert not list(tmp_path.rglob("*.db"))  # no empty store made
+
+    class Echo(mlflow.pyfunc.PythonModel):
+        def predict(self, context, model_input):
+            return model_input
+
+    store = f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}"
+    (tmp_path / "outputs").mkdir()
+    try:
+        mlflow.set_tracking_uri(store)
+        with mlflow.start_run():
+            mlflow.pyfunc.log_model(name="model", python_model=Echo(), registered_model_name="echo",
+                                    pip_requirements=[])  # fmt: skip
+        mlflow.set_tracking_uri(None)
+        with pytest.raises(SystemExit) as stop:
+            main(["score", "models:/penguins-classifier/1", "rows.csv"])
+        assert stop.value.code.startswith(f"error: models:/penguins-classifier/1: not in the registry at {store} (")
+        assert "\n" not in stop.value.code
+        assert use_store("models:/echo/1") == store == os.environ["MLFLOW_TRACKING_URI"]
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert not (tmp_path / "mlflow.db").exists()
 
 
 @pytest.mark.slow

@@ -62,6 +62,12 @@ def not_utf8(start: bytes) -> str | None:
     decoder's own reason ('invalid start byte') tells neither what the file is nor what to give."""
     if start[:2] in (b"\xff\xfe", b"\xfe\xff"):  # UTF-16's byte order mark
         return f"UTF-16 text, not UTF-8; {SAVE_AS}"
+    # Without a byte order mark, a header's letters in UTF-16 are each one byte beside a NUL: valid UTF-8 bytes, read
+    # as a header of none of the columns ("missing columns") unless told by the NULs' places.
+    if len(start) >= 4 and start[1::2] == b"\x00" * len(start[1::2]) and b"\x00" not in start[0::2]:
+        return f"UTF-16LE text (without a byte order mark), not UTF-8; {SAVE_AS}"
+    if len(start) >= 4 and start[0::2] == b"\x00" * len(start[0::2]) and b"\x00" not in start[1::2]:
+        return f"UTF-16BE text (without a byte order mark), not UTF-8; {SAVE_AS}"
     if start[:4] == b"PK\x03\x04":  # a zip: an Excel workbook (.xlsx) itself, most likely
         return f"a zip archive (an Excel workbook?), not a CSV; {SAVE_AS}"
     return None
@@ -195,8 +201,10 @@ def penguin_table(
     unknown = ~table["island"].isin(ISLANDS)  # an exact match, as the species: "dream" is no island of the model's
     if unknown.any():
         row = unknown.idxmax()
+        island = table["island"][row]
+        island = island.item() if hasattr(island, "item") else island  # numpy's 1, not np.int64(1)
         raise DataError(
-            f"{where}: unknown island {table['island'][row]!r} in column {schema['island']} on {row_name(int(row))}; "
+            f"{where}: unknown island {island!r} in column {schema['island']} on {row_name(int(row))}; "
             f"the model knows {', '.join(ISLANDS)}"
         )
     table["island"] = table["island"].map(ISLANDS.index)

@@ -211,6 +211,17 @@ def bench(
         spark_rows: penguin rows in the CSV that Spark and scripts.score score (0: no Spark row).
         master: the Spark master of the Spark row (local[2]; local-cluster[2,1,1024] puts each task in a process).
     """
+    from scripts.serve import ServeError, check_numbers
+
+    try:
+        check_numbers(5001, workers, threads)  # the server's own bounds: workers and threads this machine runs
+    except ServeError as error:
+        sys.exit(f"error: {error}")
+    for option, value, lowest, highest in (("--requests", requests, 1, 100_000), ("--rounds", rounds, 1, 100),
+                                           ("--image_requests", image_requests, 1, 100_000),
+                                           ("--spark_rows", spark_rows, 0, 10_000_000)):  # fmt: skip
+        if not lowest <= value <= highest:
+            sys.exit(f"error: {option} {value}: give {lowest} to {highest}")
     python = Path(serve_python)
     if not python.is_file():
         sys.exit(f"error: {python} is missing: run `make serve-env` first (or give --serve_python)")

@@ -5,7 +5,10 @@ paths, and appends the rows run returns to predictions.csv. Locally, on a folder
 
     python -m scripts.serving.batch_score MODEL_DIR FILE_OR_FOLDER...
 
-Self-contained (the model, pandas and MLflow; nothing of this project), as Azure ML's batch driver loads it by path.
+Self-contained (the model, pandas and MLflow), as Azure ML's batch driver loads it by path; the one file of this
+project it reads, datamodules/ignored_files.py (standard library only), it loads by its path beside this one (the
+deployment's code is this repository): the files of a folder that are no one's data (.DS_Store, Thumbs.db,
+desktop.ini) are left out, as training and scripts.score leave them out, not reported as images that failed.
 A file the model refuses (not an image, a row with an unknown island) is logged with the model's message and left out
 of the output; Azure ML counts it against the deployment's error threshold, and the mini-batch's other files are
 still scored. A table's row with an empty cell the model reads is logged by its row and left out, the file's other
@@ -84,8 +87,24 @@ def complete_rows(rows: pd.DataFrame, path: str) -> pd.DataFrame:
     return rows[~lacking]
 
 
+def ignored(path: str) -> bool:
+    """Whether the file's name is no one's data (datamodules/ignored_files.py, loaded by its path)."""
+    import importlib.util
+
+    name = "_batch_score_ignored_files"
+    if name not in sys.modules:
+        source = Path(__file__).resolve().parents[2] / "datamodules" / "ignored_files.py"
+        spec = importlib.util.spec_from_file_location(name, source)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name].ignored(Path(path).name)
+
+
 def run(mini_batch: list[str]) -> pd.DataFrame:
-    """The predictions of the mini-batch's files, one row per image or table row; a file that fails is logged."""
+    """The predictions of the mini-batch's files, one row per image or table row; a file that fails is logged. Files
+    that are no one's data (`ignored`) are left out without a word."""
+    mini_batch = [path for path in mini_batch if not ignored(path)]
     images = [path for path in mini_batch if Path(path).suffix.lower() not in TABLES]
     scored: dict[str, pd.DataFrame] = {}
     if len(images) > 1:  # one predict for the images; if one of them fails, each again on its own

@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import sys
 
+GRACE_S = 3  # what a request is given to finish after SIGTERM: answers take well under a second
+
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -29,7 +31,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("error: azureml-inference-server-http has no DEFAULT_HOST: install scripts/serving/environment.yml's")
     amlserver.DEFAULT_HOST = host
     # gunicorn 27 opens a control socket at one path per user (~/.gunicorn/gunicorn.ctl): two servers would share it.
-    os.environ.setdefault("GUNICORN_CMD_ARGS", "--no-control-socket")
+    # SIGTERM (what `kill` and a container's stop send) waits graceful-timeout for workers, which finish loading the
+    # model first (gunicorn's default: 30 s): GRACE_S here, then they are killed. What the user sets comes after.
+    given = os.environ.get("GUNICORN_CMD_ARGS", "")
+    os.environ["GUNICORN_CMD_ARGS"] = f"--no-control-socket --graceful-timeout {GRACE_S} {given}".strip()
     sys.argv = ["azmlinfsrv", *argv]
     amlserver.run()
 

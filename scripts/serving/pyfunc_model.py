@@ -32,9 +32,9 @@ from mlflow.pyfunc import PythonModel
 IMAGE_COLUMN = "image"
 KINDS = ("rows", "images")
 # Images decoded, cropped and run through the network this many at a time: its input and activations grow with the
-# batch (512 photos at 64 pixels: 378 MB more memory in one run, 31 MB 32 at a time; more at 224), and a caller may
-# hand over thousands at once (a request to `mlflow models serve`, which limits neither body nor batch; a spark_udf
-# Arrow batch of up to 10,000 rows; an Azure ML batch mini-batch). 32: the scoring script's largest request, one run.
+# batch (docs/measured.md, Serving), and a caller may hand over thousands at once (a request to `mlflow models serve`,
+# which limits neither body nor batch; a spark_udf Arrow batch of up to 10,000 rows; an Azure ML batch mini-batch).
+# 32: the scoring script's largest request, one run.
 IMAGES_PER_RUN = 32
 
 

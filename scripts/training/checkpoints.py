@@ -6,7 +6,7 @@
 
 Both go to outputs/<experiment id>/<run id>/checkpoints, or to `--checkpoint_dir DIR`. A fit started with a DIR that
 already holds last.ckpt resumes from it, bit for bit as if it had not stopped (the epoch in progress is trained
-again; its random numbers too, but for DataLoader workers' own: scripts/training/random_states.py), and goes on
+again; its random numbers too, but for DataLoader workers' own: RandomStates below), and goes on
 logging into the MLflow run it started (its id is kept in DIR/mlflow_run_id). That is how a job on Azure ML's
 low-priority nodes survives preemption: scripts.submit makes DIR a job output mounted read-write, which outlives the
 node, and the restarted job runs the same command.
