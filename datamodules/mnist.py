@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from datamodules.errors import DataError
-from datamodules.image_folder import hidden, is_image
+from datamodules.ignored_files import hidden
 from datamodules.in_memory import InMemoryDataModule
 from datamodules.preprocessing import digits as preprocessing
 from datamodules.preprocessing.digits import MEAN, STD
@@ -229,6 +229,8 @@ class MNISTDataModule(InMemoryDataModule):
         return images.unsqueeze(1), labels.long()
 
     def read_predict(self) -> tuple[torch.Tensor, list[str]]:
+        from datamodules.folder_files import is_image  # predict's alone: a fit reads idx files, no image folder
+
         if self.hparams.predict_path is None:
             raise DataError("predict needs data.init_args.predict_path: a folder of digit images or an idx file")
         path = Path(self.hparams.predict_path)

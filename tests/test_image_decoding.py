@@ -11,9 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from datamodules.birds import BirdsDataModule
 from datamodules.errors import DataError
-from datamodules.image_folder import read_image
+from datamodules.folder_files import read_image
+from datamodules.image_folder import ImageFolderDataModule
 from datamodules.preprocessing import birds as preprocessing
 from datamodules.preprocessing.images import read
 
@@ -103,7 +103,7 @@ def test_a_folder_mixing_8_and_16_bit_images_batches(tmp_path: Path):
                 image = picture()[::step, ::step, channel]
                 Image.fromarray(image).save(folder / f"{i}-8.png")
                 Image.fromarray(image.astype(np.uint16) * 257).save(folder / f"{i}-16.png")
-    data = BirdsDataModule(str(tmp_path), batch_size=8, image_size=32, num_workers=0)
+    data = ImageFolderDataModule(str(tmp_path), batch_size=8, image_size=32, num_workers=0)
     data.setup("fit")
     images, labels = next(iter(data.train_dataloader()))
     assert images.dtype == torch.uint8 and images.shape == (8, 3, 32, 32) and labels.shape == (8,)
