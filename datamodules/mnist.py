@@ -266,6 +266,12 @@ class MNISTDataModule(InMemoryDataModule):
     def setup(self, stage: str) -> None:
         if stage in ("fit", "validate"):
             images, labels = self.load("train")
+            if self.hparams.val_size >= len(images):
+                raise DataError(
+                    f"data.init_args.val_size {self.hparams.val_size}: the training files in {self.hparams.data_dir} "
+                    f"hold {len(images)} images, so none would be left to train on; give a val_size below "
+                    f"{len(images)} (e.g. {max(1, len(images) // 5)})"
+                )
             order = torch.randperm(len(images), generator=torch.Generator().manual_seed(self.seed))
             val, train = order[: self.hparams.val_size], order[self.hparams.val_size :]
             self.split_indices = {"train": train, "val": val}  # rows of the training files
