@@ -263,6 +263,18 @@ def is_image(path: Path) -> bool:
         return False
 
 
+def colour_share(files: list[Path], sample: int = 32) -> float:
+    """The share of colour images among up to `sample` of `files` spread over the list: an image is grey when its
+    channels differ by under 2 levels on average (a grey JPEG's colour noise)."""
+    step = max(1, len(files) // sample)
+    chosen = files[::step][:sample]
+    colour = 0
+    for path in chosen:
+        image = read_image(path).int()
+        colour += bool((image - image.roll(1, dims=0)).abs().float().mean() >= 2)
+    return colour / max(1, len(chosen))
+
+
 def check_readable(paths: list[Path]) -> None:
     """One DataError listing every file that does not decode, so a run never dies mid-epoch on one. A file is an
     image by its bytes, not its name: a JPEG named .jfif or .JPE is read, a text file named .jpg is refused."""
@@ -278,7 +290,7 @@ def seeded_split(files: list[Path], fraction: float, seed: int, where: Path) -> 
     if n_held >= len(files):
         raise DataError(
             f"{where}: {len(files)} image(s) cannot be split into training and validation with "
-            f"val_fraction {fraction}; add images or give separate train/ and val/ folders"
+            f"data.init_args.val_fraction {fraction}; add images or give separate train/ and val/ folders"
         )
     order = torch.randperm(len(files), generator=torch.Generator().manual_seed(seed)).tolist()
     held = set(order[:n_held])

@@ -34,6 +34,7 @@ from datamodules.folder_files import (
     check_same_classes,
     check_split_names,
     class_folders,
+    colour_share,
     fetch_archive,
     files_below,
     is_image,
@@ -82,6 +83,9 @@ class ImageFolderDataModule(ClassificationDataModule):
         image_size: side of the square crops the network sees (224: the ImageNet size).
         num_workers: DataLoader processes decoding images (0: in the training process).
         seed: of the validation split; every rank computes the same one.
+        min_crop: the smallest share of an image's area a training crop keeps (0.08: ImageNet's; digits, whose
+            strokes a small crop loses: 0.5 or more).
+        flip: mirror training images left to right at random (photos; not digits or text, which a mirror changes).
         verify_images: decode every image once at setup, so one error names every bad file before
             training starts. That pass costs about an epoch of decoding on every process: False skips
             it for large folders, and a bad file then stops the run when its batch is loaded.
@@ -102,10 +106,16 @@ class ImageFolderDataModule(ClassificationDataModule):
         num_workers: int = 2,
         seed: int = 42,
         verify_images: bool = True,
+        min_crop: float = 0.08,
+        flip: bool = True,
     ) -> None:
         super().__init__(batch_size, seed)
         if not 0 < val_fraction < 1:
             raise DataError(f"data.init_args.val_fraction {val_fraction}: give a fraction between 0 and 1 (exclusive)")
+        if not 0 < min_crop <= 1:
+            raise DataError(
+                f"data.init_args.min_crop {min_crop}: give a share of the image's area, above 0 and at most 1"
+            )
         self.save_hyperparameters()
         self.root = Path(data_dir)
         self.splits: dict[str, tuple[list[Path], list[int] | None]] = {}
@@ -113,6 +123,7 @@ class ImageFolderDataModule(ClassificationDataModule):
         self._class_names: list[str] | None = None
         self._labelled: dict[str, dict[str, list[Path]]] | None = None
         self._pictures: dict[str, dict[str, list[Path]]] | None = None
+        self._colour: float | None = None
 
     def fetch(self) -> None:
         """Makes sure data_dir exists, extracting the archive when it does not (idempotent, atomic)."""
@@ -257,7 +268,8 @@ class ImageFolderDataModule(ClassificationDataModule):
 
         size = self.hparams.image_size
         if train:
-            return v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()])
+            crop = v2.RandomResizedCrop(size, scale=(self.hparams.min_crop, 1.0), antialias=True)
+            return v2.Compose([crop, v2.RandomHorizontalFlip()]) if self.hparams.flip else crop
         return eval_transform(size)
 
     def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
@@ -293,6 +305,26 @@ class ImageFolderDataModule(ClassificationDataModule):
 
     def serving_state(self) -> dict:
         return {"image_size": self.hparams.image_size}
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        if "train" in self.splits:  # fitting: whether the network learnt grey images (digits) or colour ones
+            if self._colour is None:
+                self._colour = colour_share(self.splits["train"][0])
+            state["colour_share"] = self._colour
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Predict refuses colour pictures for a network trained on grey ones only (digits or scans): it answers them
+        with confidence, a photo of a bird classed as the digit "0"."""
+        super().load_state_dict(state)
+        predicting = self.trainer is not None and self.trainer.predicting and "predict" in self.splits
+        if predicting and state.get("colour_share") == 0 and colour_share(self.splits["predict"][0]) > 0.5:
+            raise DataError(
+                f"{self.hparams.predict_path}: colour pictures, but this checkpoint was trained on grey images only "
+                "(another task's data?); give it images like its training data, or give --ckpt_path a checkpoint "
+                "trained on pictures like these (make predict takes the newest trained on the config's data_dir)"
+            )
 
     serving_preprocess = staticmethod(preprocessing.serving_batch)
 
