@@ -1,20 +1,21 @@
 # Every verb a user types. `make train` and `make test` set up .venv themselves the first time.
 #   make train                          # penguins: fit 100 epochs, test the best checkpoint
 #   make train TASK=mnist ARGS="--trainer.max_epochs 2"
-#   make predict INPUT=my_penguins.csv  # newest best checkpoint unless CKPT=...
+#   make predict INPUT=my_penguins.csv  # the newest best checkpoint of this data unless CKPT=...
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TASK ?= penguins
 CONFIG ?= configs/$(TASK).yaml
 ARGS ?=
-# The newest best checkpoint of a run on TASK's data (found by its datamodule in the run's config.yaml);
-# name another with CKPT=outputs/<exp>/<run>/checkpoints/best.ckpt.
-DATA_CLASS := $(shell grep -o 'datamodules\.[A-Za-z_.]*DataModule' $(CONFIG) 2>/dev/null | head -n 1)
-CKPT ?= $(shell grep -l -- "$(DATA_CLASS)" outputs/*/*/config.yaml 2>/dev/null \
-	| sed 's|config.yaml$$|checkpoints/best.ckpt|' | xargs -r ls -t 2>/dev/null | head -n 1)
-NEED_CKPT = @test -n "$(CKPT)" || { echo "error: no checkpoint of $(TASK) under outputs/; \
-	make train TASK=$(TASK) first, or give CKPT=path/to/best.ckpt" >&2; exit 1; }
+# The checkpoint validate, evaluate, predict, export and serve use: CKPT, else the newest best checkpoint of a run
+# trained on the data CONFIG and FIT_ARGS name (its recorded config.yaml: scripts/checkpoint_of.py), else one line
+# listing the runs to choose from. FIT_ARGS: the fit's --data.* options (default: ARGS), e.g. for export and serve,
+# whose ARGS are their own: make export TASK=birds FIT_ARGS="--data.init_args.data_dir photos/".
+CKPT ?=
+FIT_ARGS ?= $(ARGS)
+FIND_CKPT = ckpt="$(CKPT)"; test -n "$$ckpt" || ckpt=$$($(PY) -m scripts.checkpoint_of --config "$(CONFIG)" $(FIT_ARGS)) \
+	|| exit 1
 # What predict classifies; the penguin task has an example CSV, image tasks need INPUT=folder/.
 INPUT ?= $(if $(filter penguins,$(TASK)),configs/examples/penguins.csv,)
 RUN ?=
@@ -70,21 +71,18 @@ sweep: $(VENV)/installed ## Optuna sweep of configs/sweeps/TASK.yaml: trials, be
 	$(PY) -m scripts.sweep configs/sweeps/$(TASK).yaml $(ARGS)
 
 validate: $(VENV)/installed ## validate CKPT on TASK's validation split
-	$(NEED_CKPT)
-	$(PY) -m scripts.train validate --config "$(CONFIG)" --ckpt_path "$(CKPT)" $(ARGS)
+	@$(FIND_CKPT); $(PY) -m scripts.train validate --config "$(CONFIG)" --ckpt_path "$$ckpt" $(ARGS)
 
 evaluate: $(VENV)/installed ## test CKPT on TASK's test split (the `test` subcommand)
-	$(NEED_CKPT)
-	$(PY) -m scripts.train test --config "$(CONFIG)" --ckpt_path "$(CKPT)" $(ARGS)
+	@$(FIND_CKPT); $(PY) -m scripts.train test --config "$(CONFIG)" --ckpt_path "$$ckpt" $(ARGS)
 
 predict: $(VENV)/installed ## classify INPUT (a CSV or an image folder) with CKPT
-	$(NEED_CKPT)
 	@test -n "$(INPUT)" || { echo "error: give INPUT=<a folder of images or a file> to classify" >&2; exit 1; }
-	$(PY) -m scripts.train predict --config "$(CONFIG)" --ckpt_path "$(CKPT)" --data.predict_path "$(INPUT)" $(ARGS)
+	@$(FIND_CKPT); \
+	$(PY) -m scripts.train predict --config "$(CONFIG)" --ckpt_path "$$ckpt" --data.predict_path "$(INPUT)" $(ARGS)
 
 export: $(VENV)/installed ## write CKPT as ONNX and check it against PyTorch
-	$(NEED_CKPT)
-	$(PY) -m scripts.export "$(CKPT)" $(ARGS)
+	@$(FIND_CKPT); $(PY) -m scripts.export "$$ckpt" $(ARGS)
 
 # The pip list of scripts/serving/environment.yml (its `- name==version` lines), read without Python packages.
 $(SERVE_VENV)/installed: scripts/serving/environment.yml
@@ -97,8 +95,7 @@ $(SERVE_VENV)/installed: scripts/serving/environment.yml
 serve-env: $(SERVE_VENV)/installed ## create .venv-serve: the inference server, MLflow pyfunc, ONNX Runtime; no torch (~1.3 min, 401 MB)
 
 serve: $(VENV)/installed $(SERVE_VENV)/installed ## serve MODEL (models:/NAME/VERSION, a .ckpt; default CKPT) on 127.0.0.1:5001
-	@test -n "$(MODEL)" || { echo "error: give MODEL=models:/NAME/VERSION or a .ckpt (make train TASK=$(TASK) first)" >&2; exit 1; }
-	$(PY) -m scripts.serve $(MODEL) $(ARGS)
+	@$(if $(MODEL),ckpt="$(MODEL)",$(FIND_CKPT)); $(PY) -m scripts.serve "$$ckpt" $(ARGS)
 
 deploy: $(VENV)/installed ## MODEL=NAME:VERSION (the workspace's registry) to ENDPOINT, an Azure ML online endpoint (ARGS="--dry_run true")
 	@test -n "$(ENDPOINT)" || { echo "error: give ENDPOINT=<a name for the online endpoint>" >&2; exit 1; }

@@ -1,371 +1,467 @@
-"""Labelled image folders (`<split>/<class>/<image>`): find them, fetch them from an archive, check them.
+"""A labelled image folder (any photos in class subfolders) for transfer learning: ImageFolderDataModule. The birds
+recipe (configs/birds.yaml: chickens and turkeys) and the digits one (configs/digits_folder.yaml: small grey PNGs)
+are its configs.
 
-Used by `datamodules.birds` (`python -m scripts.train fit --config configs/birds.yaml`); any
-DataModule over a folder of class subfolders can use it. Every mistake is a `DataError` that
-names the path: folders named like splits but not one, images outside class folders, classes that differ between
-splits, empty classes, a file that links (symbolic or hard) would read under two labels or in two splits, files that
-do not decode (all of them in one message, found before training starts).
+    python -m scripts.train fit --config configs/birds.yaml --data.init_args.data_dir my_photos/
+    python -m scripts.train predict --config configs/birds.yaml --ckpt_path ... --data.init_args.predict_path photos/
+
+`data_dir` holds either `train/` and `val/` (and optionally `test/`) with one subfolder per
+class, or just the class subfolders, split into training and validation by a seeded
+`val_fraction` of every class. When it is missing and `archive` names a .zip/.tar.gz (path or
+URL, e.g. the Azure ML tutorial's `fowl_data.zip`), the archive is extracted there once.
+Images are decoded by Pillow (the serving code's decoder) in DataLoader workers and cropped there (training: random
+resized crop and horizontal flip; evaluation: resize and centre crop); batches travel as uint8
+and become ImageNet-normalised floats on the training device (`on_after_batch_transfer`).
 """
 
 from __future__ import annotations
 
-import lzma
+import hashlib
 import os
-import shutil
-import tarfile
-import tempfile
-import unicodedata
-import urllib.error
-import urllib.request
-import zipfile
-import zlib
+import sys
+from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
+from torch.utils.data import DataLoader, Dataset
 
-from datamodules.errors import DataError
-from datamodules.ignored_files import hidden, ignored
-from datamodules.preprocessing.images import open_image, pixels
+from datamodules.base import ClassificationDataModule, EvaluationShard
+from datamodules.errors import DataError, ImageError
+from datamodules.folder_files import (
+    case_twins,
+    check_readable,
+    check_same_classes,
+    check_split_names,
+    class_folders,
+    colour_share,
+    fetch_archive,
+    files_below,
+    is_image,
+    list_images,
+    read_image,
+    read_once,
+    seeded_split,
+)
+from datamodules.preprocessing import birds as preprocessing
+from datamodules.preprocessing.birds import IMAGENET_MEAN, IMAGENET_STD
+from datamodules.preprocessing.images import FORMATS
 
-# The names of image files (in any case): a file so named is meant as an image, and a damaged one is refused by name
-# rather than passed over. Others are told by their bytes (`is_image`). Windows and browsers save JPEGs as .jfif, .jpe.
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".gif")
-
-
-# What other tools name their splits (Roboflow's valid/, Keras' and Kaggle's validation/, Train/ made on Windows).
-SPLIT_NAMES = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val",
-               "dev": "val", "test": "test", "testing": "test"}  # fmt: skip
-
-
-def files_below(folder: Path) -> list[Path]:
-    """The files at any depth below `folder`, sorted, hidden ones left out. Links are followed, to folders too
-    (`Path.rglob` skips linked folders without a word); a folder reached twice through links is read once; a link
-    to nothing is a DataError naming it, and so is a link to a folder above `folder` (a loop through its parent):
-    the folders beside `folder` would be read as part of it, a class folder's link to its split labelling every
-    other class's images as its own."""
-    root, files, seen = os.path.realpath(folder), [], set()
-    for top, folders, names in os.walk(folder, followlinks=True):
-        real = os.path.realpath(top)
-        if real in seen:  # a link back to a folder already read, or a second link to one folder
-            folders.clear()
-            continue
-        if real != root and os.path.commonpath([real, root]) == real:
-            raise DataError(
-                f"{top}: a link to {os.readlink(top)}, a folder holding {folder} itself (a loop): what lies beside "
-                f"{folder.name} would be read as in it; remove the link"
-            )
-        seen.add(real)
-        folders[:] = [name for name in folders if not ignored(name)]
-        for name in names:
-            path = Path(top) / name
-            if ignored(name):
-                continue
-            if not path.exists():
-                raise dangling_link(path)
-            files.append(path)
-    return sorted(files)
+SPLITS = ("train", "val", "test")
+MIN_STEPS_PER_EPOCH = 4  # of a training split no larger than one batch (fit_batch_to_training_set)
 
 
-def check_split_names(root: Path, splits: tuple[str, ...]) -> None:
-    """A DataError naming a folder of `root` named like a split that is none of `splits` (`valid/`, `Train/`): beside
-    train/ it was never read (validation held out of train/ instead, the test skipped), and in a data_dir of no
-    split folders it was read as a class, the network taught to tell training pictures from validation ones."""
-    for path in sorted(root.iterdir()):
-        split = SPLIT_NAMES.get(path.name.strip().lower())
-        if split is None or path.name in splits or not path.is_dir():
-            continue
-        if (root / split).is_dir() and os.path.samefile(root / split, path):  # macOS's disk: `Val/` read as val/
-            continue
-        fate = "ignored" if any((root / name).is_dir() for name in splits) else f"read as a class {path.name!r}"
-        fix = f"move its class folders into {split}/" if (root / split).is_dir() else f"rename it {split}/"
-        raise DataError(
-            f"{path}: named like a split, but data_dir's splits are {', '.join(s + '/' for s in splits)} (it would be "
-            f"{fate}); {fix}"
-        )
+class ImageFiles(Dataset):
+    """Image files decoded as uint8 RGB and transformed; items are (image, label), or (image,) without labels."""
 
+    def __init__(self, files: list[Path], labels: list[int] | None, transform) -> None:
+        self.files, self.labels, self.transform = files, labels, transform
 
-def class_folders(split_dir: Path) -> list[Path]:
-    """The class subfolders of a split, sorted by name (their index is the label). A class folder may be a link to a
-    folder of images elsewhere (a dataset assembled from folders kept apart); a link to the split folder or a folder
-    holding it (`train/loop -> ..`) is a DataError naming it: every image of the split, or of the whole dataset, would
-    be read again as a class named after the link."""
-    if not split_dir.is_dir():
-        raise DataError(f"{split_dir}: no such folder; give data_dir a folder of class subfolders of images")
-    loose = sorted(p.name for p in split_dir.iterdir() if p.is_file() and not hidden(p, split_dir) and is_image(p))
-    if loose:
-        shown = ", ".join(loose[:3]) + (f" and {len(loose) - 3} more" if len(loose) > 3 else "")
-        raise DataError(
-            f"{split_dir}: images not labelled ({shown} lie directly in it); put each image in a subfolder "
-            f"named after its class, e.g. {split_dir / '<class>' / loose[0]}"
-        )
-    for path in split_dir.iterdir():
-        if path.is_symlink() and not path.exists():
-            raise dangling_link(path)
-    folders = sorted(p for p in split_dir.iterdir() if p.is_dir() and not hidden(p, split_dir))
-    real = os.path.realpath(split_dir)
-    for folder in folders:
-        target = os.path.realpath(folder)
-        if folder.is_symlink() and os.path.commonpath([target, real]) == target:
-            holding = f"{split_dir} itself" if target == real else f"a folder holding {split_dir}"
-            raise DataError(
-                f"{folder}: a link to {os.readlink(folder)}, {holding} (a loop): every image below it would be read "
-                f"as class {folder.name!r}; remove the link"
-            )
-    if not folders:
-        raise DataError(f"{split_dir}: no class subfolders; put the images of each class in a folder named after it")
-    named: dict[str, Path] = {}
-    for folder in folders:
-        other = named.setdefault(class_key(folder.name), folder)
-        if other != folder:
-            raise DataError(
-                f"{folder}: named {folder.name!r}, as {other.name!r} is but for spaces or Unicode form (one class read "
-                f"as two); move its images into {other} and remove it"
-            )
-    return folders
+    def __len__(self) -> int:
+        return len(self.files)
 
-
-def class_key(name: str) -> str:
-    """A class folder's name as a person reads it: Unicode composed (macOS writes names decomposed: "é" as "e" and
-    an accent), runs of spaces as one, none at either end."""
-    return " ".join(unicodedata.normalize("NFC", name).split())
-
-
-def case_twins(names: list[str]) -> list[tuple[str, str]]:
-    """Pairs of class names alike but for case ("Chickens", "chickens"): two classes to the network, which may be
-    meant (letters: "A" and "a"), so they are only told of."""
-    first: dict[str, str] = {}
-    pairs = []
-    for name in names:
-        earlier = first.setdefault(class_key(name).casefold(), name)
-        if earlier != name:
-            pairs.append((earlier, name))
-    return pairs
-
-
-def list_images(split_dir: Path) -> dict[str, list[Path]]:
-    """Class name -> its files (any depth below the class folder), sorted; every class must have some."""
-    classes = {}
-    for folder in class_folders(split_dir):
-        files = files_below(folder)
-        if not files:
-            raise DataError(f"{folder}: class {folder.name!r} has no images; add some or remove the folder")
-        classes[folder.name] = files
-    return classes
-
-
-def read_once(splits: dict[str, dict[str, list[Path]]]) -> dict[str, dict[str, list[Path]]]:
-    """`splits` (split -> class -> files) with each file (symbolic links followed) once. A file reached twice within
-    one class through a symbolic link is read once, as a folder is; one that two classes or two splits would read (a
-    link to another class's or split's folder or file, or a hard link: one file under two names) is a DataError naming
-    both paths: the model would be taught two answers for one picture, or scored on pictures it was trained on.
-    Files are told apart by device and inode (one stat each, no file read): a hard link has no target for realpath
-    to find. Hard links within one class are kept, as copies are (that picture weighs twice; scripts/bench/birds.py
-    makes large classes of them)."""
-    first: dict[tuple[int, int], tuple[Path, str, str]] = {}  # (device, inode) -> (path, split, class) that read it
-    kept: dict[str, dict[str, list[Path]]] = {split: {} for split in splits}
-    for split, classes in splits.items():
-        for name, files in classes.items():
-            kept[split][name] = []
-            for path in files:
-                stat = os.stat(path)
-                seen = first.setdefault((stat.st_dev, stat.st_ino), (path, split, name))
-                if seen[1:] != (split, name):
-                    raise read_twice(seen, (path, split, name))
-                if seen[0] == path or os.path.realpath(path) != os.path.realpath(seen[0]):
-                    kept[split][name].append(path)
-    return kept
-
-
-def read_twice(earlier: tuple[Path, str, str], later: tuple[Path, str, str]) -> DataError:
-    """The one line for a file read under two labels or in two splits. It blames the path through the link nearest
-    the file (a link inside a class folder, not the class folder linked in from elsewhere that it points into); of
-    two hard links, the later one (in val/ or test/ rather than train/)."""
-    common = Path(os.path.commonpath([earlier[0], later[0]]))
-
-    def nearest_link(path: Path) -> Path:  # `common` when there is none below it
-        return next(p for p in (path, *path.parents) if p == common or p.is_symlink())
-
-    deeper = len(nearest_link(earlier[0]).parts) > len(nearest_link(later[0]).parts)
-    (path, split, name), (other, other_split, other_name) = (earlier, later) if deeper else (later, earlier)
-    link = nearest_link(path)
-    fix = "remove the link"
-    if os.path.realpath(path) != os.path.realpath(other):  # a hard link, perhaps reached through a symbolic one
-        via, fix = " (a hard link: one file under two names)", "remove one of the two names"
-    elif link == path:
-        via = f" (a link to {os.readlink(link)})"
-    else:
-        via = f" (through {link}, a link to {os.readlink(link)})"
-    if split == other_split:
-        what = f"one picture labelled both {other_name!r} and {name!r}"
-    elif "train" in (split, other_split):
-        what = f"one picture both trained on and scored in {({split, other_split} - {'train'}).pop()}"
-    else:
-        what = f"one picture in both {earlier[1]} and {later[1]}"
-    return DataError(f"{path}: the same file as {other}{via}: {what}; {fix}")
-
-
-def check_same_classes(reference: str | Path, names: list[str], other: str | Path, other_names: list[str]) -> None:
-    """Both must name the same classes, or a label index would mean different things in each."""
-    differences = [
-        f"{sorted(set(a) - set(b))} only in {where}"
-        for a, b, where in ((names, other_names, reference), (other_names, names, other))
-        if set(a) - set(b)
-    ]
-    alike = [
-        f"{a!r} and {b!r} differ only in case, spaces or Unicode form"
-        for a in sorted(set(names) - set(other_names))
-        for b in sorted(set(other_names) - set(names))
-        if class_key(a).casefold() == class_key(b).casefold()
-    ]
-    if differences:
-        raise DataError(
-            f"{reference} and {other} have different classes: {'; '.join(differences + alike)}; give both the same"
-        )
-
-
-def decode(source: Path | bytes, grey: bool = False) -> tuple[torch.Tensor | None, str | None]:
-    """(uint8 image: RGB (3, H, W) or grey (1, H, W), None), or (None, why it is not one image). `source` is a file,
-    or the bytes of one. The serving code's decoder (datamodules/preprocessing/images.py, Pillow): training, evaluation,
-    predict and the registered model read an image alike.
-
-    The image is a (C, H, W) view of Pillow's (H, W, C) pixels, channels-last in memory: no transposing copy, and
-    the layout torch's uint8 antialiased resize runs fastest on (the training crop: ~30% less time, the same pixels;
-    tests/test_birds_data.py checks both)."""
-    image, reason = open_image(source, grey)
-    if image is None:
-        return None, reason
-    return torch.from_numpy(np.array(pixels(image))).permute(2, 0, 1), None  # np.array: a writable copy
-
-
-def read_image(path: Path, grey: bool = False) -> torch.Tensor:
-    """`path` as uint8 RGB (3, H, W), or grey (1, H, W); a DataError naming the file when it is not one image."""
-    image, reason = decode(path, grey)
-    if image is None:
-        raise DataError(f"{path}: not a readable image ({reason}); remove or replace it")
-    return image
-
-
-def is_image(path: Path) -> bool:
-    """Whether the file `path` is meant as an image: named as one (IMAGE_SUFFIXES) or, whatever its name, one by its
-    first bytes (a JPEG saved as photo.jfif, or with no suffix at all); reads its header only."""
-    if path.suffix.lower() in IMAGE_SUFFIXES:
-        return True
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path):
-            return True
-    except Image.DecompressionBombError:  # an image, too large: decoding it says so
-        return True
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError):
-        return False
-
-
-def check_readable(paths: list[Path]) -> None:
-    """One DataError listing every file that does not decode, so a run never dies mid-epoch on one. A file is an
-    image by its bytes, not its name: a JPEG named .jfif or .JPE is read, a text file named .jpg is refused."""
-    bad = [(path, reason) for path in paths if (reason := decode(path)[1]) is not None]
-    if bad:
-        lines = "; ".join(f"{path} ({reason})" for path, reason in bad)
-        raise DataError(f"{len(bad)} file(s) are not readable images: {lines}; remove or replace them")
-
-
-def seeded_split(files: list[Path], fraction: float, seed: int, where: Path) -> tuple[list[Path], list[Path]]:
-    """(kept, held out) of one class's files: `fraction` of them, at least one, drawn with `seed`."""
-    n_held = max(1, round(fraction * len(files)))
-    if n_held >= len(files):
-        raise DataError(
-            f"{where}: {len(files)} image(s) cannot be split into training and validation with "
-            f"val_fraction {fraction}; add images or give separate train/ and val/ folders"
-        )
-    order = torch.randperm(len(files), generator=torch.Generator().manual_seed(seed)).tolist()
-    held = set(order[:n_held])
-    return [f for i, f in enumerate(files) if i not in held], [f for i, f in enumerate(files) if i in held]
-
-
-def fetch_archive(archive: str, target: Path) -> None:
-    """Extracts `archive` (a path or http(s) URL of a zip or a tar, compressed or not) into `target`, once.
-
-    Extraction goes to a temporary folder beside `target` that is renamed into place, so
-    `target` is either absent or complete, and processes racing to create it cannot mix
-    files. An archive holding one top folder (`fowl_data/train/...`) gives that folder's content.
-    """
-    if target.is_dir() and any(target.iterdir()):
-        return
-    # A target that is a file (or lies below one) ended, after the whole extraction, in the rename's traceback.
-    blocked = next((path for path in (target, *target.parents) if path.exists() and not path.is_dir()), None)
-    if blocked is not None:
-        raise DataError(
-            f"{target}: {'' if blocked == target else f'{blocked} is '}a file, not a folder; give "
-            f"data.init_args.data_dir a folder to extract {archive} into"
-        )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as temp:
-        temp = Path(temp)
-        if archive.startswith(("http://", "https://")):
-            source = temp / "download"
-            try:
-                with urllib.request.urlopen(archive, timeout=60) as response, source.open("wb") as file:
-                    shutil.copyfileobj(response, file)
-            except (urllib.error.URLError, OSError) as error:
-                raise DataError(
-                    f"{archive}: download failed ({getattr(error, 'reason', error)}); put the images in "
-                    f"{target} yourself or set data.init_args.archive to a local copy"
-                ) from None
-        else:
-            source = Path(archive)
-            if not source.is_file():
-                raise DataError(f"{archive}: no such archive; give data.init_args.archive an existing .zip or .tar.gz")
-        unpacked = temp / "unpacked"
-        extract(source, unpacked, archive)
-        entries = [p for p in unpacked.iterdir() if not hidden(p, unpacked)]
-        root = entries[0] if len(entries) == 1 and entries[0].is_dir() else unpacked
+    def __getitem__(self, index: int) -> tuple:
+        path = self.files[index]
+        image = read_image(path)  # its DataError names the path already
         try:
-            root.rename(target)
-        except OSError:
-            if not target.is_dir():  # else another process finished first: its copy is as good
-                raise
+            image = self.transform(image)
+        except DataError as error:  # the transform has the pixels only: the run's one line must say which file
+            raise DataError(f"{path}: {error.reason if isinstance(error, ImageError) else error}") from None
+        return (image,) if self.labels is None else (image, self.labels[index])
 
 
-def extract(source: Path, folder: Path, archive: str) -> None:
-    """Extracts the zip or tar (gzip, bzip2, xz or none) `source` into `folder`, checked whole: a DataError naming
-    `archive` and the reason when it is damaged or cut short, so no damaged image is trained on without a word."""
-    with source.open("rb") as file:
-        zip_like = file.read(2) == b"PK"  # a zip begins with its first member's header, and ends with its directory
-    try:
-        if zip_like or zipfile.is_zipfile(source):
-            if not zipfile.is_zipfile(source):
-                raise DataError(
-                    f"{archive}: a zip archive without its central directory (cut short?); download it again"
-                )
-            with zipfile.ZipFile(source) as archive_file:
-                archive_file.extractall(folder)  # checks each member's CRC-32; drops ".." and absolute parts of names
-            return
-        with tarfile.open(source) as archive_file:
-            archive_file.extractall(folder, filter="data")  # refuses paths outside, links out, devices
-            # tarfile stops at the archive's end marker; the compressed stream's own check (gzip's CRC-32, xz's and
-            # bzip2's) runs only when it is read to its very end.
-            while archive_file.fileobj.read(1 << 20):
-                pass
-    except tarfile.ReadError as error:
-        if "could not be opened successfully" in str(error):  # its multi-line list of the formats tried
-            raise DataError(f"{archive}: neither a zip nor a tar archive; give a .zip, .tar or .tar.gz") from None
-        raise DataError(f"{archive}: a damaged or cut-short tar archive ({error}); download it again") from None
-    except OSError as error:
-        if error.errno is not None:  # the system's: a full disk, no permission
+class ImageFolderDataModule(ClassificationDataModule):
+    """
+    Args:
+        data_dir: folder of labelled images: `train/`, `val/` (, `test/`) of class subfolders, or class subfolders.
+        archive: .zip or .tar.gz (path or http(s) URL) extracted into data_dir when data_dir is missing.
+        predict_path: a folder of images (any depth, no labels needed) or one image to classify.
+        classes: label names in index order; None: the sorted class folders of the training data.
+            Give them to predict where the training data is not at hand (becomes `class_names`).
+        val_fraction: share of each class held out for validation when data_dir has no `val/`.
+        batch_size: images per step and process.
+        image_size: side of the square crops the network sees (224: the ImageNet size).
+        num_workers: DataLoader processes decoding images (0: in the training process).
+        seed: of the validation split; every rank computes the same one.
+        min_crop: the smallest share of an image's area a training crop keeps (0.08: ImageNet's; digits, whose
+            strokes a small crop loses: 0.5 or more).
+        flip: mirror training images left to right at random (photos; not digits or text, which a mirror changes).
+        verify_images: decode every image once at setup, so one error names every bad file before
+            training starts. That pass costs about an epoch of decoding on every process: False skips
+            it for large folders, and a bad file then stops the run when its batch is loaded.
+    """
+
+    preprocessing_options = ("image_size",)
+    serving_kind = "images"
+
+    def __init__(
+        self,
+        data_dir: str = "data/birds",
+        archive: str | None = None,
+        predict_path: str | None = None,
+        classes: list[str] | None = None,
+        val_fraction: float = 0.2,
+        batch_size: int = 16,
+        image_size: int = 224,
+        num_workers: int = 2,
+        seed: int = 42,
+        verify_images: bool = True,
+        min_crop: float = 0.08,
+        flip: bool = True,
+    ) -> None:
+        super().__init__(batch_size, seed)
+        if not 0 < val_fraction < 1:
+            raise DataError(f"data.init_args.val_fraction {val_fraction}: give a fraction between 0 and 1 (exclusive)")
+        if not 0 < min_crop <= 1:
             raise DataError(
-                f"{archive}: cannot be extracted into {folder.parent} ({error}); free space there"
-            ) from None
-        raise damaged(archive, error) from None  # gzip's "CRC check failed", bzip2's "Invalid data stream"
-    except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, NotImplementedError,
-            RuntimeError) as error:  # fmt: skip
-        raise damaged(archive, error) from None
+                f"data.init_args.min_crop {min_crop}: give a share of the image's area, above 0 and at most 1"
+            )
+        self.save_hyperparameters()
+        self.root = Path(data_dir)
+        self.splits: dict[str, tuple[list[Path], list[int] | None]] = {}
+        self.checked: set[Path] = set()
+        self._class_names: list[str] | None = None
+        self._labelled: dict[str, dict[str, list[Path]]] | None = None
+        self._pictures: dict[str, dict[str, list[Path]]] | None = None
+        self._colour: float | None = None
+
+    def fetch(self) -> None:
+        """Makes sure data_dir exists, extracting the archive when it does not (idempotent, atomic)."""
+        if self.hparams.archive is not None:
+            fetch_archive(self.hparams.archive, self.root)
+        elif not self.root.is_dir():
+            raise DataError(
+                f"{self.root}: no such folder; give data.init_args.data_dir a folder of labelled images "
+                "or data.init_args.archive a .zip/.tar.gz to extract there"
+            )
+
+    def prepare_data(self) -> None:
+        if self.hparams.classes is not None and self.trainer is not None and self.trainer.predicting:
+            return  # the classes are known (the checkpoint's): predicting needs no training data, nor its download
+        self.fetch()
+
+    def split_dir(self, split: str) -> Path | None:
+        """data_dir/<split> when data_dir is split into folders; `train` falls back to data_dir itself."""
+        check_split_names(self.root, SPLITS)
+        present = [name for name in SPLITS if (self.root / name).is_dir()]
+        if present and "train" not in present:
+            raise DataError(f"{self.root}: has {'/, '.join(present)}/ but no train/; add it or rename the folder")
+        if split == "train":
+            return self.root / "train" if present else self.root
+        return self.root / split if split in present else None
+
+    @property
+    def class_names(self) -> list[str]:
+        if self._class_names is None:
+            if self.hparams.classes is not None:
+                self._class_names = list(self.hparams.classes)
+            else:
+                self.fetch()  # the CLI asks right after __init__, before prepare_data
+                self._class_names = [folder.name for folder in class_folders(self.split_dir("train"))]
+        return self._class_names
+
+    def labelled(self) -> dict[str, dict[str, list[Path]]]:
+        """Every labelled split of data_dir (train, and val and test where present) by class, listed once: each real
+        file read once in all of them (a link that would read one under two labels or in two splits is a DataError
+        naming both paths), and each split's classes the model's."""
+        if self._labelled is None:
+            folders = {split: folder for split in SPLITS if (folder := self.split_dir(split)) is not None}
+            images = read_once({split: list_images(folder) for split, folder in folders.items()})
+            given = "data.init_args.classes (the checkpoint's, at validate, test and predict)"
+            reference = given if self.hparams.classes is not None else folders["train"]
+            for split, folder in folders.items():
+                check_same_classes(reference, self.class_names, folder, sorted(images[split]))
+            if self.trainer is None or self.trainer.is_global_zero:
+                for name, twin in case_twins(sorted(images["train"])):
+                    print(
+                        f"{folders['train'] / name} and {folders['train'] / twin}: class folders named alike but for "
+                        "case, trained as two classes; move one's images into the other if they are one",
+                        file=sys.stderr,
+                    )
+            self._labelled = images
+        return self._labelled
+
+    def pictures(self) -> dict[str, dict[str, list[Path]]]:
+        """train, val (held out of train by val_fraction where data_dir has no val/) and test where present, by class:
+        a byte-identical copy of a picture in two classes is a DataError, one of an earlier split's picture is left
+        out of the later split (validation, test) with a line on stderr, so no score counts a picture trained on."""
+        if self._pictures is None:
+            images = dict(self.labelled())
+            if "val" not in images:
+                parts = {
+                    name: seeded_split(paths, self.hparams.val_fraction, self.seed, self.split_dir("train") / name)
+                    for name, paths in images["train"].items()
+                }
+                train, val = ({name: part[i] for name, part in parts.items()} for i in (0, 1))
+                images = {"train": train, "val": val} | {split: images[split] for split in images if split == "test"}
+            self._pictures, found = without_copies(images)
+            if self.trainer is None or self.trainer.is_global_zero:
+                for line in left_out_lines(found):
+                    print(line, file=sys.stderr)
+        return self._pictures
+
+    def flatten(self, images: dict[str, list[Path]]) -> tuple[list[Path], list[int]]:
+        index = {name: i for i, name in enumerate(self.class_names)}
+        pairs = [(path, index[name]) for name, paths in images.items() for path in paths]
+        return [path for path, _ in pairs], [label for _, label in pairs]
+
+    def setup(self, stage: str) -> None:
+        if stage != "predict":  # predicting needs no training data when `classes` names the labels
+            self.fetch()
+        if stage in ("fit", "validate") and "train" not in self.splits:
+            pictures = self.pictures()
+            self.splits["train"], self.splits["val"] = self.flatten(pictures["train"]), self.flatten(pictures["val"])
+            self.fit_batch_to_training_set()
+        if stage == "test" and "test" not in self.splits:
+            pictures = self.pictures()  # no test/: the validation images stand in
+            self.splits["test"] = self.flatten(pictures["test"] if "test" in pictures else pictures["val"])
+        if stage == "predict":
+            files = self.predict_files()
+            self.splits["predict"] = (files, None)
+            self.predict_names = [str(path) for path in files]
+        wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}[stage]
+        unchecked = [path for split in wanted for path in self.splits[split][0] if path not in self.checked]
+        if self.hparams.verify_images:
+            check_readable(unchecked)
+            self.checked.update(unchecked)
+
+    def fit_batch_to_training_set(self) -> None:
+        """A training split no larger than a batch (12 photos at batch 16) is one optimizer step an epoch: a few
+        epochs leave the network at chance. The batch becomes a quarter of the split (four steps an epoch), said in one
+        line on stderr; a batch_size below the split's size is kept as given."""
+        _, world_size = self.rank_and_world_size
+        per_process = -(-len(self.splits["train"][0]) // world_size)
+        if per_process > self.batch_size or per_process < 2:
+            return
+        given, self.batch_size = self.batch_size, -(-per_process // MIN_STEPS_PER_EPOCH)
+        if self.trainer is None or self.trainer.is_global_zero:
+            print(
+                f"{self.split_dir('train')}: {per_process} training images a process at data.init_args.batch_size "
+                f"{given} would be one optimizer step an epoch; training at batch {self.batch_size} "
+                f"({-(-per_process // self.batch_size)} steps an epoch); give a batch_size below {per_process} to "
+                "choose another",
+                file=sys.stderr,
+            )
+
+    def predict_files(self) -> list[Path]:
+        if self.hparams.predict_path is None:
+            raise DataError("predict needs data.init_args.predict_path: a folder of images or one image")
+        path = Path(self.hparams.predict_path)
+        if path.is_file():
+            return [path]
+        if not path.is_dir():
+            raise DataError(f"{path}: no such file or folder; give predict_path a folder of images or one image")
+        found = files_below(path)
+        # A file that is no image (notes.txt, a zip of the same photos) is named and skipped, as MNIST's predict and
+        # scripts.score skip it: it refused the whole folder. A damaged image is still refused, by check_readable.
+        files = [file for file in found if is_image(file)]
+        if not files:
+            raise DataError(f"{path}: no images in this folder")
+        skipped = [file for file in found if file not in files]
+        if skipped and (self.trainer is None or self.trainer.is_global_zero):
+            more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+            print(f"{skipped[0]}{more}: not an image ({FORMATS}): skipped, no answer for it", file=sys.stderr)
+        return files
+
+    def transform(self, train: bool):
+        from torchvision.transforms import v2
+
+        size = self.hparams.image_size
+        if train:
+            crop = v2.RandomResizedCrop(size, scale=(self.hparams.min_crop, 1.0), antialias=True)
+            return v2.Compose([crop, v2.RandomHorizontalFlip()]) if self.hparams.flip else crop
+        return eval_transform(size)
+
+    def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
+        files, labels = self.splits[split]
+        workers = self.hparams.num_workers
+        dataset = ImageFiles(files, labels, self.transform(train=split == "train"))
+        rank, world_size = self.rank_and_world_size
+        # Training: Lightning's DistributedSampler (shards padded to one length); evaluation: each image once.
+        sampler = (
+            EvaluationShard(dataset, rank, world_size, split) if split in ("val", "test") and world_size > 1 else None
+        )
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            pin_memory=self.trainer is not None and self.trainer.strategy.root_device.type == "cuda",
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("predict")
+
+    def serving_state(self) -> dict:
+        return {"image_size": self.hparams.image_size}
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        if "train" in self.splits:  # fitting: whether the network learnt grey images (digits) or colour ones
+            if self._colour is None:
+                self._colour = colour_share(self.splits["train"][0])
+            state["colour_share"] = self._colour
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Predict refuses colour pictures for a network trained on grey ones only (digits or scans): it answers them
+        with confidence, a photo of a bird classed as the digit "0"."""
+        super().load_state_dict(state)
+        predicting = self.trainer is not None and self.trainer.predicting and "predict" in self.splits
+        if predicting and state.get("colour_share") == 0 and colour_share(self.splits["predict"][0]) > 0.5:
+            raise DataError(
+                f"{self.hparams.predict_path}: colour pictures, but this checkpoint was trained on grey images only "
+                "(another task's data?); give it images like its training data, or give --ckpt_path a checkpoint "
+                "trained on pictures like these (make predict takes the newest trained on the config's data_dir)"
+            )
+
+    serving_preprocess = staticmethod(preprocessing.serving_batch)
+
+    def on_after_batch_transfer(self, batch: tuple[torch.Tensor, ...], dataloader_idx: int) -> tuple[torch.Tensor, ...]:
+        return (normalize_images(batch[0]), *batch[1:])
 
 
-def damaged(archive: str, error: BaseException) -> DataError:
-    return DataError(f"{archive}: damaged or cut short ({error}); download it again")
+class EvaluationCrop:
+    """ImageNet's evaluation recipe on a uint8 (3, H, W) image: shorter side to 256/224 of the crop, the centre crop;
+    the serving code's own (datamodules/preprocessing/birds.py), so evaluation, predict and the registered model crop
+    a photo alike. An image too narrow to resize (a strip of 60,000 x 1 pixels) is an ImageError about "an image":
+    ImageFiles names its file."""
+
+    def __init__(self, image_size: int) -> None:
+        self.image_size = image_size
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        from PIL import Image
+
+        picture = Image.fromarray(image.permute(1, 2, 0).numpy())
+        return torch.from_numpy(preprocessing.centre_crop(picture, self.image_size).transpose(2, 0, 1).copy())
 
 
-def dangling_link(path: Path) -> DataError:
-    return DataError(f"{path}: a link to {os.readlink(path)}, which does not exist; remove it or restore its target")
+def eval_transform(image_size: int) -> EvaluationCrop:
+    """Evaluation's and predict's crop (the registered model's too)."""
+    return EvaluationCrop(image_size)
+
+
+def normalize_images(images: torch.Tensor) -> torch.Tensor:
+    """A uint8 batch (N, 3, H, W) as the network takes it: floats in [0, 1], ImageNet-normalised (as
+    datamodules/preprocessing/birds.py's normalize does in numpy)."""
+    from torchvision.transforms.v2.functional import normalize
+
+    return normalize(images.float().div_(255), IMAGENET_MEAN, IMAGENET_STD)
+
+
+# ---- byte-identical copies of one picture in two classes or two splits (scraped data sets hold them) ----
+# A copy under two labels is a DataError, a copy of a training picture in val/ or test/ is left out of it. Cheap on
+# large folders: one stat a file for its size; of the files whose size a file of another class or split shares (many:
+# photos of one size and quality have sizes within a few KB), the last 4 KB are read, and only the files whose size
+# and tail another class's or split's file shares are read whole and hashed. Nothing is decoded.
+Place = tuple[str, str]  # (split, class)
+File = tuple[Path, Place, tuple[int, int], int]  # (path, place, (device, inode), size)
+TAIL = 4096  # bytes: a JPEG's or PNG's last ones are compressed pixels, which differ between two pictures
+
+
+def copies(splits: dict[str, dict[str, list[Path]]]) -> list[tuple[Path, Place, Path, Place]]:
+    """(path, its place, the earlier file it copies, that file's place) for each file that repeats, byte for byte, a
+    file of another class or split listed before it (train first); copies within one class of one split are not
+    looked for (harmless: that picture weighs twice)."""
+    files: list[File] = []
+    for split, classes in splits.items():
+        for name, paths in classes.items():
+            for path in paths:
+                stat = os.stat(path)
+                files.append((path, (split, name), (stat.st_dev, stat.st_ino), stat.st_size))
+    tails, digests = {}, {}  # by (device, inode): a file's hard links are read once
+    files = shared(files, lambda file: file[3])
+    files = shared(files, lambda file: (file[3], cached(tails, file, tail)))
+    first: dict[bytes, tuple[Path, Place]] = {}
+    found = []
+    for file in files:  # in the order listed: train's before val's
+        path, place = file[:2]
+        original, where = first.setdefault(cached(digests, file, digest), (path, place))
+        if where != place:
+            found.append((path, place, original, where))
+    return found
+
+
+def shared(files: list[File], key: Callable[[File], object]) -> list[File]:
+    """The files (in their order) whose `key` a file of another place shares."""
+    places = defaultdict(set)
+    keys = [key(file) for file in files]
+    for file, value in zip(files, keys):
+        places[value].add(file[1])
+    return [file for file, value in zip(files, keys) if len(places[value]) > 1]
+
+
+def cached(cache: dict, file: File, read: Callable[[Path], bytes]) -> bytes:
+    """`read(path)` of the file, once per inode."""
+    if file[2] not in cache:
+        cache[file[2]] = read(file[0])
+    return cache[file[2]]
+
+
+def tail(path: Path) -> bytes:
+    """A hash of the last TAIL bytes (kept for every file whose size is shared: a hash, not the bytes, in memory)."""
+    with path.open("rb") as file:
+        file.seek(max(0, os.fstat(file.fileno()).st_size - TAIL))
+        return hashlib.blake2b(file.read(), digest_size=16).digest()
+
+
+def digest(path: Path) -> bytes:
+    with path.open("rb") as file:
+        return hashlib.file_digest(file, "blake2b").digest()
+
+
+def without_copies(
+    splits: dict[str, dict[str, list[Path]]],
+) -> tuple[dict[str, dict[str, list[Path]]], list[tuple[Path, Place, Path, Place]]]:
+    """`splits` without the copies of an earlier split's pictures of the same class (the first split keeps its
+    own), and those left out. One picture in two classes is a DataError naming every such pair: which label is
+    right only its owner can tell. A class that the copies would leave empty is a DataError too."""
+    found = copies(splits)
+    twice = [(path, place, original, where) for path, place, original, where in found if place[1] != where[1]]
+    if twice:
+        pairs = "; ".join(
+            f"{path} = {original} ({where[1]!r} in {where[0]}, {place[1]!r} in {place[0]})"
+            for path, place, original, where in twice
+        )
+        raise DataError(
+            f"{len(twice)} picture(s) labelled twice, byte-identical files in two classes: {pairs}; remove each "
+            "from the class it does not belong to"
+        )
+    dropped = {path for path, *_ in found}
+    kept = {split: {name: [p for p in files if p not in dropped] for name, files in classes.items()}
+            for split, classes in splits.items()}  # fmt: skip
+    for path, (split, name), original, _ in found:
+        if not kept[split][name]:
+            raise DataError(
+                f"{path.parent}: every picture of class {name!r} in {split} is a byte-identical copy of one in an "
+                f"earlier split (such as {original}); add pictures of it that the others do not hold"
+            )
+    return kept, found
+
+
+def left_out_lines(found: list[tuple[Path, Place, Path, Place]]) -> list[str]:
+    """One line a split from which `without_copies` left copies out: the first, the count, and why."""
+    lines = []
+    for split in dict.fromkeys(place[0] for _, place, _, _ in found):
+        ours = [(path, original, where) for path, place, original, where in found if place[0] == split]
+        path, original, _ = ours[0]
+        more = f" and {len(ours) - 1} more" if len(ours) > 1 else ""
+        earlier = sorted({where[0] for _, _, where in ours}, key=["train", "val"].index)
+        seen = " or ".join({"train": "trained", "val": "validated"}[name] for name in earlier)
+        lines.append(
+            f"{path}{more}: byte-identical to pictures in {' and '.join(earlier)} (this one to {original}): left out "
+            f"of {split}, which would score the network on pictures it was {seen} on"
+        )
+    return lines

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from datamodules.base import InMemoryDataModule
 from datamodules.errors import DataError
-from datamodules.image_folder import hidden, is_image
+from datamodules.ignored_files import hidden
 from datamodules.preprocessing import digits as preprocessing
 from datamodules.preprocessing.digits import MEAN, STD
 from datamodules.preprocessing.images import FORMATS, open_image
@@ -229,6 +229,8 @@ class MNISTDataModule(InMemoryDataModule):
         return images.unsqueeze(1), labels.long()
 
     def read_predict(self) -> tuple[torch.Tensor, list[str]]:
+        from datamodules.folder_files import is_image  # predict's alone: a fit reads idx files, no image folder
+
         if self.hparams.predict_path is None:
             raise DataError("predict needs data.init_args.predict_path: a folder of digit images or an idx file")
         path = Path(self.hparams.predict_path)
@@ -264,6 +266,12 @@ class MNISTDataModule(InMemoryDataModule):
     def setup(self, stage: str) -> None:
         if stage in ("fit", "validate"):
             images, labels = self.load("train")
+            if self.hparams.val_size >= len(images):
+                raise DataError(
+                    f"data.init_args.val_size {self.hparams.val_size}: the training files in {self.hparams.data_dir} "
+                    f"hold {len(images)} images, so none would be left to train on; give a val_size below "
+                    f"{len(images)} (e.g. {max(1, len(images) // 5)})"
+                )
             order = torch.randperm(len(images), generator=torch.Generator().manual_seed(self.seed))
             val, train = order[: self.hparams.val_size], order[self.hparams.val_size :]
             self.split_indices = {"train": train, "val": val}  # rows of the training files

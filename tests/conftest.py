@@ -25,7 +25,7 @@ import pytest
 import torch
 from torchvision.io import write_jpeg, write_png
 
-from datamodules.birds import BirdsDataModule
+from datamodules.image_folder import ImageFolderDataModule
 from datamodules.mnist import FILES as MNIST_FILES
 from tests import warm_launcher
 
@@ -225,9 +225,9 @@ def write_images(folder: Path, count: int, channel: int, size: tuple[int, int] =
             write_png(image, str(folder / f"{i}.png"))
 
 
-def birds_data(data_dir: Path, **kwargs) -> BirdsDataModule:
-    """BirdsDataModule of small crops in the test process: 32 px, no workers, batch 4 unless given."""
-    return BirdsDataModule(str(data_dir), **{"image_size": 32, "num_workers": 0, "batch_size": 4, **kwargs})
+def birds_data(data_dir: Path, **kwargs) -> ImageFolderDataModule:
+    """ImageFolderDataModule of small crops in the test process: 32 px, no workers, batch 4 unless given."""
+    return ImageFolderDataModule(str(data_dir), **{"image_size": 32, "num_workers": 0, "batch_size": 4, **kwargs})
 
 
 def bird_folders(root: Path, splits=("train", "val"), count: int = 6) -> Path:

@@ -294,8 +294,8 @@ CASES = [
          "resume goes on as it began; give 0.001, or a new --checkpoint_dir to train anew"),
     Case("resume-of-another-task", ["fit", "--checkpoint_dir", "{birds_ckpt_dir}"],
          "error: --data.class_path datamodules.penguins.PenguinDataModule: {birds_ckpt_dir}/last.ckpt was trained "
-         "with datamodules.birds.BirdsDataModule (and 23 more option(s)), and a resume goes on as it began; give "
-         "datamodules.birds.BirdsDataModule, or a new --checkpoint_dir to train anew"),
+         "with datamodules.image_folder.ImageFolderDataModule (and 25 more option(s)), and a resume goes on as it "
+         "began; give datamodules.image_folder.ImageFolderDataModule, or a new --checkpoint_dir to train anew"),
     Case("export-missing", ["{user}/nope.ckpt"],
          "error: {user}/nope.ckpt: no such checkpoint file; give the path of a .ckpt (outputs/.../best.ckpt)",
          module="scripts.export"),

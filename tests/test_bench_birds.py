@@ -14,8 +14,8 @@ import pytest
 from tests.conftest import run_module
 
 LINES = (
-    "decode: PIL (ImageFolder + PILToTensor)", "decode: Pillow, BirdsDataModule's ImageFiles",
-    "loader alone: BirdsDataModule's batches", "template: JPEGs through BirdsDataModule",
+    "decode: PIL (ImageFolder + PILToTensor)", "decode: Pillow, ImageFolderDataModule's ImageFiles",
+    "loader alone: ImageFolderDataModule's batches", "template: JPEGs through ImageFolderDataModule",
     "synthetic: tensors on cpu, plain loop",
 )  # fmt: skip
 RATIOS = ("datamodule / ImageFolder decoding", "loader alone / synthetic", "pipeline / synthetic")

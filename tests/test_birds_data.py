@@ -15,8 +15,8 @@ import pytest
 import torch
 from torchvision.io import write_png
 
-from datamodules.birds import BirdsDataModule
 from datamodules.errors import DataError
+from datamodules.image_folder import ImageFolderDataModule
 from tests.conftest import CLASSES, bird_folders, birds_data, write_images
 
 # ---- layouts ---------------------------------------------------------------------------------------------------
@@ -585,10 +585,10 @@ def test_a_photo_is_read_as_a_view_of_pillow_s_pixels_and_cropped_as_a_contiguou
     import numpy as np
     from PIL import Image
 
-    from datamodules.image_folder import decode
+    from datamodules.folder_files import decode
 
     write_images(tmp_path, 4, 1, size=(75, 100))
-    dm = BirdsDataModule(image_size=32)
+    dm = ImageFolderDataModule(image_size=32)
     for path in sorted(tmp_path.iterdir()):
         image, reason = decode(path)
         assert reason is None and image.shape == (3, 75, 100) and image.dtype == torch.uint8
@@ -609,7 +609,7 @@ def test_evaluation_crop_is_the_centre(tmp_path):
     # Resize(256/224 * size) then CenterCrop(size): a centred square survives, its border does not.
     image = torch.zeros(3, 64, 64, dtype=torch.uint8)
     image[:, 16:48, 16:48] = 255
-    out = BirdsDataModule(image_size=28).transform(train=False)(image)
+    out = ImageFolderDataModule(image_size=28).transform(train=False)(image)
     assert out.shape == (3, 28, 28)
     assert out[:, 14, 14].min() == 255 and out[:, 0, 0].max() == 0
 
@@ -627,7 +627,7 @@ def test_predict_needs_no_training_data_when_classes_are_given(tmp_path):
 
 def test_evaluation_and_predict_refuse_a_strip_of_a_picture_before_resizing_it():
     """The crop the registered model serves with: a 1 x 150,000 picture would become 37 x 5,550,000 at image_size 32."""
-    from datamodules.birds import eval_transform
+    from datamodules.image_folder import eval_transform
 
     with pytest.raises(DataError, match=r"^an image: 1x150000 pixels, which the centre crop would resize to 37x555"):
         eval_transform(32)(torch.zeros(3, 150_000, 1, dtype=torch.uint8))
@@ -639,8 +639,8 @@ def test_a_transform_s_refusal_of_an_image_names_its_file(tmp_path, monkeypatch)
     says nothing of the file: ImageFiles names it, so the run's one line says which of the folder's files it is."""
     import pickle
 
-    from datamodules.birds import ImageFiles, eval_transform
     from datamodules.errors import ImageError
+    from datamodules.image_folder import ImageFiles, eval_transform
 
     root = bird_folders(tmp_path / "birds", count=2)
     strip = root / "val" / "turkeys" / "strip.png"

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("scripts", "datamodules", "lightning_modules", "strategies")
 LOWER = ("datamodules", "lightning_modules", "strategies")
 COMMANDS = {"train", "submit", "sweep", "spark", "serve", "deploy", "score", "export", "plot", "build_horovod",
-            "assets", "pipeline"}  # fmt: skip
+            "assets", "pipeline", "checkpoint_of"}  # fmt: skip
 
 
 def module_name(path: Path) -> str:

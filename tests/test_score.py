@@ -477,12 +477,12 @@ def test_the_pyfunc_used_directly_refuses_a_cell_of_the_wrong_type(penguins):
 
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
-    from datamodules.birds import BirdsDataModule
+    from datamodules.image_folder import ImageFolderDataModule
 
     folder = tmp_path_factory.mktemp("photos") / "model"
     network = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(3, 2))
     save_model(network, torch.randn(4, 3, 32, 32), ["chickens", "turkeys"], folder,
-               serving_inputs(BirdsDataModule(image_size=32)))  # fmt: skip
+               serving_inputs(ImageFolderDataModule(image_size=32)))  # fmt: skip
     return folder
 
 

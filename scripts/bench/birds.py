@@ -10,11 +10,11 @@ e.g. on a GPU (the target: pipeline >= 0.9x synthetic; docs/measured.md has what
 Over a temporary folder of synthetic photo-like JPEGs (500x375, `train/` and `val/` of `chickens/` and
 `turkeys/`, `--images` per class in train/):
 - decoding, images/s in this process, one image at a time: torchvision.datasets.ImageFolder's default
-  loader + PILToTensor (Pillow) against BirdsDataModule's ImageFiles (Pillow too, as the registered model decodes;
+  loader + PILToTensor (Pillow) against ImageFolderDataModule's ImageFiles (Pillow too, as the registered model decodes;
   no copy past Pillow's own);
-- loader alone: BirdsDataModule's training batches (the same workers) copied to the device, with no model: the
+- loader alone: ImageFolderDataModule's training batches (the same workers) copied to the device, with no model: the
   rate the pipeline can supply;
-- template: a Lightning Trainer fitting BirdsDataModule + ClassificationModule(TransferNet, random weights)
+- template: a Lightning Trainer fitting ImageFolderDataModule + ClassificationModule(TransferNet, random weights)
   with EpochThroughput (no logger, checkpoints, progress bar or validation): JPEGs decoded and cropped
   in `--num-workers` DataLoader workers, normalised on the device;
 - synthetic: the same network in a plain loop over one random batch kept on the device (the ceiling).
@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from datamodules.birds import BirdsDataModule, ImageFiles
+from datamodules.image_folder import ImageFiles, ImageFolderDataModule
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.transfer_net import TransferNet
 from scripts.bench.throughput import EpochThroughput
@@ -97,7 +97,7 @@ def decode_pil(root: Path) -> float:
 
 
 def decode_datamodule(files: list[Path]) -> float:
-    """BirdsDataModule's ImageFiles without its crops: uint8 (3, H, W) as the datamodule reads a photo."""
+    """ImageFolderDataModule's ImageFiles without its crops: uint8 (3, H, W) as the datamodule reads a photo."""
     files = files[:DECODED]
     dataset = ImageFiles(files, [0] * len(files), nn.Identity())
     dataset[0]  # first-call imports and set-up, untimed
@@ -109,7 +109,7 @@ def decode_datamodule(files: list[Path]) -> float:
 
 def template(root: Path, args: argparse.Namespace, device: torch.device) -> float:
     torch.manual_seed(0)
-    data = BirdsDataModule(
+    data = ImageFolderDataModule(
         data_dir=str(root), batch_size=args.batch_size, image_size=args.image_size, num_workers=args.num_workers
     )
     network = partial(TransferNet, backbone=args.backbone, weights="none")
@@ -138,9 +138,9 @@ def template(root: Path, args: argparse.Namespace, device: torch.device) -> floa
 
 
 def loader_alone(root: Path, args: argparse.Namespace, device: torch.device) -> float:
-    """BirdsDataModule's training batches with no model: the images/s its workers supply, each batch copied to the
+    """ImageFolderDataModule's training batches with no model: the images/s its workers supply, each batch copied to the
     device. The second pass over `--batches` is timed, as the template's second epoch is."""
-    data = BirdsDataModule(
+    data = ImageFolderDataModule(
         data_dir=str(root), batch_size=args.batch_size, image_size=args.image_size, num_workers=args.num_workers
     )
     data.setup("fit")
@@ -215,9 +215,9 @@ def main(argv: list[str] | None = None) -> None:
         kilobytes = sum(path.stat().st_size for path in files) / len(files) / 1024
         runs = {
             "decode: PIL (ImageFolder + PILToTensor)": lambda: decode_pil(root),
-            "decode: Pillow, BirdsDataModule's ImageFiles": lambda: decode_datamodule(files),
-            "loader alone: BirdsDataModule's batches": lambda: loader_alone(root, args, device),
-            "template: JPEGs through BirdsDataModule": lambda: template(root, args, device),
+            "decode: Pillow, ImageFolderDataModule's ImageFiles": lambda: decode_datamodule(files),
+            "loader alone: ImageFolderDataModule's batches": lambda: loader_alone(root, args, device),
+            "template: JPEGs through ImageFolderDataModule": lambda: template(root, args, device),
             f"synthetic: tensors on {device.type}, plain loop": lambda: synthetic(args, device),
         }
         results = dict.fromkeys(runs, 0.0)

@@ -59,10 +59,10 @@ def penguin_model(folder: Path) -> Path:
 
 
 def birds_model(folder: Path) -> Path:
-    from datamodules.birds import BirdsDataModule
+    from datamodules.image_folder import ImageFolderDataModule
     from lightning_modules.transfer_net import TransferNet
 
-    inputs = serving_inputs(BirdsDataModule("unused", image_size=224))
+    inputs = serving_inputs(ImageFolderDataModule("unused", image_size=224))
     save_model(TransferNet(2, weights="none"), torch.randn(2, 3, 224, 224), ["chickens", "turkeys"], folder / "model",
                inputs)  # fmt: skip
     return folder / "model"

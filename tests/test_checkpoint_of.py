@@ -1,0 +1,145 @@
+"""`make predict / evaluate / export / serve` take the newest checkpoint trained on the data the config and ARGS name
+(scripts/checkpoint_of.py), or list the runs to choose from.
+
+    .venv/bin/python -m pytest -q tests/test_checkpoint_of.py
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, bird_folders, run_module, write_images
+
+
+def fake_run(outputs: Path, run: str, data: dict) -> Path:
+    """A run folder as scripts.train leaves it: config.yaml (its data: part) and checkpoints/best.ckpt."""
+    folder = outputs / "1" / run
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "config.yaml").write_text(yaml.safe_dump({"trainer": {}, "data": data}))
+    best = folder / "checkpoints" / "best.ckpt"
+    best.write_bytes(b"")
+    return best
+
+
+def folder_data(path: Path | str) -> dict:
+    return {"class_path": "datamodules.image_folder.ImageFolderDataModule",
+            "init_args": {"data_dir": str(path), "archive": None, "predict_path": None, "batch_size": 16}}  # fmt: skip
+
+
+def checkpoint_of(*args) -> subprocess.CompletedProcess:
+    return run_module("scripts.checkpoint_of", "--config", "configs/birds.yaml", *args)
+
+
+def test_the_newest_run_on_the_same_folder_is_chosen_whatever_its_path_is_spelt(tmp_path):
+    outputs = tmp_path / "outputs"
+    older = fake_run(outputs, "a", folder_data(tmp_path / "ducks"))
+    time.sleep(0.01)
+    newer = fake_run(outputs, "b", folder_data(f"{tmp_path}/./ducks/"))
+    time.sleep(0.01)
+    fake_run(outputs, "c", folder_data(tmp_path / "geese"))  # the newest of all, on other data
+    os.utime(older, (1, 1))
+    found = checkpoint_of("--data.init_args.data_dir", tmp_path / "ducks", "--trainer.default_root_dir", outputs)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == str(newer)
+
+
+def test_options_that_are_not_the_datas_do_not_count(tmp_path):
+    outputs = tmp_path / "outputs"
+    best = fake_run(outputs, "a", folder_data(tmp_path / "ducks"))
+    found = checkpoint_of(f"--data.init_args.data_dir={tmp_path / 'ducks'}", "--data.init_args.batch_size", "4",
+                          "--port", "5002", "--trainer.default_root_dir", outputs)  # fmt: skip
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == str(best)
+
+
+def test_a_folder_trained_on_by_no_run_lists_the_runs_in_one_line(tmp_path):
+    outputs = tmp_path / "outputs"
+    ducks = fake_run(outputs, "a", folder_data(tmp_path / "ducks"))
+    penguins = fake_run(outputs, "b", {"class_path": "datamodules.penguins.PenguinsDataModule",
+                                       "init_args": {"csv_path": None}})  # fmt: skip
+    found = checkpoint_of("--data.init_args.data_dir", tmp_path / "swans", "--trainer.default_root_dir", outputs)
+    assert found.returncode == 1 and found.stdout == ""
+    (line,) = found.stderr.strip().splitlines()
+    assert line.startswith(f"error: no run under {outputs}/ trained ImageFolderDataModule on data_dir={tmp_path}/swans")
+    assert f"{ducks} (ImageFolderDataModule on data_dir={tmp_path}/ducks)" in line and str(penguins) in line
+    assert "CKPT=" in line
+
+
+def test_no_run_at_all_says_train_first(tmp_path):
+    found = checkpoint_of("--trainer.default_root_dir", tmp_path / "outputs")
+    assert found.returncode == 1
+    assert found.stderr.strip() == (
+        f"error: no checkpoint under {tmp_path / 'outputs'}/; train on this data first (make train TASK=... "
+        "ARGS=...), or give CKPT=path/to/best.ckpt"
+    )
+
+
+# ---- make, on two real fits of two folders -------------------------------------------------------------------------
+
+
+def make(target: str, *variables: str) -> subprocess.CompletedProcess:
+    venv = Path(sys.executable).parent.parent
+    command = ["make", "--no-print-directory", f"--old-file={venv}/installed", target, f"VENV={venv}", *variables]
+    environment = {key: value for key, value in os.environ.items() if key not in ("ARGS", "MAKEFLAGS", "MFLAGS")}
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, env=environment)
+
+
+def tiny(root: Path, outputs: Path) -> str:
+    return (f"--data.init_args.data_dir {root} --data.init_args.archive null --data.init_args.image_size 32 "
+            f"--data.init_args.num_workers 0 --trainer.default_root_dir {outputs}")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def two_folders(tmp_path_factory) -> dict:
+    """Birds fitted on folder `a` (chickens, turkeys), then on folder `b` (ducks, geese): b's run is the newer."""
+    root = tmp_path_factory.mktemp("two")
+    a = bird_folders(root / "a", count=2)
+    b = root / "b"
+    for split in ("train", "val"):
+        for channel, name in enumerate(("ducks", "geese")):
+            write_images(b / split / name, 2, channel)
+    outputs = root / "outputs"
+    for folder in (a, b):
+        fit = make("train", "TASK=birds", f"ARGS={tiny(folder, outputs)} --trainer.max_epochs 1 "
+                   "--trainer.enable_progress_bar false --test_after_fit false")  # fmt: skip
+        assert fit.returncode == 0, fit.stderr[-3000:]
+    write_images(root / "photos", 2, 0)
+    return {"a": a, "b": b, "outputs": outputs, "photos": root / "photos", "root": root}
+
+
+@pytest.mark.slow
+def test_make_predict_takes_the_checkpoint_of_the_folder_it_is_given(two_folders):
+    args = tiny(two_folders["a"], two_folders["outputs"])
+    predict = make("predict", "TASK=birds", f"INPUT={two_folders['photos']}", f"ARGS={args}")
+    assert predict.returncode == 0, predict.stderr[-3000:]
+    (run_a,) = [path for path in two_folders["outputs"].glob("*/*/config.yaml") if str(two_folders["a"]) in
+                path.read_text()]  # fmt: skip
+    assert f"checkpoint: {run_a.parent / 'checkpoints' / 'best.ckpt'}" in predict.stderr
+    rows = predict.stdout[predict.stdout.index("input,class,probability") :].splitlines()[1:]
+    assert len(rows) == 2 and all(row.split(",")[1] in ("chickens", "turkeys") for row in rows)
+
+
+@pytest.mark.slow
+def test_make_predict_on_a_folder_no_run_trained_on_refuses_listing_the_runs(two_folders):
+    other = bird_folders(two_folders["root"] / "c", count=2)
+    predict = make("predict", "TASK=birds", f"INPUT={two_folders['photos']}",
+                   f"ARGS={tiny(other, two_folders['outputs'])}")  # fmt: skip
+    assert predict.returncode != 0
+    (line,) = [line for line in predict.stderr.splitlines() if not line.startswith("make")]
+    assert line.startswith("error: no run under") and f"data_dir={other}" in line
+    assert f"data_dir={two_folders['a']})" in line and f"data_dir={two_folders['b']})" in line
+
+
+@pytest.mark.slow
+def test_make_export_takes_the_folder_from_fit_args(two_folders, tmp_path):
+    export = make("export", "TASK=birds", f"FIT_ARGS={tiny(two_folders['b'], two_folders['outputs'])}",
+                  f"ARGS=--output {tmp_path / 'b.onnx'}")  # fmt: skip
+    assert export.returncode == 0, export.stderr[-3000:]
+    assert (tmp_path / "b.onnx").is_file()
