@@ -30,7 +30,6 @@ import torch.nn.functional as F
 
 from datamodules.base import InMemoryDataModule
 from datamodules.errors import DataError
-from datamodules.ignored_files import hidden
 from datamodules.preprocessing import digits as preprocessing
 from datamodules.preprocessing.digits import MEAN, STD
 from datamodules.preprocessing.images import FORMATS, open_image
@@ -230,6 +229,7 @@ class MNISTDataModule(InMemoryDataModule):
 
     def read_predict(self) -> tuple[torch.Tensor, list[str]]:
         from datamodules.folder_files import is_image  # predict's alone: a fit reads idx files, no image folder
+        from datamodules.ignored_files import hidden
 
         if self.hparams.predict_path is None:
             raise DataError("predict needs data.init_args.predict_path: a folder of digit images or an idx file")
