@@ -64,11 +64,9 @@ $(VENV)/installed: $(UV) pyproject.toml uv.lock
 
 install: $(VENV)/installed ## create .venv with exactly uv.lock's packages (the core and every extra of pyproject.toml)
 
-lock: $(UV) ## re-resolve uv.lock, scripts/serving/requirements.txt and uv-bootstrap.txt after a pin changes
+lock: $(UV) ## re-resolve uv.lock, scripts/serving/uv.lock and uv-bootstrap.txt after a pin changes
 	$(UV) lock
-	sed -n 's/^ *- \([A-Za-z][^ ]*==[^ ]*\).*/\1/p' scripts/serving/environment.yml | $(UV) pip compile --quiet \
-		--universal --python-version 3.11 --generate-hashes --custom-compile-command "make lock" \
-		-o scripts/serving/requirements.txt -
+	$(UV) lock --project scripts/serving
 	{ echo "# The uv that installs uv.lock (make install), pinned with its hashes as uv.lock pins it: make lock writes this."; \
 		$(UV) export --quiet --frozen --all-extras --no-emit-project --no-header --no-annotate \
 		| awk '/^uv==/ { keep = 1 } keep { print } keep && !/\\$$/ { keep = 0 }'; } > uv-bootstrap.txt
@@ -102,11 +100,10 @@ export: $(VENV)/installed ## write CKPT as ONNX and check it against PyTorch
 	$(NEED_CKPT)
 	$(PY) -m scripts.export "$(CKPT)" $(ARGS)
 
-# Exactly scripts/serving/requirements.txt: the lock of scripts/serving/environment.yml's pip list (make lock).
-$(SERVE_VENV)/installed: $(UV) scripts/serving/requirements.txt
-	test -x $(SERVE_VENV)/bin/python || $(UV) venv --quiet --python python3 --no-python-downloads $(SERVE_VENV)
-	$(UV) pip sync --quiet --require-hashes --compile-bytecode --python $(SERVE_VENV)/bin/python \
-		scripts/serving/requirements.txt
+# Exactly scripts/serving/uv.lock: the lock of scripts/serving/pyproject.toml, environment.yml's pip list beside it.
+$(SERVE_VENV)/installed: $(UV) scripts/serving/pyproject.toml scripts/serving/uv.lock
+	UV_PROJECT_ENVIRONMENT=$(abspath $(SERVE_VENV)) $(UV) sync --quiet --locked --compile-bytecode \
+		--no-python-downloads --project scripts/serving
 	touch $@
 
 serve-env: $(SERVE_VENV)/installed ## create .venv-serve: the inference server, MLflow pyfunc, ONNX Runtime; no torch (~1.3 min, 401 MB)
