@@ -106,7 +106,7 @@ $(SERVE_VENV)/installed: $(UV) scripts/serving/pyproject.toml scripts/serving/uv
 		--no-python-downloads --project scripts/serving
 	touch $@
 
-serve-env: $(SERVE_VENV)/installed ## create .venv-serve: the inference server, MLflow pyfunc, ONNX Runtime; no torch (~1.3 min, 401 MB)
+serve-env: $(SERVE_VENV)/installed ## create .venv-serve: the inference server, MLflow pyfunc, ONNX Runtime; no torch (~20 s, 379 MB)
 
 serve: $(VENV)/installed $(SERVE_VENV)/installed ## serve MODEL (models:/NAME/VERSION, a .ckpt; default CKPT) on 127.0.0.1:5001
 	@test -n "$(MODEL)" || { echo "error: give MODEL=models:/NAME/VERSION or a .ckpt (make train TASK=$(TASK) first)" >&2; exit 1; }
