@@ -1,57 +1,150 @@
-"""environment.yml (what Azure ML builds) and pyproject.toml (what `make install` installs) pin the same packages."""
+"""One set of pins: pyproject.toml's, locked with every package they bring and its hashes in uv.lock (what `make
+install` installs into .venv) and scripts/serving/uv.lock (the lock of scripts/serving/environment.yml's pip list,
+what `make serve-env` installs into .venv-serve); environment.yml (what Azure ML builds for jobs) at the same
+versions. A pin changed in one place and not the others, or without `make lock`, fails here."""
 
-import contextlib
-import json
+from __future__ import annotations
+
+import os
+import re
+import shutil
 import subprocess
+import sys
 import tomllib
+from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import REPO
 
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+LOCK = tomllib.loads((REPO / "uv.lock").read_text())
+SERVING = REPO / "scripts" / "serving"
+# The uv of this environment: pyproject's dev extra, the one `make install` installs with.
+UV = Path(sys.executable).parent / "uv"
 
-def test_environment_yml_pins_what_pyproject_pins():
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    conda = yaml.safe_load((REPO / "environment.yml").read_text())
-    (pip_section,) = [d["pip"] for d in conda["dependencies"] if isinstance(d, dict)]
-    assert sorted(pip_section) == sorted(project["dependencies"])
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name.split("[")[0]).lower()
+
+
+def pins(requirements: list[str]) -> dict[str, str]:
+    return {normalized(name): version for name, version in (r.split(" ")[0].split("==") for r in requirements)}
+
+
+def conda_pip_list(path: Path) -> list[str]:
+    conda = yaml.safe_load(path.read_text())
     assert "python=3.11" in conda["dependencies"]
-    assert all("==" in requirement for requirement in project["dependencies"])
+    (pip_section,) = [d["pip"] for d in conda["dependencies"] if isinstance(d, dict)]
+    return pip_section
 
 
-def test_installed_versions_match_the_pins():
-    from importlib.metadata import version
+def run_uv(*args: str, cwd: Path = REPO, **env: str) -> subprocess.CompletedProcess:
+    assert UV.is_file(), f"{UV} is missing: `make install` installs it (pyproject's dev extra)"
+    environment = {**os.environ, "UV_NO_PROGRESS": "1", **env}
+    return subprocess.run([UV, *args], cwd=cwd, capture_output=True, text=True, env=environment)
 
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    for requirement in project["dependencies"]:
-        name, pinned = requirement.split("==")
-        assert version(name.split("[")[0]) == pinned, requirement
+
+def locked_versions(lock: dict = LOCK) -> dict[str, str]:
+    return {package["name"]: package["version"] for package in lock["package"] if "version" in package}
+
+
+def test_every_pin_is_exact_and_the_lock_holds_it():
+    extras = [r for requirements in PROJECT["optional-dependencies"].values() for r in requirements]
+    assert set(PROJECT["optional-dependencies"]) == {"azure", "serving", "sweeps", "spark", "horovod", "dev"}
+    assert all("==" in requirement for requirement in PROJECT["dependencies"] + extras)
+    locked = locked_versions()
+    assert {name: locked.get(name) for name in pins(PROJECT["dependencies"] + extras)} == pins(
+        PROJECT["dependencies"] + extras
+    )
+
+
+@pytest.mark.parametrize("project", [REPO, SERVING], ids=["training", "serving"])
+def test_the_lock_is_what_pyproject_asks_for(project):
+    """uv's own check, from the lock alone (no index): a pin changed in pyproject without `make lock` fails it."""
+    checked = run_uv("lock", "--check", "--offline", "--python", sys.executable, "--no-python-downloads", cwd=project)
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_a_pin_changed_without_make_lock_fails_the_check(tmp_path):
+    for name in ("pyproject.toml", "uv.lock"):
+        shutil.copy(REPO / name, tmp_path)
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('"optuna==5.0.0"', '"optuna==4.5.0"'))
+    checked = run_uv("lock", "--check", "--offline", "--python", sys.executable, "--no-python-downloads", cwd=tmp_path)
+    assert checked.returncode != 0
+
+
+def test_every_locked_file_has_its_hash():
+    for package in LOCK["package"] + tomllib.loads((SERVING / "uv.lock").read_text())["package"]:
+        if "registry" not in package["source"]:
+            continue  # the project itself
+        files = package.get("wheels", []) + ([package["sdist"]] if "sdist" in package else [])
+        assert files, package["name"]
+        assert all(file["hash"].startswith("sha256:") for file in files), package["name"]
+    torch = [package for package in LOCK["package"] if package["name"] == "torch"]
+    assert [package["version"] for package in torch] == ["2.14.1"]
+    wheels = [wheel["url"].rsplit("/", 1)[1] for wheel in torch[0]["wheels"]]
+    assert "torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl" in wheels
+
+
+def test_this_environment_is_exactly_the_lock():
+    """What `make install` made: every package of the lock at its version and nothing else, but Horovod (built from
+    its sdist by `make horovod`, so not in the lock)."""
+    checked = run_uv("sync", "--check", "--locked", "--all-extras", "--offline", UV_PROJECT_ENVIRONMENT=sys.prefix)
+    differences = [line.strip() for line in checked.stderr.splitlines() if line.strip()[:2] in ("+ ", "- ")]
+    assert [line for line in differences if not line.startswith("- horovod==")] == [], checked.stderr
+
+
+def test_environment_yml_pins_the_jobs_packages_at_the_locked_versions():
+    """Jobs fit, sweep, log to the workspace and export: the core, azureml-mlflow, the serving and sweeps extras."""
+    extras = PROJECT["optional-dependencies"]
+    job = PROJECT["dependencies"] + ["azureml-mlflow==1.62.0.post6"] + extras["serving"] + extras["sweeps"]
+    assert "azureml-mlflow==1.62.0.post6" in extras["azure"]
+    pip_section = conda_pip_list(REPO / "environment.yml")
+    assert sorted(pip_section) == sorted(job)
+    locked = locked_versions()
+    assert {name: locked[name] for name in pins(pip_section)} == pins(pip_section)
+
+
+def test_the_serving_lock_pins_what_the_serving_environment_yml_pins():
+    serving = conda_pip_list(SERVING / "environment.yml")
+    assert sorted(serving) == sorted(tomllib.loads((SERVING / "pyproject.toml").read_text())["project"]["dependencies"])
+    locked = locked_versions(tomllib.loads((SERVING / "uv.lock").read_text()))
+    assert {name: locked[name] for name in pins(serving)} == pins(serving)
+    assert not {"torch", "lightning"} & set(locked)
 
 
 def test_the_serving_environment_pins_every_package_and_shares_the_training_versions():
     """scripts/serving/environment.yml: .venv-serve (make serve-env) and the Azure ML deployment's conda file."""
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    serve = yaml.safe_load((REPO / "scripts" / "serving" / "environment.yml").read_text())
-    (pip_section,) = [d["pip"] for d in serve["dependencies"] if isinstance(d, dict)]
-    assert "python=3.11" in serve["dependencies"]
+    pip_section = conda_pip_list(SERVING / "environment.yml")
     assert all("==" in requirement for requirement in pip_section)
-    training = dict(requirement.split("==") for requirement in project["dependencies"])
-    serving = dict(requirement.split("==") for requirement in pip_section)
+    serving = pins(pip_section)
     assert "azureml-inference-server-http" in serving
-    assert {name: version for name, version in serving.items() if name in training} == {
-        name: training[name] for name in serving if name in training
+    locked = locked_versions()
+    assert {name: version for name, version in serving.items() if name in locked} == {
+        name: locked[name] for name in serving if name in locked
     }
     assert not {"torch", "torchvision", "lightning"} & set(serving)  # the registered model's predict needs neither
     # What the model's predict imports (Pillow decodes and resizes, numpy and ONNX Runtime compute) is the training
     # environment's version too: predict there and the model here give the same numbers.
-    from importlib.metadata import PackageNotFoundError, version
+    assert {"numpy", "pillow", "onnxruntime", "pandas"} <= set(serving) & set(locked)
+    assert serving["mlflow-skinny"] == pins(PROJECT["dependencies"])["mlflow"]
 
-    for name, pinned in serving.items():
-        with contextlib.suppress(PackageNotFoundError):  # azureml-inference-server-http is the server's alone
-            assert version(name) == pinned, name
-    assert serving["mlflow-skinny"] == training["mlflow"]
-    venv = REPO / ".venv-serve" / "bin" / "python"
-    if venv.is_file():  # what make serve-env installed is what the file pins
-        listed = subprocess.run([venv, "-m", "pip", "list", "--format", "json"], capture_output=True, text=True)
-        installed = {p["name"].lower(): p["version"] for p in json.loads(listed.stdout)}
-        assert {name: installed.get(name.lower()) for name in serving} == serving
+
+@pytest.mark.skipif(not (REPO / ".venv-serve" / "bin" / "python").is_file(), reason="needs .venv-serve: make serve-env")
+def test_the_serving_environment_is_exactly_its_lock():
+    checked = run_uv(
+        "sync", "--check", "--locked", "--offline", cwd=SERVING, UV_PROJECT_ENVIRONMENT=str(REPO / ".venv-serve")
+    )
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_uv_is_bootstrapped_as_the_lock_pins_it():
+    """uv-bootstrap.txt (what pip installs uv from, hashes required) is the lock's uv, every wheel's hash."""
+    text = (REPO / "uv-bootstrap.txt").read_text()
+    (uv,) = [package for package in LOCK["package"] if package["name"] == "uv"]
+    assert f"uv=={uv['version']} \\" in text
+    hashes = set(re.findall(r"--hash=(sha256:[0-9a-f]{64})", text))
+    assert hashes == {file["hash"] for file in uv["wheels"]} | {uv["sdist"]["hash"]}
