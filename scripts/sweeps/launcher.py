@@ -260,8 +260,8 @@ def serve(argv: list[str]) -> dict | None:
     for name in modules:  # a config's own class that fails to import fails its trial, with its message, not this
         with contextlib.suppress(Exception):
             importlib.import_module(name)
-    if command:  # jsonargparse then has the parsers of the classes the trials name (scripts.training.cli.parse_only)
-        from scripts.training.cli import parse_only
+    if command:  # jsonargparse then has the parsers of the classes the trials name (preflight.parse_only)
+        from scripts.sweeps.preflight import parse_only
 
         parse_only(command)
     leave_finalizers_to_teardown()

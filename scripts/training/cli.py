@@ -417,33 +417,6 @@ def cli_main(args: list[str] | None = None, cli_class: type[TemplateCLI] = Templ
     return make_cli(args, cli_class)
 
 
-class _Parsed(Exception):
-    pass
-
-
-class _ParseOnly(TemplateCLI):
-    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        super().parse_arguments(parser, args)
-        raise _Parsed  # before LightningCLI seeds this process and makes anything
-
-
-def parse_only(args: list[str]) -> None:
-    """Parses `args` as cli_main would and stops before anything is made, quietly, whatever it finds: what a process
-    that is going to fork such commands does first (the sweep's launcher, scripts/sweeps/launcher.py). jsonargparse
-    keeps the parser it builds for each class that a command names: a forked trial finds them built."""
-    import contextlib
-    import io
-
-    with (
-        warnings.catch_warnings(),
-        contextlib.redirect_stdout(io.StringIO()),
-        contextlib.redirect_stderr(io.StringIO()),
-    ):
-        warnings.simplefilter("ignore")
-        with contextlib.suppress(Exception, SystemExit):  # _Parsed, or what the command will say itself
-            make_cli(args, _ParseOnly)
-
-
 def make_cli(args: list[str] | None, cli_class: type[TemplateCLI]) -> TemplateCLI:
     return cli_class(
         ClassificationModule,
