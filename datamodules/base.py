@@ -163,20 +163,55 @@ class EvaluationShard(DistributedSampler):
 
 
 def stratified_split(
-    labels: torch.Tensor, fractions: tuple[float, float], seed: int
+    labels: torch.Tensor, fractions: tuple[float, float], seed: int, copies: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Row indices of train, validation and test: disjoint, each class in proportion, seeded."""
+    """Row indices of train, validation and test: disjoint, each class in proportion, seeded. `copies` (one id per
+    row, equal for rows that are exact copies of each other: `copy_ids`) keeps every copy of a row in one split: a
+    test row that is also a training row would measure memory, not the model."""
     generator = torch.Generator().manual_seed(seed)
     parts: list[list[torch.Tensor]] = [[], [], []]
     for label in labels.unique():
         rows = (labels == label).nonzero().flatten()
         rows = rows[torch.randperm(len(rows), generator=generator)]
         n_val, n_test = (round(f * len(rows)) for f in fractions)
+        if copies is not None and copies[rows].unique().numel() < len(rows):
+            rows, n_val, n_test = copies_together(rows, copies[rows], n_val, n_test)
         parts[0].append(rows[n_val + n_test :])
         parts[1].append(rows[:n_val])
         parts[2].append(rows[n_val : n_val + n_test])
     train, val, test = (torch.cat(p).sort().values for p in parts)
     return train, val, test
+
+
+def copies_together(rows: torch.Tensor, ids: torch.Tensor, n_val: int, n_test: int) -> tuple[torch.Tensor, int, int]:
+    """`rows` (shuffled) reordered so that copies sit together, in the order each first appears, and the validation
+    and test counts moved to the nearest boundary between groups of copies."""
+    first = {}
+    for position, copy_id in enumerate(ids.tolist()):
+        first.setdefault(copy_id, []).append(position)
+    ordered = [position for positions in first.values() for position in positions]
+    sizes = [len(positions) for positions in first.values()]
+    ends = torch.tensor(sizes).cumsum(0).tolist()
+    val = next((end for end in ends if end >= n_val), 0) if n_val else 0
+    test = next((end for end in ends if end >= val + n_test), val) - val if n_test else 0
+    return rows[ordered], val, test
+
+
+def say_copies(count: int, where: str, trainer) -> None:
+    """One line on stderr (global rank 0) for rows that are exact copies of others, which the split keeps together."""
+    if count and (trainer is None or trainer.is_global_zero):
+        print(
+            f"{where}: {count} row{'s are exact copies' if count > 1 else ' is an exact copy'} of others (every column "
+            "and the label): each kept in one split with its copies, so none is both trained and tested on",
+            file=sys.stderr,
+        )
+
+
+def copy_ids(frame) -> torch.Tensor:
+    """One id per row of a pandas DataFrame, equal for rows equal in every column (an exact copy)."""
+    import pandas as pd
+
+    return torch.from_numpy(pd.util.hash_pandas_object(frame, index=False).factorize()[0].astype("int64"))
 
 
 class InMemoryBatches:

@@ -20,7 +20,7 @@ from typing import Literal
 
 import torch
 
-from datamodules.base import InMemoryDataModule, stratified_split
+from datamodules.base import InMemoryDataModule, copy_ids, say_copies, stratified_split
 from datamodules.errors import DataError
 from datamodules.preprocessing import penguins as preprocessing
 from datamodules.preprocessing.penguins import (  # noqa: F401 (names of this module before they moved)
@@ -123,6 +123,18 @@ def check_splits(where: str, labels: torch.Tensor, split_rows: tuple[torch.Tenso
             )
 
 
+def check_varies(train_rows: torch.Tensor, columns: dict, where: str) -> None:
+    """Refuses a feature of one value in every training row: the network learns nothing from it, and the model then
+    refuses every row with another value as far outside the training data's."""
+    for i, name in enumerate(FEATURES):
+        values = train_rows[:, i]
+        if bool((values == values[0]).all()):
+            raise DataError(
+                f"{where}: column {columns.get(name, name)} is {float(values[0]):g} in every training row (a "
+                "constant); give rows where it varies"
+            )
+
+
 class PenguinDataModule(InMemoryDataModule):
     """
     Args:
@@ -166,7 +178,9 @@ class PenguinDataModule(InMemoryDataModule):
         check_plausible(table, self.hparams.csv_path or "palmerpenguins")
         labels = torch.tensor(table["species"].to_numpy(), dtype=torch.long)
         fractions = (self.hparams.val_fraction, self.hparams.test_fraction)
-        self.split_rows = stratified_split(labels, fractions, self.seed)
+        copies = copy_ids(table[[*FEATURES, "species"]])
+        say_copies(len(labels) - copies.unique().numel(), self.hparams.csv_path or "palmerpenguins", self.trainer)
+        self.split_rows = stratified_split(labels, fractions, self.seed, copies)
         check_splits(self.hparams.csv_path or "palmerpenguins", labels, self.split_rows)
         raw = torch.tensor(table[list(FEATURES)].to_numpy(dtype="float32"))
         train_rows = raw[self.split_rows[0]]
@@ -174,6 +188,8 @@ class PenguinDataModule(InMemoryDataModule):
             "mean": train_rows.mean(0), "std": train_rows.std(0).clamp_min(1e-6),
             "low": train_rows.min(0).values, "high": train_rows.max(0).values,
         }  # fmt: skip
+        if stage == "fit":
+            check_varies(train_rows, table.attrs.get("columns", {}), self.hparams.csv_path or "palmerpenguins")
         self.raw = {name: (raw[rows], labels[rows]) for name, rows in zip(("train", "val", "test"), self.split_rows)}
         if stage == "predict":
             if self.hparams.predict_path is None:

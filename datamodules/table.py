@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from datamodules.base import InMemoryDataModule, stratified_split
+from datamodules.base import InMemoryDataModule, copy_ids, say_copies, stratified_split
 from datamodules.errors import DataError
 from datamodules.preprocessing import table as preprocessing
 from datamodules.preprocessing.penguins import check_csv_layout, drop_blank_rows, not_utf8
@@ -223,7 +223,9 @@ class TableDataModule(InMemoryDataModule):
             )
         targets = torch.tensor([index[name] for name in labels], dtype=torch.long)
         fractions = (self.hparams.val_fraction, self.hparams.test_fraction)
-        rows = stratified_split(targets, fractions, self.seed)
+        copies = copy_ids(frame.assign(**{"\0label": list(labels)}))
+        say_copies(len(labels) - copies.unique().numel(), self.hparams.csv_path, self.trainer)
+        rows = stratified_split(targets, fractions, self.seed, copies)
         self.raw = {
             name: (frame.iloc[part.numpy()], [row_name(int(i)) for i in part], targets[part])
             for name, part in zip(("train", "val", "test"), rows)

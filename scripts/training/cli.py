@@ -54,6 +54,7 @@ MLFLOW_LOGGER = "scripts.training.tracking.BufferedMLFlowLogger"
 # The bar's redraws, in batches: Lightning's default redraws at every batch, twice, a share of every short step, and
 # into a job's log file a line each time.
 PROGRESS_BAR_REFRESH = 10
+FIT_LOCK = "fit.lock"  # in a --checkpoint_dir while a fit writes there
 
 
 class ConfigError(Exception):
@@ -143,6 +144,32 @@ class TemplateCLI(LightningCLI):
         else:
             check(*args)
 
+    def hold(self, folder: Path) -> None:
+        """Keeps other fits out of --checkpoint_dir `folder` while this one runs (two would write one MLflow run and
+        one last.ckpt): an exclusive lock on FIT_LOCK there, which the system releases when this process ends, however
+        it ends. A folder this made that holds nothing else at exit is removed."""
+        import atexit
+        import fcntl
+
+        made = not folder.exists()
+        folder.mkdir(parents=True, exist_ok=True)
+        self.lock = (folder / FIT_LOCK).open("a+")
+        try:
+            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"--checkpoint_dir {folder}: another fit is writing there (it holds {folder / FIT_LOCK}); wait for it "
+                "to end, or give another folder"
+            ) from None
+
+        def release() -> None:
+            self.lock.close()
+            if made and {path.name for path in folder.iterdir()} == {FIT_LOCK}:
+                (folder / FIT_LOCK).unlink()
+                folder.rmdir()
+
+        atexit.register(release)
+
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
@@ -210,6 +237,8 @@ class TemplateCLI(LightningCLI):
             if self.subcommand == "fit" and args.run_id is None:  # a resumed fit goes on in its own run
                 args.run_id = existing_run(args.tracking_uri, saved_run_id(config.checkpoint_dir))
                 args.run_name = None if args.run_id else args.run_name
+        if self.subcommand == "fit" and config.get("checkpoint_dir"):  # checked; nothing of the run is written yet
+            self.check_on_rank_zero(self.hold, Path(config.checkpoint_dir))
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         trainer_config = self.config_init[self.subcommand].trainer if self.subcommand else {}
@@ -326,12 +355,15 @@ def check_trainer(trainer: dict, writes: bool) -> None:
 
 
 def check_writable(folder: Path, option: str) -> None:
-    """Stops before anything starts when `folder`, given by `option`, cannot be made or written."""
+    """Stops before anything starts when `folder`, given by `option`, cannot be made or written. Makes nothing: a
+    start that fails later leaves no empty folder behind (the fit makes it when it writes there)."""
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"{option} {folder}: a file, not a folder; give a folder, or a path that does not exist yet")
+    existing = next(parent for parent in (folder, *folder.absolute().parents) if parent.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"{option} {folder}: {existing} is a file, not a folder; give a path under a folder")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
+        with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as error:
         raise ConfigError(
@@ -346,7 +378,7 @@ def ours_only(folder: str | None) -> bool:
 
     if not folder or not Path(folder).is_dir():
         return bool(folder)
-    return {path.name for path in Path(folder).iterdir()} <= {"best.ckpt", "last.ckpt", RUN_ID_FILE}
+    return {path.name for path in Path(folder).iterdir()} <= {"best.ckpt", "last.ckpt", RUN_ID_FILE, FIT_LOCK}
 
 
 def check_trains(trainer: dict) -> None:

@@ -91,6 +91,8 @@ class TrackConfig(SaveConfigCallback):
             trainer.logger.resend(checkpoint[UNSENT_KEY])
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if type(exception).__name__ == "SIGTERMException" and trainer.is_global_zero:
+            print(resume_line(trainer, self.config.get("checkpoint_dir")), file=sys.stderr)
         # A run that failed before measuring anything leaves no folder (its logger deletes its MLflow run).
         logger = trainer.logger
         if isinstance(logger, BufferedMLFlowLogger) and isinstance(exception, KeyboardInterrupt):
@@ -104,6 +106,20 @@ class TrackConfig(SaveConfigCallback):
             shutil.rmtree(folder, ignore_errors=True)
             with contextlib.suppress(OSError):  # the experiment's folder, when this was its only run
                 folder.parent.rmdir()
+
+
+def resume_line(trainer: L.Trainer, checkpoint_dir: str | None) -> str:
+    """What a fit stopped by SIGTERM says: where its last finished epoch is, and the command that goes on from it."""
+    callbacks = trainer.checkpoint_callbacks  # last.ckpt's (checkpoints.py) first: the newest epoch
+    newest = [c for c in callbacks if getattr(c, "filename", None) == "last"] + [c for c in callbacks]
+    last = next((c.best_model_path for c in newest if getattr(c, "best_model_path", "")), "")
+    if not last:
+        return f"stopped by SIGTERM at epoch {trainer.current_epoch}, before any epoch finished: nothing to resume from"
+    again = f"--checkpoint_dir {checkpoint_dir} (the same MLflow run)" if checkpoint_dir else f"--ckpt_path {last}"
+    return (
+        f"stopped by SIGTERM at epoch {trainer.current_epoch}: {last} holds the last finished epoch; the same command "
+        f"with {again} goes on from it"
+    )
 
 
 def sigterm_received(trainer: L.Trainer) -> bool:
@@ -206,6 +222,7 @@ def open_sqlite_store(tracking_uri: str) -> None:
     from mlflow import MlflowClient
 
     path = Path(tracking_uri.removeprefix("sqlite:///"))
+    path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{path}.lock"):
         if not path.exists():
             create_sqlite_store(path)

@@ -45,7 +45,12 @@ def check_tracking_uri(uri: str, source: str, timeout_s: float = 5.0) -> None:
     request = urllib.request.Request(f"{uri.rstrip('/')}/api/2.0/mlflow/experiments/get-by-name?experiment_name=_")
     try:
         urllib.request.urlopen(request, timeout=timeout_s).close()
-    except urllib.error.HTTPError:
+    except urllib.error.HTTPError as error:
+        if error.code >= 500:  # it answers, but fails: every call of the run would, in MLflow's chained tracebacks
+            raise TrackingError(
+                f"{source} {uri}: the tracking server answers HTTP {error.code} ({error.reason}); check the server "
+                "(its log says why), or unset MLFLOW_TRACKING_URI to track to outputs/mlflow.db"
+            ) from None
         return  # it answered (401, 404...): the server is there; MLflow reports what it says
     except (OSError, ValueError) as error:
         reason = getattr(error, "reason", error)
