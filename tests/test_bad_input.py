@@ -291,11 +291,13 @@ CASES = [
     Case("resume-with-another-lr", ["fit", "--checkpoint_dir", "{penguins_ckpt_dir}",
                                     "--model.optimizer.init_args.lr", "0.01"],
          "error: --model.optimizer.init_args.lr 0.01: {penguins_ckpt_dir}/last.ckpt was trained with 0.001, and a "
-         "resume goes on as it began; give 0.001, or a new --checkpoint_dir to train anew"),
+         "resume goes on as it began; give --model.optimizer.init_args.lr 0.001, or a new --checkpoint_dir to train "
+         "anew"),
     Case("resume-of-another-task", ["fit", "--checkpoint_dir", "{birds_ckpt_dir}"],
          "error: --data.class_path datamodules.penguins.PenguinDataModule: {birds_ckpt_dir}/last.ckpt was trained "
-         "with datamodules.image_folder.ImageFolderDataModule (and 25 more option(s)), and a resume goes on as it "
-         "began; give datamodules.image_folder.ImageFolderDataModule, or a new --checkpoint_dir to train anew"),
+         "with datamodules.image_folder.ImageFolderDataModule (and 14 more option(s)), and a resume goes on as it "
+         "began; give --data.class_path datamodules.image_folder.ImageFolderDataModule, or a new --checkpoint_dir to "
+         "train anew"),
     Case("export-missing", ["{user}/nope.ckpt"],
          "error: {user}/nope.ckpt: no such checkpoint file; give the path of a .ckpt (outputs/.../best.ckpt)",
          module="scripts.export"),
