@@ -918,3 +918,20 @@ def test_a_compute_named_as_azure_mls_yaml_names_it_is_the_cluster(monkeypatch, 
     name = submit("configs/penguins.yaml", compute=f"azureml:{WORKSPACE}/computes/gpu-cluster")  # an ARM id too
     (job,) = [body["properties"] for method, path, body in azure.requests if path.endswith(f"/jobs/{name}")]
     assert job["computeId"] == f"{WORKSPACE}/computes/gpu-cluster"
+
+
+def test_an_mltable_data_asset_is_the_table_task_s_input(tmp_path):
+    """Azure ML's automated ML takes a data asset and a label column: the table task takes the same, an MLTable asset
+    mounted as a folder that datamodules/table.py reads."""
+    from azure.ai.ml import load_job
+
+    inputs = ["data.init_args.csv_path=azureml:churn:2,type=mltable"]
+    text = submit("configs/table.yaml", compute="cpu-cluster", dry_run=True, inputs=inputs,
+                  train_args="--data.init_args.label churned")  # fmt: skip
+    written = yaml.safe_load(text)
+    assert written["inputs"] == {"csv_path": {"mode": "ro_mount", "path": "azureml:churn:2", "type": "mltable"}}
+    (tmp_path / "job.yml").write_text(text)
+    loaded = load_job(tmp_path / "job.yml")
+    assert loaded.inputs["csv_path"].type == "mltable"
+    assert "--data.init_args.csv_path ${{inputs.csv_path}}" in loaded.command
+    assert "--data.init_args.label churned" in loaded.command

@@ -14,7 +14,7 @@ from pathlib import Path
 from scripts.azure_ml.code_snapshot import is_uploaded
 from scripts.azure_ml.errors import SubmitError
 
-INPUT_TYPES = ("uri_folder", "uri_file")
+INPUT_TYPES = ("uri_folder", "uri_file", "mltable")  # mltable: a folder with an MLTable file (datamodules/table.py)
 INPUT_MODES = ("ro_mount", "download", "direct", "eval_mount", "eval_download")
 
 
@@ -31,8 +31,9 @@ class JobInput:
 
 
 def parse_input(item: str) -> JobInput:
-    """OPTION=PATH[,type=uri_folder|uri_file][,mode=ro_mount|download|...]: the type of a local path is what it is on
-    disk; anything else (a data asset azureml:NAME:VERSION, a datastore or https URI) is a folder unless given."""
+    """OPTION=PATH[,type=uri_folder|uri_file|mltable][,mode=ro_mount|download|...]: the type of a local path is what it
+    is on disk (a folder holding an MLTable file may be given as mltable); anything else (a data asset
+    azureml:NAME:VERSION, a datastore or https URI) is a folder unless given."""
     option, _, rest = item.partition("=")
     path, *settings = rest.split(",")
     if not option or not path or option.startswith("-"):
@@ -51,6 +52,8 @@ def parse_input(item: str) -> JobInput:
         if not Path(path).exists():
             raise SubmitError(f"--inputs {item}: no such file or folder {path}")
         kind = "uri_file" if Path(path).is_file() else "uri_folder"
+        if kind == "uri_folder" and given.get("type") == "mltable" and (Path(path) / "MLTable").is_file():
+            kind = "mltable"
         if given.get("type", kind) != kind:
             raise SubmitError(f"--inputs {item}: {path} is a {'file' if Path(path).is_file() else 'folder'}")
         if kind == "uri_file":
