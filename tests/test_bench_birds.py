@@ -42,6 +42,7 @@ def test_photos_past_the_unique_ones_are_links_to_them(tmp_path):
     assert files[4].samefile(files[0]) and files[3].samefile(files[1]) and not files[1].samefile(files[0])
 
 
+@pytest.mark.slow  # over 7 s of a worker: make test-fast stays under 2 minutes
 def test_too_few_photos_for_the_batches_is_refused():
     result = run_module("scripts.bench.birds", "--batches", "4", "--batch-size", "8", "--images", "8")
     assert result.returncode == 2

@@ -39,6 +39,7 @@ def adam_step() -> None:
     optimizer.step()
 
 
+@pytest.mark.slow  # over 7 s of a worker: make test-fast stays under 2 minutes
 def test_lightning_sets_the_variable_when_imported():
     # Why the CLI drops it: if Lightning stops setting it, this fails and no_gpu_lookups_without_gpus can go. (A
     # fresh interpreter: the CLI run in this process may have dropped it already.)

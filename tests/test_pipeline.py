@@ -318,6 +318,7 @@ def test_a_score_folder_with_only_what_scripts_score_leaves_out_is_refused_befor
     assert plan_pipeline(["configs/birds.yaml"], "c", data=str(birds_folder), score_data=str(folder)).score_data
 
 
+@pytest.mark.slow  # over 7 s of a worker: make test-fast stays under 2 minutes
 def test_a_yaml_file_that_is_not_a_jobs_yaml_is_refused_not_written_over(tmp_path):
     config = tmp_path / "penguins.yaml"  # a config of the user's, given as --yaml_file by mistake
     config.write_text((REPO / "configs/penguins.yaml").read_text())
@@ -362,6 +363,7 @@ def test_a_data_file_whose_name_the_steps_shell_would_split_is_one_line_here_too
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+@pytest.mark.slow  # over 7 s of a worker: make test-fast stays under 2 minutes
 def test_a_local_run_started_in_the_same_second_as_another_gets_a_folder_of_its_own(tmp_path, monkeypatch):
     from types import SimpleNamespace
 

@@ -399,6 +399,7 @@ def gif(size: tuple[int, int], frames: int) -> bytes:
     return buffer.getvalue()
 
 
+@pytest.mark.slow  # over 7 s of a worker: make test-fast stays under 2 minutes
 def test_a_multi_frame_image_counts_every_frame_before_any_is_decoded(digits, monkeypatch):
     import resource
 
@@ -419,6 +420,7 @@ def test_a_multi_frame_image_counts_every_frame_before_any_is_decoded(digits, mo
     assert post(digits, gif((28, 28), 3), "image/gif", monkeypatch)[0] == 200  # a small animation: its first frame
 
 
+@pytest.mark.slow  # over 7 s of a worker: make test-fast stays under 2 minutes
 def test_batch_scoring_mistakes_are_one_line_and_hidden_files_are_skipped(digits, penguins, tmp_path, capsys):
     from scripts.score import main
 
