@@ -162,6 +162,15 @@ class EvaluationShard(DistributedSampler):
         return iter(range(self.rank, len(self.dataset), self.num_replicas))
 
 
+def check_fractions(val_fraction: float, test_fraction: float) -> None:
+    """A DataError unless the validation and test fractions are 0 or more and leave rows to train on."""
+    if not (val_fraction >= 0 and test_fraction >= 0 and val_fraction + test_fraction < 1):
+        raise DataError(
+            f"data.init_args.val_fraction {val_fraction} + test_fraction {test_fraction}: give fractions of 0 or "
+            "more that leave rows to train on (a sum below 1)"
+        )
+
+
 def stratified_split(
     labels: torch.Tensor, fractions: tuple[float, float], seed: int, copies: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

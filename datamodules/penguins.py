@@ -20,7 +20,7 @@ from typing import Literal
 
 import torch
 
-from datamodules.base import InMemoryDataModule, copy_ids, say_copies, stratified_split
+from datamodules.base import InMemoryDataModule, check_fractions, copy_ids, say_copies, stratified_split
 from datamodules.errors import DataError
 from datamodules.preprocessing import penguins as preprocessing
 from datamodules.preprocessing.penguins import (  # noqa: F401 (names of this module before they moved)
@@ -163,11 +163,7 @@ class PenguinDataModule(InMemoryDataModule):
         seed: int = 42,
     ) -> None:
         super().__init__(batch_size, seed)
-        if not (val_fraction >= 0 and test_fraction >= 0 and val_fraction + test_fraction < 1):
-            raise DataError(
-                f"data.init_args.val_fraction {val_fraction} + test_fraction {test_fraction}: give fractions of 0 or "
-                "more that leave rows to train on (a sum below 1)"
-            )
+        check_fractions(val_fraction, test_fraction)
         for option, path in (("csv_path", csv_path), ("predict_path", predict_path)):
             if path is not None and not Path(path).is_file():  # fail before any run is created
                 raise DataError(f"{path}: no such file; give data.init_args.{option} an existing CSV")

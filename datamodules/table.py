@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from datamodules.base import InMemoryDataModule, copy_ids, say_copies, stratified_split
+from datamodules.base import InMemoryDataModule, check_fractions, copy_ids, say_copies, stratified_split
 from datamodules.errors import DataError
 from datamodules.preprocessing import table as preprocessing
 from datamodules.preprocessing.penguins import check_csv_layout, drop_blank_rows, not_utf8
@@ -160,11 +160,7 @@ class TableDataModule(InMemoryDataModule):
         seed: int = 42,
     ) -> None:
         super().__init__(batch_size, seed)
-        if not (val_fraction >= 0 and test_fraction >= 0 and val_fraction + test_fraction < 1):
-            raise DataError(
-                f"data.init_args.val_fraction {val_fraction} + test_fraction {test_fraction}: give fractions of 0 or "
-                "more that leave rows to train on (a sum below 1)"
-            )
+        check_fractions(val_fraction, test_fraction)
         if classes is None and (csv_path is None or label is None):
             raise DataError(
                 "the table task needs data.init_args.csv_path (a CSV or Parquet file, or an MLTable folder) and "
