@@ -536,10 +536,10 @@ CASES = [
          "error: --inputs model.dir=azureml:b:1: another input also ends in .dir"),
     Submit("submit-input-mode", [*SUBMIT, "--inputs+", "data.init_args.data_dir=azureml:mnist:1,mode=copy"],
          "error: --inputs data.init_args.data_dir=azureml:mnist:1,mode=copy: 'mode=copy' is not "
-         "type=(uri_folder|uri_file) or mode=(ro_mount|download|direct|eval_mount|eval_download)"),
+         "type=(uri_folder|uri_file|mltable) or mode=(ro_mount|download|direct|eval_mount|eval_download)"),
     Submit("submit-input-type", [*SUBMIT, "--inputs+", "data.init_args.data_dir=azureml:mnist:1,type=folder"],
          "error: --inputs data.init_args.data_dir=azureml:mnist:1,type=folder: 'type=folder' is not "
-         "type=(uri_folder|uri_file) or mode=(ro_mount|download|direct|eval_mount|eval_download)"),
+         "type=(uri_folder|uri_file|mltable) or mode=(ro_mount|download|direct|eval_mount|eval_download)"),
     Submit("submit-folder-as-file", [*SUBMIT, "--inputs+", "data.init_args.path=configs,type=uri_file"],
          "error: --inputs data.init_args.path=configs,type=uri_file: configs is a folder"),
     Submit("submit-horovod-without-mpi", [*SUBMIT, "--presets", "[configs/trainer/horovod.yaml]", "--nodes", "2"],
