@@ -22,7 +22,8 @@ import torch
 from jsonargparse import ArgumentError
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from scripts.training.cli import TemplateCLI, cli_main, launched, user_errors
+from scripts.training.cli import TemplateCLI, cli_main, user_errors
+from scripts.training.run_record import launched
 
 
 def main(args: list[str] | None = None) -> TemplateCLI:
@@ -66,15 +67,19 @@ def main(args: list[str] | None = None) -> TemplateCLI:
     except Exception as error:
         # jsonargparse wraps what a class raises while it is built: look for ours in the chain.
         cause: BaseException | None = error
-        while cause is not None and not isinstance(cause, user_errors()):
+        ours = user_errors()
+        while cause is not None and not isinstance(cause, ours):
             cause = cause.__cause__ or cause.__context__
         if cause is None:
             from scripts.training.cli_errors import full_disk_line
 
             if line := full_disk_line(error):
                 stop_with(line)
-            if several_processes() and (line := peer_line(error)):
-                sys.exit(f"error: {line}")
+            if several_processes():
+                from scripts.training.peer_errors import peer_line
+
+                if line := peer_line(error):
+                    sys.exit(f"error: {line}")
             tell_others(crash_line(error), met=False)  # a crash keeps its traceback; those waiting for it get a line
             raise
         message = str(cause).strip()
@@ -110,12 +115,6 @@ def tell_others(line: str, met: bool) -> None:
 
         leave_line(line)
     tell_unmet(line)
-
-
-def peer_line(error: BaseException) -> str | None:
-    from scripts.training.peer_errors import peer_line as line_of_peer
-
-    return line_of_peer(error)
 
 
 def crash_line(error: BaseException) -> str:

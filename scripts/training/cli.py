@@ -40,13 +40,7 @@ from scripts.training.checkpoints import (
     resume_from,
     saved_run_id,
 )
-from scripts.training.run_record import (
-    LAUNCHER_VARIABLES,
-    TrackConfig,
-    existing_run,
-    is_mlflow_logger,
-    set_up_tracking,
-)
+from scripts.training.run_record import TrackConfig, existing_run, is_mlflow_logger, launched, set_up_tracking
 from scripts.training.tracking import BufferedMLFlowLogger, TrackingError
 
 OUTPUTS = Path("outputs")  # Azure ML uploads ./outputs of every job
@@ -75,11 +69,6 @@ def user_errors() -> tuple[type[BaseException], ...]:
         if module in sys.modules:
             errors.append(getattr(sys.modules[module], name))
     return tuple(errors)
-
-
-def launched() -> bool:
-    """Whether a launcher (torchrun, Azure ML, mpirun, horovodrun, Lightning's own) started this process."""
-    return any(name in os.environ for name in LAUNCHER_VARIABLES)
 
 
 class TestDataFirst(L.Callback):
@@ -215,6 +204,7 @@ class TemplateCLI(LightningCLI):
                 from scripts.training.model_outputs import check_model_dir
 
                 self.check_on_rank_zero(check_model_dir, Path(config.model_dir), "--model_dir")
+                self.check_on_rank_zero(check_writable, Path(config.model_dir), "--model_dir")
             if ours_only(config.get("checkpoint_dir")):  # Lightning warns of it at every start, resumes included
                 warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
         if self.subcommand == "fit" and (last := resume_from(config)):

@@ -33,20 +33,13 @@ class OutputError(Exception):
 
 def check_model_dir(folder: Path, option: str) -> None:
     """Stops before anything starts when `folder` holds anything but an MLflow model saved there before (which a
-    restarted job's fit replaces): a model is saved only into a new, empty or earlier model's folder."""
+    restarted job's fit replaces): a model is saved only into a new, empty or earlier model's folder. (Whether it can
+    be written the CLI checks as it does every output folder: cli.check_writable.)"""
     if folder.exists() and (not folder.is_dir() or (any(folder.iterdir()) and not (folder / "MLmodel").is_file())):
         raise OutputError(
             f"{option} {folder}: neither empty nor an MLflow model's folder; give a new or empty one (nothing in it "
             "is replaced)"
         )
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / ".writable").touch()
-        (folder / ".writable").unlink()
-    except OSError as error:
-        raise OutputError(
-            f"{folder}: cannot write there ({error.strerror or error}); give {option} a folder you can write"
-        ) from None
 
 
 def check_registrable(name: str, trainer: L.Trainer, datamodule) -> None:

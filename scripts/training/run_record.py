@@ -110,8 +110,8 @@ class TrackConfig(SaveConfigCallback):
 
 def resume_line(trainer: L.Trainer, checkpoint_dir: str | None) -> str:
     """What a fit stopped by SIGTERM says: where its last finished epoch is, and the command that goes on from it."""
-    callbacks = trainer.checkpoint_callbacks  # last.ckpt's (checkpoints.py) first: the newest epoch
-    newest = [c for c in callbacks if getattr(c, "filename", None) == "last"] + [c for c in callbacks]
+    # last.ckpt's callback (checkpoints.py) first: it holds the newest epoch.
+    newest = sorted(trainer.checkpoint_callbacks, key=lambda callback: getattr(callback, "filename", None) != "last")
     last = next((c.best_model_path for c in newest if getattr(c, "best_model_path", "")), "")
     if not last:
         return f"stopped by SIGTERM at epoch {trainer.current_epoch}, before any epoch finished: nothing to resume from"
@@ -128,9 +128,14 @@ def sigterm_received(trainer: L.Trainer) -> bool:
     return trainer.received_sigterm or any(getattr(callback, "signalled", False) for callback in trainer.callbacks)
 
 
+def launched() -> bool:
+    """Whether a launcher (torchrun, Azure ML, mpirun, horovodrun, Lightning's own) started this process."""
+    return any(name in os.environ for name in LAUNCHER_VARIABLES)
+
+
 def first_process() -> bool:
     """Whether this process is the only one, or global rank 0 as its launcher set it up."""
-    if not any(name in os.environ for name in LAUNCHER_VARIABLES):
+    if not launched():
         return True
     from strategies.launch_check import launched_first
 
