@@ -26,13 +26,7 @@ import numpy as np
 import torch
 
 from datamodules.errors import DataError
-from datamodules.ignored_files import hidden, ignored
-from datamodules.preprocessing.images import open_image, pixels
-
-# The names of image files (in any case): a file so named is meant as an image, and a damaged one is refused by name
-# rather than passed over. Others are told by their bytes (`is_image`). Windows and browsers save JPEGs as .jfif, .jpe.
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".gif")
-
+from datamodules.preprocessing.images import hidden, ignored, is_image, open_image, pixels
 
 # What other tools name their splits (Roboflow's valid/, Keras' and Kaggle's validation/, Train/ made on Windows).
 SPLIT_NAMES = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val",
@@ -245,22 +239,6 @@ def read_image(path: Path, grey: bool = False) -> torch.Tensor:
     if image is None:
         raise DataError(f"{path}: not a readable image ({reason}); remove or replace it")
     return image
-
-
-def is_image(path: Path) -> bool:
-    """Whether the file `path` is meant as an image: named as one (IMAGE_SUFFIXES) or, whatever its name, one by its
-    first bytes (a JPEG saved as photo.jfif, or with no suffix at all); reads its header only."""
-    if path.suffix.lower() in IMAGE_SUFFIXES:
-        return True
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path):
-            return True
-    except Image.DecompressionBombError:  # an image, too large: decoding it says so
-        return True
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError):
-        return False
 
 
 def colour_share(files: list[Path], sample: int = 32) -> float:

@@ -37,15 +37,13 @@ from datamodules.folder_files import (
     colour_share,
     fetch_archive,
     files_below,
-    is_image,
     list_images,
     read_image,
     read_once,
     seeded_split,
 )
-from datamodules.preprocessing import birds as preprocessing
-from datamodules.preprocessing.birds import IMAGENET_MEAN, IMAGENET_STD
-from datamodules.preprocessing.images import FORMATS
+from datamodules.preprocessing import images as preprocessing
+from datamodules.preprocessing.images import FORMATS, IMAGENET_MEAN, IMAGENET_STD, is_image
 
 SPLITS = ("train", "val", "test")
 MIN_STEPS_PER_EPOCH = 4  # of a training split no larger than one batch (fit_batch_to_training_set)
@@ -326,7 +324,7 @@ class ImageFolderDataModule(ClassificationDataModule):
                 "trained on pictures like these (make predict takes the newest trained on the config's data_dir)"
             )
 
-    serving_preprocess = staticmethod(preprocessing.serving_batch)
+    serving_preprocess = staticmethod(preprocessing.photo_batch)
 
     def on_after_batch_transfer(self, batch: tuple[torch.Tensor, ...], dataloader_idx: int) -> tuple[torch.Tensor, ...]:
         return (normalize_images(batch[0]), *batch[1:])
@@ -334,7 +332,7 @@ class ImageFolderDataModule(ClassificationDataModule):
 
 class EvaluationCrop:
     """ImageNet's evaluation recipe on a uint8 (3, H, W) image: shorter side to 256/224 of the crop, the centre crop;
-    the serving code's own (datamodules/preprocessing/birds.py), so evaluation, predict and the registered model crop
+    the serving code's own (datamodules/preprocessing/images.py), so evaluation, predict and the registered model crop
     a photo alike. An image too narrow to resize (a strip of 60,000 x 1 pixels) is an ImageError about "an image":
     ImageFiles names its file."""
 
@@ -355,7 +353,7 @@ def eval_transform(image_size: int) -> EvaluationCrop:
 
 def normalize_images(images: torch.Tensor) -> torch.Tensor:
     """A uint8 batch (N, 3, H, W) as the network takes it: floats in [0, 1], ImageNet-normalised (as
-    datamodules/preprocessing/birds.py's normalize does in numpy)."""
+    datamodules/preprocessing/images.py's normalize_photos does in numpy)."""
     from torchvision.transforms.v2.functional import normalize
 
     return normalize(images.float().div_(255), IMAGENET_MEAN, IMAGENET_STD)

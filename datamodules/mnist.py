@@ -32,7 +32,7 @@ from datamodules.base import InMemoryDataModule
 from datamodules.errors import DataError
 from datamodules.preprocessing import digits as preprocessing
 from datamodules.preprocessing.digits import MEAN, STD
-from datamodules.preprocessing.images import FORMATS, open_image
+from datamodules.preprocessing.images import FORMATS, hidden, is_image, open_image
 
 # Each file's idx magic number and the MD5 of its uncompressed bytes. torchvision's `resources`
 # hash the .gz files, but equally good copies differ in their gzip headers (CI's copy does), so
@@ -228,9 +228,6 @@ class MNISTDataModule(InMemoryDataModule):
         return images.unsqueeze(1), labels.long()
 
     def read_predict(self) -> tuple[torch.Tensor, list[str]]:
-        from datamodules.folder_files import is_image  # predict's alone: a fit reads idx files, no image folder
-        from datamodules.ignored_files import hidden
-
         if self.hparams.predict_path is None:
             raise DataError("predict needs data.init_args.predict_path: a folder of digit images or an idx file")
         path = Path(self.hparams.predict_path)

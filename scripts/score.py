@@ -270,11 +270,11 @@ def image_inputs(
 
 def image_files(source: Path) -> list[Path]:
     """The files of a folder at any depth, sorted, as predict reads a folder (datamodules/image_folder.py): the files
-    it leaves out left out (.DS_Store, ._x, __MACOSX, Thumbs.db, desktop.ini: datamodules/ignored_files.py), linked
-    folders followed."""
+    it leaves out left out (.DS_Store, ._x, __MACOSX, Thumbs.db, desktop.ini: `ignored` of
+    datamodules/preprocessing/images.py), linked folders followed."""
     if source.is_file():
         return [source]
-    ignored = repo_module("datamodules/ignored_files.py").ignored
+    ignored = repo_module("datamodules/preprocessing/images.py").ignored
     found = []
     for top, folders, names in os.walk(source, followlinks=True):
         folders[:] = sorted(name for name in folders if not ignored(name))

@@ -20,9 +20,6 @@ from tests.conftest import MNIST, REPO, bird_folders, needs_mnist
 pytestmark = pytest.mark.slow
 
 MOST_MODULES = 12
-# Image folders load more today (issue 42 stays open for them): a photo folder's fit its folder helpers and the serving
-# crop beside the shared image reading; MNIST's predict of a folder the same folder helpers, for their file listing.
-MOST_MODULES_IMAGE_FOLDERS = 14
 # Packages of pyproject's optional dependencies that the core must not import.
 EXTRAS = ("azure.ai.ml", "onnx", "onnxruntime", "onnxscript", "optuna", "pyspark", "horovod", "pathspec")
 # Modules of the project that only an extra's option, launcher or command loads.
@@ -94,14 +91,14 @@ def test_mnist(tmp_path):
 
     Image.new("L", (28, 28), 0).save(digits / "blank.png")
     config = ["--config", "configs/mnist.yaml", "--data.init_args.data_dir", str(MNIST)]
-    fit_test_predict(tmp_path, config, str(digits), MOST_MODULES_IMAGE_FOLDERS)
+    fit_test_predict(tmp_path, config, str(digits))
 
 
 def test_birds(tmp_path):
     photos = bird_folders(tmp_path / "birds", splits=("train", "val", "test"))
     config = ["--config", "configs/birds.yaml", "--data.init_args.data_dir", str(photos),
               "--data.init_args.archive", "null", "--model.network.init_args.weights", "none"]  # fmt: skip
-    fit_test_predict(tmp_path, config, str(photos / "val" / "turkeys"), MOST_MODULES_IMAGE_FOLDERS)
+    fit_test_predict(tmp_path, config, str(photos / "val" / "turkeys"))
 
 
 def test_table(tmp_path):

@@ -14,7 +14,7 @@ from PIL import Image
 from datamodules.errors import DataError
 from datamodules.folder_files import read_image
 from datamodules.image_folder import ImageFolderDataModule
-from datamodules.preprocessing import birds as preprocessing
+from datamodules.preprocessing import images as preprocessing
 from datamodules.preprocessing.images import read
 
 
@@ -56,8 +56,8 @@ def test_32_bit_and_floating_point_grey_images_decode_on_the_scale_that_holds_th
             assert saved.mode == image.mode, name  # the file holds the wide pixels
         for grey in (False, True):
             assert torch.equal(read_image(tmp_path / name, grey=grey), read_image(tmp_path / "grey8.png", grey=grey))
-        served = preprocessing.serving_batch(state, [(tmp_path / name).read_bytes()], [name])
-        assert np.array_equal(served, preprocessing.serving_batch(state, [expected], ["grey8.png"])), name
+        served = preprocessing.photo_batch(state, [(tmp_path / name).read_bytes()], [name])
+        assert np.array_equal(served, preprocessing.photo_batch(state, [expected], ["grey8.png"])), name
 
 
 def test_a_wide_grey_image_of_no_known_scale_is_one_line_naming_it(tmp_path: Path):

@@ -1,5 +1,8 @@
-"""Encoded images as upright 8-bit pictures, with numpy and Pillow only: the one decoder of the datamodules (training,
-evaluation, predict) and of the registered model (scripts/serving/pyfunc_model.py), which ships this file.
+"""Image files, with numpy and Pillow only: which files are images and which are no one's data, and encoded images as
+upright 8-bit pictures: the one decoder of the datamodules (training, evaluation, predict) and of the registered model
+(scripts/serving/pyfunc_model.py), which ships this file; and the photo models' centre crop (`photo_batch`: their
+registered model's preprocessing). Batch scoring (scripts/serving/batch_score.py, scripts/score.py)
+loads it by its path for `ignored`: a folder's files are left out there as training leaves them out.
 
     python -m scripts.train predict --config configs/birds.yaml --ckpt_path CKPT --data.predict_path photos/
 """
@@ -13,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from datamodules.errors import DataError
+from datamodules.errors import DataError, ImageError
 
 if TYPE_CHECKING:
     from PIL.Image import Image
@@ -23,9 +26,45 @@ if TYPE_CHECKING:
 MAX_IMAGE_BYTES = int(os.environ.get("SCORE_MAX_IMAGE_BYTES", str(10 * 2**20)))
 MAX_IMAGE_PIXELS = int(os.environ.get("SCORE_MAX_IMAGE_PIXELS", str(40_000_000)))
 FORMATS = "JPEG, PNG, WebP or GIF"
+# The names of image files (in any case): a file so named is meant as an image, and a damaged one is refused by name
+# rather than passed over. Others are told by their bytes (`is_image`). Windows and browsers save JPEGs as .jfif, .jpe.
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".gif")
+# Windows Explorer's thumbnail caches and folder settings, left in every folder of photos it has shown.
+WINDOWS_FILES = ("thumbs.db", "ehthumbs.db", "ehthumbs_vista.db", "desktop.ini")
+# What every ImageNet-pretrained backbone expects of its input (the photo models: datamodules/image_folder.py on the
+# training device, normalize_photos below in serving).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 # HEIF's brands (ISO/IEC 23008-12), at bytes 8-12 after "ftyp": an iPhone camera's photo (.heic), which Pillow does not
 # read. Named as such, since "not a JPEG" leaves the owner of a photo that opens everywhere on their phone puzzled.
 HEIF_BRANDS = (b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"mif1", b"msf1")
+
+
+def ignored(name: str) -> bool:
+    """Dot files (.DS_Store, macOS's `._x.jpg` resource forks too), macOS zip debris (`__MACOSX/`) and Windows
+    Explorer's files (Thumbs.db, desktop.ini) are no one's data."""
+    return name.startswith(".") or name == "__MACOSX" or name.lower() in WINDOWS_FILES
+
+
+def hidden(path: Path, root: Path) -> bool:
+    """Whether `path` or a folder between it and `root` is `ignored`."""
+    return any(ignored(part) for part in path.relative_to(root).parts)
+
+
+def is_image(path: Path) -> bool:
+    """Whether the file `path` is meant as an image: named as one (IMAGE_SUFFIXES) or, whatever its name, one by its
+    first bytes (a JPEG saved as photo.jfif, or with no suffix at all); reads its header only."""
+    if path.suffix.lower() in IMAGE_SUFFIXES:
+        return True
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path):
+            return True
+    except Image.DecompressionBombError:  # an image, too large: decoding it says so
+        return True
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError):
+        return False
 
 
 class OversizeImage(DataError):
@@ -156,3 +195,44 @@ def pixels(image) -> np.ndarray:
     """A Pillow image as uint8 (H, W, C): C = 3 for RGB, 1 for grey."""
     array = np.asarray(image, dtype=np.uint8)
     return array[..., None] if array.ndim == 2 else array
+
+
+# Photos as the photo network (configs/birds.yaml, any labelled folder) sees them in evaluation, predict and serving:
+# upright, shorter side resized to 256/224 of the crop, the centre crop, ImageNet-normalised.
+
+
+def centre_crop(image, image_size: int, name: str = "an image") -> np.ndarray:
+    """ImageNet's evaluation recipe on a Pillow RGB image: shorter side to round(image_size * 256 / 224) (bilinear,
+    antialiased), the centre image_size x image_size; uint8 (H, W, 3). A strip of a picture (1 x 10,000 pixels: 126
+    bytes of PNG, within the pixel limit) that the resize would make a picture over MAX_IMAGE_PIXELS (256 x 2,560,000:
+    2.6 GB at image_size 224) is an ImageError naming `name`, before any of it is made."""
+    from PIL import Image
+
+    width, height = image.size
+    short = round(image_size * 256 / 224)
+    size = (short, int(short * height / width)) if width <= height else (int(short * width / height), short)
+    if size[0] * size[1] > MAX_IMAGE_PIXELS:
+        raise ImageError(
+            f"{width}x{height} pixels, which the centre crop would resize to {size[0]}x{size[1]}; send a picture "
+            f"whose sides are nearer alike (resized, at most {MAX_IMAGE_PIXELS} pixels: SCORE_MAX_IMAGE_PIXELS)",
+            name,
+        )
+    if size != image.size:
+        image = image.resize(size, Image.Resampling.BILINEAR)
+    left, top = round((size[0] - image_size) / 2), round((size[1] - image_size) / 2)
+    return pixels(image.crop((left, top, left + image_size, top + image_size)))
+
+
+def normalize_photos(images: np.ndarray) -> np.ndarray:
+    """A uint8 batch (N, 3, H, W) as the network takes it: float32 in [0, 1], ImageNet-normalised (the datamodule
+    does the same on the training device, in torch)."""
+    mean = np.asarray(IMAGENET_MEAN, dtype=np.float32)[:, None, None]
+    std = np.asarray(IMAGENET_STD, dtype=np.float32)[:, None, None]
+    return (images.astype(np.float32) / np.float32(255) - mean) / std
+
+
+def photo_batch(state: dict, inputs: list[bytes], names: list[str]) -> np.ndarray:
+    """Encoded photos (one name each, for messages) as the network's input batch (N, 3, S, S), S: image_size."""
+    size = state["image_size"]
+    crops = [centre_crop(read(data, name), size, name).transpose(2, 0, 1) for data, name in zip(inputs, names)]
+    return normalize_photos(np.stack(crops))

@@ -88,8 +88,7 @@ def check_has_an_image(folder: Path, given: str) -> None:
     """A folder the score step scores holds an image at some depth (by its name, or by its first bytes), the files
     scripts.score leaves out left out: else the pipeline would train and register a model, then fail at its end.
     Called after the configs went through the training CLI, which imported torch."""
-    from datamodules.folder_files import IMAGE_SUFFIXES, is_image
-    from datamodules.ignored_files import ignored
+    from datamodules.preprocessing.images import IMAGE_SUFFIXES, ignored, is_image
 
     for top, folders, names in os.walk(folder, followlinks=True):
         folders[:] = sorted(name for name in folders if not ignored(name))

@@ -6,9 +6,10 @@ paths, and appends the rows run returns to predictions.csv. Locally, on a folder
     python -m scripts.serving.batch_score MODEL_DIR FILE_OR_FOLDER...
 
 Self-contained (the model, pandas and MLflow), as Azure ML's batch driver loads it by path; the one file of this
-project it reads, datamodules/ignored_files.py (standard library only), it loads by its path beside this one (the
-deployment's code is this repository): the files of a folder that are no one's data (.DS_Store, Thumbs.db,
-desktop.ini) are left out, as training and scripts.score leave them out, not reported as images that failed.
+project it reads, datamodules/preprocessing/images.py (numpy and Pillow, which the model's environment has), it loads
+by its path beside this one (the deployment's code is this repository), once the model is loaded: the files of a
+folder that are no one's data (.DS_Store, Thumbs.db, desktop.ini) are left out, as training and scripts.score leave
+them out, not reported as images that failed.
 A file the model refuses (not an image, a row with an unknown island) is logged with the model's message and left out
 of the output; Azure ML counts it against the deployment's error threshold, and the mini-batch's other files are
 still scored. A table's row with an empty cell the model reads is logged by its row and left out, the file's other
@@ -88,12 +89,13 @@ def complete_rows(rows: pd.DataFrame, path: str) -> pd.DataFrame:
 
 
 def ignored(path: str) -> bool:
-    """Whether the file's name is no one's data (datamodules/ignored_files.py, loaded by its path)."""
+    """Whether the file's name is no one's data (datamodules/preprocessing/images.py, loaded by its path: the package
+    `datamodules` it imports DataError from is the loaded model's own copy)."""
     import importlib.util
 
-    name = "_batch_score_ignored_files"
+    name = "_batch_score_images"
     if name not in sys.modules:
-        source = Path(__file__).resolve().parents[2] / "datamodules" / "ignored_files.py"
+        source = Path(__file__).resolve().parents[2] / "datamodules" / "preprocessing" / "images.py"
         spec = importlib.util.spec_from_file_location(name, source)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

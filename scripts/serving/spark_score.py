@@ -32,13 +32,13 @@ class SparkScoreError(Exception):
 
 def read_inputs(spark, path: str):
     """A Spark DataFrame of the inputs: a CSV's rows (header, numbers inferred, the datamodules' missing cells as
-    null), or one row per file below a folder, less those no one's data (datamodules/ignored_files.py): its `path`
-    and its bytes as `image`."""
+    null), or one row per file below a folder, less those no one's data (`ignored` of
+    datamodules/preprocessing/images.py): its `path` and its bytes as `image`."""
     from pyspark.sql import functions as F
 
     if path.lower().endswith(".csv"):
         return spark.read.csv(path, header=True, inferSchema=True, nullValue="NA")
-    from datamodules.ignored_files import WINDOWS_FILES
+    from datamodules.preprocessing.images import WINDOWS_FILES
 
     files = spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(path)
     # Spark leaves out dot files and _x (__MACOSX/) itself; Windows Explorer's files are left out as training does.
