@@ -1,5 +1,5 @@
-"""The files of labelled image folders (`<split>/<class>/<image>`): find them, fetch them from an archive, read and
-check them.
+"""The files of labelled image folders (`<split>/<class>/<image>`): find them, read and check them, and find the
+pictures that two classes or two splits hold byte for byte.
 
 Used by `datamodules.image_folder` (`python -m scripts.train fit --config configs/birds.yaml`); any
 DataModule over a folder of class subfolders can use it. Every mistake is a `DataError` that
@@ -10,16 +10,11 @@ do not decode (all of them in one message, found before training starts).
 
 from __future__ import annotations
 
-import lzma
+import hashlib
 import os
-import shutil
-import tarfile
-import tempfile
 import unicodedata
-import urllib.error
-import urllib.request
-import zipfile
-import zlib
+from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -275,88 +270,111 @@ def seeded_split(files: list[Path], fraction: float, seed: int, where: Path) -> 
     return [f for i, f in enumerate(files) if i not in held], [f for i, f in enumerate(files) if i in held]
 
 
-def fetch_archive(archive: str, target: Path) -> None:
-    """Extracts `archive` (a path or http(s) URL of a zip or a tar, compressed or not) into `target`, once.
-
-    Extraction goes to a temporary folder beside `target` that is renamed into place, so
-    `target` is either absent or complete, and processes racing to create it cannot mix
-    files. An archive holding one top folder (`fowl_data/train/...`) gives that folder's content.
-    """
-    if target.is_dir() and any(target.iterdir()):
-        return
-    # A target that is a file (or lies below one) ended, after the whole extraction, in the rename's traceback.
-    blocked = next((path for path in (target, *target.parents) if path.exists() and not path.is_dir()), None)
-    if blocked is not None:
-        raise DataError(
-            f"{target}: {'' if blocked == target else f'{blocked} is '}a file, not a folder; give "
-            f"data.init_args.data_dir a folder to extract {archive} into"
-        )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as temp:
-        temp = Path(temp)
-        if archive.startswith(("http://", "https://")):
-            source = temp / "download"
-            try:
-                with urllib.request.urlopen(archive, timeout=60) as response, source.open("wb") as file:
-                    shutil.copyfileobj(response, file)
-            except (urllib.error.URLError, OSError) as error:
-                raise DataError(
-                    f"{archive}: download failed ({getattr(error, 'reason', error)}); put the images in "
-                    f"{target} yourself or set data.init_args.archive to a local copy"
-                ) from None
-        else:
-            source = Path(archive)
-            if not source.is_file():
-                raise DataError(f"{archive}: no such archive; give data.init_args.archive an existing .zip or .tar.gz")
-        unpacked = temp / "unpacked"
-        extract(source, unpacked, archive)
-        entries = [p for p in unpacked.iterdir() if not hidden(p, unpacked)]
-        root = entries[0] if len(entries) == 1 and entries[0].is_dir() else unpacked
-        try:
-            root.rename(target)
-        except OSError:
-            if not target.is_dir():  # else another process finished first: its copy is as good
-                raise
-
-
-def extract(source: Path, folder: Path, archive: str) -> None:
-    """Extracts the zip or tar (gzip, bzip2, xz or none) `source` into `folder`, checked whole: a DataError naming
-    `archive` and the reason when it is damaged or cut short, so no damaged image is trained on without a word."""
-    with source.open("rb") as file:
-        zip_like = file.read(2) == b"PK"  # a zip begins with its first member's header, and ends with its directory
-    try:
-        if zip_like or zipfile.is_zipfile(source):
-            if not zipfile.is_zipfile(source):
-                raise DataError(
-                    f"{archive}: a zip archive without its central directory (cut short?); download it again"
-                )
-            with zipfile.ZipFile(source) as archive_file:
-                archive_file.extractall(folder)  # checks each member's CRC-32; drops ".." and absolute parts of names
-            return
-        with tarfile.open(source) as archive_file:
-            archive_file.extractall(folder, filter="data")  # refuses paths outside, links out, devices
-            # tarfile stops at the archive's end marker; the compressed stream's own check (gzip's CRC-32, xz's and
-            # bzip2's) runs only when it is read to its very end.
-            while archive_file.fileobj.read(1 << 20):
-                pass
-    except tarfile.ReadError as error:
-        if "could not be opened successfully" in str(error):  # its multi-line list of the formats tried
-            raise DataError(f"{archive}: neither a zip nor a tar archive; give a .zip, .tar or .tar.gz") from None
-        raise DataError(f"{archive}: a damaged or cut-short tar archive ({error}); download it again") from None
-    except OSError as error:
-        if error.errno is not None:  # the system's: a full disk, no permission
-            raise DataError(
-                f"{archive}: cannot be extracted into {folder.parent} ({error}); free space there"
-            ) from None
-        raise damaged(archive, error) from None  # gzip's "CRC check failed", bzip2's "Invalid data stream"
-    except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, NotImplementedError,
-            RuntimeError) as error:  # fmt: skip
-        raise damaged(archive, error) from None
-
-
-def damaged(archive: str, error: BaseException) -> DataError:
-    return DataError(f"{archive}: damaged or cut short ({error}); download it again")
-
-
 def dangling_link(path: Path) -> DataError:
     return DataError(f"{path}: a link to {os.readlink(path)}, which does not exist; remove it or restore its target")
+
+
+# ---- byte-identical copies of one picture in two classes or two splits (scraped data sets hold them) ----
+# A copy under two labels is a DataError, a copy of a training picture in val/ or test/ is left out of it. Cheap on
+# large folders: one stat a file for its size; of the files whose size a file of another class or split shares (many:
+# photos of one size and quality have sizes within a few KB), the last 4 KB are read, and only the files whose size
+# and tail another class's or split's file shares are read whole and hashed. Nothing is decoded.
+Place = tuple[str, str]  # (split, class)
+File = tuple[Path, Place, tuple[int, int], int]  # (path, place, (device, inode), size)
+TAIL = 4096  # bytes: a JPEG's or PNG's last ones are compressed pixels, which differ between two pictures
+
+
+def copies(splits: dict[str, dict[str, list[Path]]]) -> list[tuple[Path, Place, Path, Place]]:
+    """(path, its place, the earlier file it copies, that file's place) for each file that repeats, byte for byte, a
+    file of another class or split listed before it (train first); copies within one class of one split are not
+    looked for (harmless: that picture weighs twice)."""
+    files: list[File] = []
+    for split, classes in splits.items():
+        for name, paths in classes.items():
+            for path in paths:
+                stat = os.stat(path)
+                files.append((path, (split, name), (stat.st_dev, stat.st_ino), stat.st_size))
+    tails, digests = {}, {}  # by (device, inode): a file's hard links are read once
+    files = shared(files, lambda file: file[3])
+    files = shared(files, lambda file: (file[3], cached(tails, file, tail)))
+    first: dict[bytes, tuple[Path, Place]] = {}
+    found = []
+    for file in files:  # in the order listed: train's before val's
+        path, place = file[:2]
+        original, where = first.setdefault(cached(digests, file, digest), (path, place))
+        if where != place:
+            found.append((path, place, original, where))
+    return found
+
+
+def shared(files: list[File], key: Callable[[File], object]) -> list[File]:
+    """The files (in their order) whose `key` a file of another place shares."""
+    places = defaultdict(set)
+    keys = [key(file) for file in files]
+    for file, value in zip(files, keys):
+        places[value].add(file[1])
+    return [file for file, value in zip(files, keys) if len(places[value]) > 1]
+
+
+def cached(cache: dict, file: File, read: Callable[[Path], bytes]) -> bytes:
+    """`read(path)` of the file, once per inode."""
+    if file[2] not in cache:
+        cache[file[2]] = read(file[0])
+    return cache[file[2]]
+
+
+def tail(path: Path) -> bytes:
+    """A hash of the last TAIL bytes (kept for every file whose size is shared: a hash, not the bytes, in memory)."""
+    with path.open("rb") as file:
+        file.seek(max(0, os.fstat(file.fileno()).st_size - TAIL))
+        return hashlib.blake2b(file.read(), digest_size=16).digest()
+
+
+def digest(path: Path) -> bytes:
+    with path.open("rb") as file:
+        return hashlib.file_digest(file, "blake2b").digest()
+
+
+def without_copies(
+    splits: dict[str, dict[str, list[Path]]],
+) -> tuple[dict[str, dict[str, list[Path]]], list[tuple[Path, Place, Path, Place]]]:
+    """`splits` without the copies of an earlier split's pictures of the same class (the first split keeps its
+    own), and those left out. One picture in two classes is a DataError naming every such pair: which label is
+    right only its owner can tell. A class that the copies would leave empty is a DataError too."""
+    found = copies(splits)
+    twice = [(path, place, original, where) for path, place, original, where in found if place[1] != where[1]]
+    if twice:
+        pairs = "; ".join(
+            f"{path} = {original} ({where[1]!r} in {where[0]}, {place[1]!r} in {place[0]})"
+            for path, place, original, where in twice
+        )
+        raise DataError(
+            f"{len(twice)} picture(s) labelled twice, byte-identical files in two classes: {pairs}; remove each "
+            "from the class it does not belong to"
+        )
+    dropped = {path for path, *_ in found}
+    kept = {split: {name: [p for p in files if p not in dropped] for name, files in classes.items()}
+            for split, classes in splits.items()}  # fmt: skip
+    for path, (split, name), original, _ in found:
+        if not kept[split][name]:
+            raise DataError(
+                f"{path.parent}: every picture of class {name!r} in {split} is a byte-identical copy of one in an "
+                f"earlier split (such as {original}); add pictures of it that the others do not hold"
+            )
+    return kept, found
+
+
+def left_out_lines(found: list[tuple[Path, Place, Path, Place]]) -> list[str]:
+    """One line a split from which `without_copies` left copies out: the first, the count, and why."""
+    lines = []
+    for split in dict.fromkeys(place[0] for _, place, _, _ in found):
+        ours = [(path, original, where) for path, place, original, where in found if place[0] == split]
+        path, original, _ = ours[0]
+        more = f" and {len(ours) - 1} more" if len(ours) > 1 else ""
+        earlier = sorted({where[0] for _, _, where in ours}, key=["train", "val"].index)
+        seen = " or ".join({"train": "trained", "val": "validated"}[name] for name in earlier)
+        lines.append(
+            f"{path}{more}: byte-identical to pictures in {' and '.join(earlier)} (this one to {original}): left out "
+            f"of {split}, which would score the network on pictures it was {seen} on"
+        )
+    return lines
