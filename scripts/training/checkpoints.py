@@ -17,6 +17,7 @@ A resume goes on as the fit began: every checkpoint holds the fit's config (`fit
 touched (`check_resume`) what it trains and how must match the config given now (TRAINING: the model, the data's
 preprocessing, the seed, the Trainer options that change the numbers); anything else may change.
 
+While a fit writes to a --checkpoint_dir it holds a lock there (`hold`): a second fit on that folder is refused.
 Checkpoints are written whole or not at all and read once, by global rank 0, for every process
 (`RankZeroCheckpointIO`): nodes share no disk, and a full disk must leave the previous checkpoint whole. Each holds
 the process's random generators (`RandomStates`), so a resumed fit draws the numbers the uninterrupted one would have.
@@ -41,6 +42,7 @@ from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.strategies import Strategy
 
 RUN_ID_FILE = "mlflow_run_id"
+FIT_LOCK = "fit.lock"  # in a --checkpoint_dir while a fit writes there
 CONFIG_KEY = "fit_config"  # the fit's resolved config (YAML) in every checkpoint it writes
 # What a resume compares with the checkpoint's config: what is trained and how. Everything else (how long, where it
 # runs, what is recorded, where the data is found, options a newer release added) may change (docs/tracking.md).
@@ -88,13 +90,14 @@ def resume_from(config) -> Path | None:
     return last if last.is_file() and not config.get("ckpt_path") else None
 
 
-def check_resume(last: Path, config: dict[str, object]) -> None:
-    """Raises CheckpointError when `config` (the fit's, flattened: `flatten`) trains otherwise than the config `last`
-    was trained with (an option of TRAINING that both have, with another value), or asks for fewer epochs or steps
+def check_resume(last: Path, dumped: str) -> None:
+    """Raises CheckpointError when `dumped` (the CLI's config as YAML) trains otherwise than the config `last` was
+    trained with (an option of TRAINING that both have, with another value), or asks for fewer epochs or steps
     than it has trained: the fit would go on with the checkpoint's weights and optimizer under options that do not
     describe them, or fail half-started. An option the checkpoint's config lacks (added since) is not compared."""
     import yaml
 
+    config = flatten(yaml.safe_load(dumped)["fit"])
     check_checkpoint_file(last)
     try:  # mmap: the weights stay on disk, only the small entries are read
         checkpoint = torch.load(last, map_location="cpu", weights_only=False, mmap=True)
@@ -153,6 +156,42 @@ def flatten(config: dict | list, prefix: str = "") -> dict[str, object]:
     return flat
 
 
+def hold(folder: Path) -> None:
+    """Keeps other fits out of --checkpoint_dir `folder` while this one runs (two would write one MLflow run and one
+    last.ckpt): an exclusive lock on FIT_LOCK there, which the system releases when this process ends, however it
+    ends. A folder this made that holds nothing else at exit is removed."""
+    import atexit
+    import fcntl
+
+    made = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = (folder / FIT_LOCK).open("a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise CheckpointError(
+            f"--checkpoint_dir {folder}: another fit is writing there (it holds {folder / FIT_LOCK}); wait for it "
+            "to end, or give another folder"
+        ) from None
+
+    def release() -> None:
+        lock.close()
+        if made and {path.name for path in folder.iterdir()} == {FIT_LOCK}:
+            (folder / FIT_LOCK).unlink()
+            folder.rmdir()
+
+    atexit.register(release)
+
+
+def ours_only(folder: str | None) -> bool:
+    """Whether --checkpoint_dir `folder` holds nothing but what fits write there (so Lightning's warning that it is
+    not empty tells the user nothing)."""
+    if not folder or not Path(folder).is_dir():
+        return bool(folder)
+    return {path.name for path in Path(folder).iterdir()} <= {"best.ckpt", "last.ckpt", RUN_ID_FILE, FIT_LOCK}
+
+
 def saved_run_id(folder: str | None) -> str | None:
     """The MLflow run a fit with this --checkpoint_dir logged into, if one did."""
     path = Path(folder or "") / RUN_ID_FILE
@@ -166,7 +205,8 @@ def keep_run_id(trainer: L.Trainer, folder: str | None, run_id: str) -> None:
 
 
 class CheckpointError(Exception):
-    """A checkpoint that is missing or unreadable; the message names it and what to give."""
+    """A checkpoint that is missing or unreadable, or a --checkpoint_dir in use; the message names it and what to
+    give."""
 
 
 def check_checkpoint_file(path: str | Path) -> None:
@@ -180,6 +220,24 @@ def check_checkpoint_file(path: str | Path) -> None:
             f"{path}: not a checkpoint this can read (not torch.save's zip format, or cut short); give a .ckpt "
             "written by scripts.train fit"
         )
+
+
+def check_ckpt_path(ckpt_path: str | None) -> None:
+    """Raises CheckpointError for a --ckpt_path file that is not a checkpoint, before LightningCLI reads its
+    hyperparameters with a bare torch.load. Under a launcher in rank 0 only, which reads it for all (nodes share no
+    disk), and a missing one only alone: the others would wait for this one; rank 0's read at the run's start stops
+    every process together."""
+    if not ckpt_path or ckpt_path in ("best", "last", "hpc", "registry"):
+        return
+    from scripts.training.run_record import launched  # which imports this module
+
+    if not launched():
+        check_checkpoint_file(ckpt_path)
+        return
+    from strategies.launch_check import launched_first, launched_processes
+
+    if launched_first() and (Path(ckpt_path).exists() or launched_processes() == 1):
+        check_checkpoint_file(ckpt_path)
 
 
 def write_whole(path: Path, data: bytes) -> None:

@@ -34,9 +34,10 @@ from scripts.training.checkpoints import (
     RandomStates,
     RankZeroCheckpointIO,
     add_checkpoint_arguments,
-    check_checkpoint_file,
+    check_ckpt_path,
     check_resume,
-    flatten,
+    hold,
+    ours_only,
     resume_from,
     saved_run_id,
 )
@@ -48,7 +49,6 @@ MLFLOW_LOGGER = "scripts.training.tracking.BufferedMLFlowLogger"
 # The bar's redraws, in batches: Lightning's default redraws at every batch, twice, a share of every short step, and
 # into a job's log file a line each time.
 PROGRESS_BAR_REFRESH = 10
-FIT_LOCK = "fit.lock"  # in a --checkpoint_dir while a fit writes there
 
 
 class ConfigError(Exception):
@@ -133,47 +133,10 @@ class TemplateCLI(LightningCLI):
         else:
             check(*args)
 
-    def hold(self, folder: Path) -> None:
-        """Keeps other fits out of --checkpoint_dir `folder` while this one runs (two would write one MLflow run and
-        one last.ckpt): an exclusive lock on FIT_LOCK there, which the system releases when this process ends, however
-        it ends. A folder this made that holds nothing else at exit is removed."""
-        import atexit
-        import fcntl
-
-        made = not folder.exists()
-        folder.mkdir(parents=True, exist_ok=True)
-        self.lock = (folder / FIT_LOCK).open("a+")
-        try:
-            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(
-                f"--checkpoint_dir {folder}: another fit is writing there (it holds {folder / FIT_LOCK}); wait for it "
-                "to end, or give another folder"
-            ) from None
-
-        def release() -> None:
-            self.lock.close()
-            if made and {path.name for path in folder.iterdir()} == {FIT_LOCK}:
-                (folder / FIT_LOCK).unlink()
-                folder.rmdir()
-
-        atexit.register(release)
-
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
-        ckpt_path = subcommand and self.config[subcommand].get("ckpt_path")
-        # LightningCLI reads the checkpoint's hyperparameters next, with a bare torch.load: check the file first. Under
-        # a launcher rank 0 only, which reads it for all (nodes share no disk), and a missing one only alone: the
-        # others would wait for this one; rank 0's read at the run's start stops every process together.
-        named = ckpt_path and ckpt_path not in ("best", "last", "hpc", "registry")
-        if named and not launched():
-            check_checkpoint_file(ckpt_path)
-        elif named:
-            from strategies.launch_check import launched_first, launched_processes
-
-            if launched_first() and (Path(ckpt_path).exists() or launched_processes() == 1):
-                check_checkpoint_file(ckpt_path)
+        check_ckpt_path(subcommand and self.config[subcommand].get("ckpt_path"))  # LightningCLI reads it next
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
@@ -208,11 +171,7 @@ class TemplateCLI(LightningCLI):
             if ours_only(config.get("checkpoint_dir")):  # Lightning warns of it at every start, resumes included
                 warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
         if self.subcommand == "fit" and (last := resume_from(config)):
-            import yaml
-
-            # Before the run is touched.
-            dumped = yaml.safe_load(self.parser.dump(self.config, skip_unset=False, skip_validation=True))
-            check_resume(last, flatten(dumped[self.subcommand]))
+            check_resume(last, self.parser.dump(self.config, skip_unset=False, skip_validation=True))  # before the run
             config.ckpt_path = str(last)
             self.resumes = True
             rank_zero_print(f"resuming from {last}")
@@ -228,7 +187,7 @@ class TemplateCLI(LightningCLI):
                 args.run_id = existing_run(args.tracking_uri, saved_run_id(config.checkpoint_dir))
                 args.run_name = None if args.run_id else args.run_name
         if self.subcommand == "fit" and config.get("checkpoint_dir"):  # checked; nothing of the run is written yet
-            self.check_on_rank_zero(self.hold, Path(config.checkpoint_dir))
+            self.check_on_rank_zero(hold, Path(config.checkpoint_dir))
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         trainer_config = self.config_init[self.subcommand].trainer if self.subcommand else {}
@@ -359,16 +318,6 @@ def check_writable(folder: Path, option: str) -> None:
         raise ConfigError(
             f"{folder}: cannot write there ({error.strerror or error}); give {option} a folder you can write"
         ) from None
-
-
-def ours_only(folder: str | None) -> bool:
-    """Whether --checkpoint_dir `folder` holds nothing but what fits write there (so Lightning's warning that it is
-    not empty tells the user nothing)."""
-    from scripts.training.checkpoints import RUN_ID_FILE
-
-    if not folder or not Path(folder).is_dir():
-        return bool(folder)
-    return {path.name for path in Path(folder).iterdir()} <= {"best.ckpt", "last.ckpt", RUN_ID_FILE, FIT_LOCK}
 
 
 def check_trains(trainer: dict) -> None:
