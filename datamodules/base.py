@@ -293,8 +293,8 @@ class InMemoryBatches:
             data = self.tensors
         else:
             indices = indices.to(self.tensors[0].device)
-            # index_select copies whole rows; `t[indices]` gathers element by element (MNIST's 60,000 uint8 images:
-            # 14 ms against 41 ms an epoch on a CPU core, the same bytes).
+            # index_select copies whole rows; `t[indices]` gathers element by element: the same bytes, about three
+            # times the time on MNIST's images (docs/measured.md).
             data = tuple(t.index_select(0, indices) for t in self.tensors)
         for i in range(len(self)):
             start = i * self.batch_size

@@ -220,7 +220,7 @@ def decode(source: Path | bytes, grey: bool = False) -> tuple[torch.Tensor | Non
     predict and the registered model read an image alike.
 
     The image is a (C, H, W) view of Pillow's (H, W, C) pixels, channels-last in memory: no transposing copy, and
-    the layout torch's uint8 antialiased resize runs fastest on (the training crop: ~30% less time, the same pixels;
+    the layout torch's uint8 antialiased resize runs fastest on (the training crop: less time, the same pixels;
     tests/test_birds_data.py checks both)."""
     image, reason = open_image(source, grey)
     if image is None:

@@ -94,8 +94,8 @@ class ClassificationModule(L.LightningModule):
         self.scheduler_factory = lr_scheduler
         # Steps only collect their predicted classes and losses; the torchmetrics metrics get one
         # update per epoch, then compute (which syncs them across processes) and are logged once.
-        # On a CPU a torchmetrics update (~0.1 ms) or a `self.log` call (~0.5 ms) costs more than a
-        # whole penguin training step; per step neither runs.
+        # On a CPU a torchmetrics update or a `self.log` call costs more than a whole penguin training step
+        # (docs/measured.md); per step neither runs.
         num_classes = len(self.class_names)
         # compute() syncs the metrics over processes through the Trainer's strategy (DDP's torch.distributed,
         # Horovod's allgather alike) rather than torchmetrics' own torch.distributed calls.

@@ -1,7 +1,7 @@
 """Build and install Horovod 0.28.1 (its last release) against this venv's torch 2.14, with the fixes it needs: for
 CPUs (Gloo and MPI), or with `--gpu` for NVIDIA GPUs too (CUDA kernels and NCCL).
 
-    python -m scripts.build_horovod    # or: make horovod; ~4 min on 2 cores, then cached
+    python -m scripts.build_horovod    # or: make horovod; minutes (docs/measured.md), then cached
     python -m scripts.build_horovod --gpu --target /tmp/horovod-gpu   # or: make horovod-gpu; no GPU needed to build
 
 Horovod 0.28.1 predates torch 2.1: it compiles with C++14, torch 2.14's headers need C++20 (and its Gloo,

@@ -47,7 +47,7 @@ class TrackConfig(SaveConfigCallback):
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "predict":  # no run to file it under: it would overwrite outputs/config.yaml
             return
-        # Checked when parsed: checking it again would cost ~50 ms, a sweep trial's fifth of its CLI time.
+        # Checked when parsed: checking it again would cost a fifth of a sweep trial's CLI time (docs/measured.md).
         text = self.parser.dump(self.config, skip_unset=False, skip_validation=True)
         self.config_text = text
         path = run_dir(trainer) / "config.yaml"
@@ -57,7 +57,7 @@ class TrackConfig(SaveConfigCallback):
             import yaml
             from mlflow.entities import Param
 
-            params = flatten(yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))  # libyaml: ~10x
+            params = flatten(yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))  # libyaml's: C
             params.pop("config", None)  # the paths of the YAML files: the artifact says it all
             # A resumed run (--checkpoint_dir, a restarted Azure ML job) has its parameters; MLflow refuses changes
             # (a longer max_epochs, say): those are in the config.yaml logged below, which replaces the first one.
@@ -236,7 +236,7 @@ def open_sqlite_store(tracking_uri: str) -> None:
 
 def create_sqlite_store(path: Path) -> None:
     """A new, empty MLflow store at `path`, made by MLflow's own migrations in memory-backed scratch space and then
-    copied: sqlite syncs every migration to disk (a few hundred syncs: 2-4 s on a cloud VM's disk, ~0.5 s in memory).
+    copied: sqlite syncs every migration to disk, a few hundred syncs, seconds on a cloud VM's disk (docs/measured.md).
     The copy is what MLflow would have written at `path`: nothing in it names the file (the Default experiment's
     artifact location comes from the working directory). Where there is no such space, MLflow makes it in place."""
     import shutil

@@ -3,7 +3,7 @@ metrics at step = epoch, and keeping the store to runs that measured something; 
 before a run starts.
 
 Lightning's MLFlowLogger makes one `log_batch` call per `log_metrics`: a few of them per epoch.
-Each costs ~5 ms of SQLAlchemy on the local sqlite store and a network round trip on a tracking
+Each costs milliseconds of SQLAlchemy on the local sqlite store and a network round trip on a tracking
 server or inside Azure ML. This one keeps the metrics and sends them at most every `flush_every_s`
 seconds and when the run ends (also when it fails or is interrupted: Lightning calls `finalize`
 then), 1,000 per request, MLflow's limit. Those still unsent when a checkpoint is written travel in
