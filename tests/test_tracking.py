@@ -12,7 +12,8 @@ import torch
 from mlflow import MlflowClient
 from torch.utils.data import DataLoader, TensorDataset
 
-from scripts.training.tracking import BufferedMLFlowLogger, Sender
+from scripts.training.tracking import BufferedMLFlowLogger
+from scripts.training.tracking_server import Sender
 
 
 @pytest.fixture
@@ -138,7 +139,7 @@ def test_a_new_store_is_what_mlflow_makes_in_place_wherever_it_is_built(tmp_path
     # experiment's artifact location from the working directory, as MLflow writes it for a store made in place.
     import shutil
 
-    from scripts.training import run_record as tracking
+    from scripts.training import tracking
 
     if scratch == "none":
         monkeypatch.setattr(tracking, "SCRATCH", tmp_path / "no-such-folder")

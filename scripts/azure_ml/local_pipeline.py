@@ -71,7 +71,7 @@ def tracking_environment(local_dir: Path, experiment: str) -> dict[str, str]:
         return environment
     from mlflow import MlflowClient
 
-    from scripts.training.run_record import open_sqlite_store
+    from scripts.training.tracking import open_sqlite_store
 
     uri = f"sqlite:///{(local_dir / 'mlflow.db').resolve()}"
     local_dir.mkdir(parents=True, exist_ok=True)

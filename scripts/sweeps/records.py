@@ -22,8 +22,7 @@ def tracking_store(outputs: Path) -> tuple[str, str | None]:
     """The tracking URI trials log to (MLFLOW_TRACKING_URI, checked, or outputs/mlflow.db) and the artifact location of
     an experiment created in the local store (where scripts.train puts it); a store that cannot work raises
     SweepError with the reason."""
-    from scripts.training.run_record import open_sqlite_store
-    from scripts.training.tracking import TrackingError
+    from scripts.training.tracking import TrackingError, open_sqlite_store
     from scripts.training.tracking_server import check_tracking_uri, credentials_out_of_uri
 
     try:

@@ -29,6 +29,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from datamodules.base import ClassificationDataModule
 from datamodules.errors import DataError
 from lightning_modules.classifier import ClassificationModule, DivergedError, InputShapeError, OptimizerError
+from scripts.training import tracking
 from scripts.training.checkpoints import (
     CheckpointError,
     RandomStates,
@@ -41,8 +42,7 @@ from scripts.training.checkpoints import (
     resume_from,
     saved_run_id,
 )
-from scripts.training.run_record import TrackConfig, existing_run, is_mlflow_logger, launched, set_up_tracking
-from scripts.training.tracking import BufferedMLFlowLogger, TrackingError
+from scripts.training.run_record import TrackConfig, launched
 
 OUTPUTS = Path("outputs")  # Azure ML uploads ./outputs of every job
 MLFLOW_LOGGER = "scripts.training.tracking.BufferedMLFlowLogger"
@@ -58,8 +58,8 @@ class ConfigError(Exception):
 def user_errors() -> tuple[type[BaseException], ...]:
     """What a user's config, data, checkpoint, weights, launch or tracking can cause: each says what to give instead.
     The classes of modules a command did not load (other tasks' networks, several processes) cannot have been raised."""
-    errors = [DataError, CheckpointError, ConfigError, TrackingError, OptimizerError, DivergedError, InputShapeError]
-    errors.append(MisconfigurationException)
+    errors = [DataError, CheckpointError, ConfigError, tracking.TrackingError, OptimizerError, DivergedError]
+    errors += [InputShapeError, MisconfigurationException]
     optional = (
         ("lightning_modules.transfer_net", "WeightsError"),
         ("strategies.mpi_environment", "LaunchError"),
@@ -180,11 +180,11 @@ class TemplateCLI(LightningCLI):
             config.trainer.enable_progress_bar, config.trainer.logger = False, False
         check_trainer(config.trainer, writes=self.subcommand != "predict")
         logger = config.trainer.logger
-        if is_mlflow_logger(logger):
+        if tracking.is_mlflow_logger(logger):
             args = logger.init_args
-            set_up_tracking(args, Path(config.trainer.default_root_dir or OUTPUTS), self.subcommand)
+            tracking.set_up_tracking(args, Path(config.trainer.default_root_dir or OUTPUTS), self.subcommand)
             if self.subcommand == "fit" and args.run_id is None:  # a resumed fit goes on in its own run
-                args.run_id = existing_run(args.tracking_uri, saved_run_id(config.checkpoint_dir))
+                args.run_id = tracking.existing_run(args.tracking_uri, saved_run_id(config.checkpoint_dir))
                 args.run_name = None if args.run_id else args.run_name
         if self.subcommand == "fit" and config.get("checkpoint_dir"):  # checked; nothing of the run is written yet
             self.check_on_rank_zero(hold, Path(config.checkpoint_dir))
@@ -226,7 +226,7 @@ class TemplateCLI(LightningCLI):
         if self.trainer.global_step == 0:  # nothing trained, in this fit or the one it resumed
             # Lightning ended the run FINISHED (its fit loop skips the hooks a stop there would go through); a fit
             # that trained nothing did not succeed.
-            if isinstance(self.trainer.logger, BufferedMLFlowLogger) and self.trainer.is_global_zero:
+            if isinstance(self.trainer.logger, tracking.BufferedMLFlowLogger) and self.trainer.is_global_zero:
                 self.trainer.logger.end_failed()
             raise ConfigError(
                 "the fit trained no step (check trainer.max_epochs, max_steps, limit_train_batches and the training "

@@ -1,8 +1,7 @@
-"""The run's record in MLflow: which store and run a command logs to (Azure ML's run handover, MLFLOW_TRACKING_URI, a
-checked server, or the sqlite store outputs/mlflow.db, made safely by processes started together), and what the run
-keeps besides metrics: the resolved config (as config.yaml beside the checkpoints and in MLflow, and as parameters,
-once, under the config's dotted names), the metrics not yet sent in each checkpoint, and no record at all of a run
-that failed before measuring anything. scripts.train's CLI uses it for every command:
+"""The run's record in MLflow besides metrics (its store and run: tracking.py): the resolved config (as config.yaml
+beside the checkpoints and in MLflow, and as parameters, once, under the config's dotted names), the metrics not yet
+sent in each checkpoint, and no record at all of a run that failed before measuring anything; and the line a fit
+stopped by SIGTERM ends with. scripts.train's CLI uses it for every command:
 
     python -m scripts.train fit --config configs/penguins.yaml    # a run in outputs/mlflow.db
 """
@@ -10,13 +9,10 @@ that failed before measuring anything. scripts.train's CLI uses it for every com
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 import lightning as L
 from lightning.pytorch.cli import SaveConfigCallback
@@ -140,119 +136,3 @@ def first_process() -> bool:
     from strategies.launch_check import launched_first
 
     return launched_first()
-
-
-def set_up_tracking(args, outputs: Path, subcommand: str) -> None:
-    """The MLflow logger's store, run and name: what Azure ML hands over (MLFLOW_TRACKING_URI, MLFLOW_RUN_ID), the
-    user's server, or outputs/mlflow.db; checked before the run starts."""
-    from_environment = os.environ.get("MLFLOW_TRACKING_URI")
-    if args.tracking_uri is None:  # Lightning's logger defaults to MLFLOW_TRACKING_URI as it was at import
-        args.tracking_uri = from_environment
-    given = args.tracking_uri == from_environment
-    source = "MLFLOW_TRACKING_URI" if given else "--trainer.logger.init_args.tracking_uri"
-    if args.tracking_uri is not None:
-        from scripts.training.tracking_server import check_tracking_uri, credentials_out_of_uri
-
-        args.tracking_uri = credentials_out_of_uri(args.tracking_uri)
-        if "MLFLOW_TRACKING_URI" in os.environ:  # what MLflow itself and processes started from this one read
-            os.environ["MLFLOW_TRACKING_URI"] = credentials_out_of_uri(os.environ["MLFLOW_TRACKING_URI"])
-        check_tracking_uri(args.tracking_uri, source)
-    else:
-        args.tracking_uri = f"sqlite:///{outputs / 'mlflow.db'}"
-        if args.artifact_location is None:  # else MLflow puts artifacts in ./mlruns
-            args.artifact_location = (outputs / "mlartifacts").resolve().as_uri()
-    if args.run_id is None:
-        args.run_id = os.environ.get("MLFLOW_RUN_ID")
-    named = os.environ.get("MLFLOW_EXPERIMENT_NAME")
-    if named and named != args.experiment_name:
-        # MLflow's own variable, set for this command: it wins over the experiment a shared YAML names.
-        if first_process():
-            print(f"experiment {named!r} (MLFLOW_EXPERIMENT_NAME), not the config's {args.experiment_name!r}",
-                  file=sys.stderr)  # fmt: skip
-        args.experiment_name = named
-    if args.run_id is None and args.run_name is None:
-        # MLflow draws names from `random`, which the seed fixes: every run of a config would be named alike.
-        args.run_name = f"{subcommand}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}"
-    scheme = urlparse(args.tracking_uri).scheme
-    if scheme == "sqlite":
-        open_sqlite_store(args.tracking_uri)
-    if scheme != "sqlite":
-        from scripts.training.tracking_server import HTTP_LIMITS
-
-        for name, value in HTTP_LIMITS.items():  # also in the processes started from this one
-            os.environ.setdefault(name, value)
-    if args.synchronous is None and scheme != "sqlite":
-        # A server (or Azure ML's tracking) costs a network round trip per logged batch of metrics: queue them
-        # instead; ending the run drains the queue. Local sqlite stays synchronous: there the queue's threads only
-        # add GIL contention.
-        args.synchronous = False
-
-
-def existing_run(tracking_uri: str, run_id: str | None) -> str | None:
-    """`run_id` if that run is in the store at `tracking_uri` (a --checkpoint_dir may have come from another store)."""
-    if run_id is None:
-        return None
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return run_id if MlflowClient(tracking_uri).get_run(run_id).info.lifecycle_stage == "active" else None
-    except MlflowException:
-        return None
-
-
-def is_mlflow_logger(logger) -> bool:
-    """Whether the config's logger is Lightning's MLFlowLogger or a subclass (ours, a user's): those get the tracking
-    set-up, Azure ML's run handover included."""
-    class_path = getattr(logger, "class_path", None)
-    if not class_path:
-        return False
-    module, _, name = class_path.rpartition(".")
-    logger_class = getattr(importlib.import_module(module), name, None)
-    return isinstance(logger_class, type) and issubclass(logger_class, MLFlowLogger)
-
-
-# Memory-backed scratch space where Linux has it: a new store is built there (see create_sqlite_store).
-SCRATCH = Path("/dev/shm")
-
-
-def open_sqlite_store(tracking_uri: str) -> None:
-    """Opens (and, if new, creates) the sqlite MLflow store before anything else does, one process at a time.
-
-    Processes started together (torchrun, mpirun, horovodrun) each build the logger, whose MLflow client creates the
-    tables of a new store; two at once collide ("duplicate column name"). MLflow keeps the store open per URI,
-    so the logger's client then finds it ready.
-    """
-    from filelock import FileLock
-    from mlflow import MlflowClient
-
-    path = Path(tracking_uri.removeprefix("sqlite:///"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(f"{path}.lock"):
-        if not path.exists():
-            create_sqlite_store(path)
-        MlflowClient(tracking_uri)
-
-
-def create_sqlite_store(path: Path) -> None:
-    """A new, empty MLflow store at `path`, made by MLflow's own migrations in memory-backed scratch space and then
-    copied: sqlite syncs every migration to disk, a few hundred syncs, seconds on a cloud VM's disk (docs/measured.md).
-    The copy is what MLflow would have written at `path`: nothing in it names the file (the Default experiment's
-    artifact location comes from the working directory). Where there is no such space, MLflow makes it in place."""
-    import shutil
-    import tempfile
-
-    from mlflow import MlflowClient
-
-    if SCRATCH.is_dir() and os.access(SCRATCH, os.W_OK):
-        partial_copy = path.with_name(f".{path.name}.new")
-        try:
-            with tempfile.TemporaryDirectory(dir=SCRATCH, prefix="mlflow-store-") as folder:
-                scratch = Path(folder) / "mlflow.db"
-                MlflowClient(f"sqlite:///{scratch}").search_experiments(max_results=1)
-                shutil.copyfile(scratch, partial_copy)
-                os.replace(partial_copy, path)  # never a half-copied store, whatever stops this process
-                return
-        except OSError:  # a full disk here or there (a container's /dev/shm is 64 MB): MLflow's own way, and its error
-            partial_copy.unlink(missing_ok=True)
-    MlflowClient(f"sqlite:///{path}").search_experiments(max_results=1)

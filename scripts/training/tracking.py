@@ -1,6 +1,7 @@
-"""The MLflow logger the configs name: Lightning's, sending metrics in batches instead of per call, epoch
-metrics at step = epoch, and keeping the store to runs that measured something; the checks of a tracking URI
-before a run starts.
+"""Which MLflow store and run a command logs to (Azure ML's run handover, MLFLOW_TRACKING_URI, a checked server, or the
+sqlite store outputs/mlflow.db, made safely by processes started together: `set_up_tracking`), and the MLflow logger
+the configs name: Lightning's, sending metrics in batches instead of per call, epoch metrics at step = epoch, and
+keeping the store to runs that measured something.
 
 Lightning's MLFlowLogger makes one `log_batch` call per `log_metrics`: a few of them per epoch.
 Each costs milliseconds of SQLAlchemy on the local sqlite store and a network round trip on a tracking
@@ -10,7 +11,8 @@ then), 1,000 per request, MLflow's limit. Those still unsent when a checkpoint i
 it (to a local store; a server is sent them first) and a fit resumed from it sends them: a fit
 killed outright (SIGKILL, a lost node) loses no metric of the epochs its last.ckpt holds.
 
-To a tracking server (`synchronous: false`, what scripts.train sets for one) a thread of its own sends them, in order,
+To a tracking server (`synchronous: false`, what scripts.train sets for one) a thread of its own
+(tracking_server.py's Sender) sends them, in order,
 and keeps what the server does not take to send it again when the server is back: an outage costs training no more
 than the wait of a checkpoint for the first failed request (at most CHECKPOINT_WAIT_S), and SIGTERM ends a fit within
 seconds. What is still unsent when the process ends is said lost in one line on stderr.
@@ -22,18 +24,17 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import json
 import os
 import re
 import socket
 import sys
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlparse, urlsplit
 
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
@@ -42,84 +43,11 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 MAX_METRICS_PER_REQUEST = 1000  # MLflow's log_batch limit
 CHECKPOINT_WAIT_S = 10.0  # most a checkpoint waits for the server to have the metrics so far
 FINAL_WAIT_S = 30.0  # most the end of a run waits for the server to take the rest (2 s when it failed, or SIGTERM)
-RETRY_EVERY_S = 5.0  # between attempts while the server does not answer
 HOST_TAG, PID_TAG = "template.host", "template.pid"  # the process a run of ours belongs to, for finding killed ones
 
 
 class TrackingError(Exception):
     """A tracking URI that cannot work (a file store, a server that does not answer); the message says what to do."""
-
-
-class Sender:
-    """Runs calls to a tracking server in a thread of its own, in order. A call that fails (the server is down or does
-    not answer) stays first in line and is tried again every RETRY_EVERY_S, so nothing is lost while the process
-    lives; `wait` bounds how long anyone waits for it."""
-
-    def __init__(self) -> None:
-        self.calls: deque[tuple[Callable[[], object], str, int]] = deque()  # (call, what it sends, metrics in it)
-        self.changed = threading.Condition()
-        self.failures = 0
-        self.failing_since: float | None = None
-        self.call_started = 0.0  # time.monotonic() when the call in flight began
-        self.reason = ""
-        self.retry_now = threading.Event()  # set by a wait through an outage: the next attempt need not wait its turn
-        threading.Thread(target=self.run, name="mlflow-sender", daemon=True).start()
-
-    def put(self, call: Callable[[], object], what: str, metrics: int = 0) -> None:
-        with self.changed:
-            if not self.calls:  # it starts next: a wait must not time it from the last call (an epoch ago, maybe)
-                self.call_started = time.monotonic()
-            self.calls.append((call, what, metrics))
-            self.changed.notify_all()
-
-    def run(self) -> None:
-        while True:
-            with self.changed:
-                while not self.calls:
-                    self.changed.wait()
-                call = self.calls[0][0]
-                self.call_started = time.monotonic()
-            try:
-                call()
-            except Exception as error:
-                with self.changed:
-                    self.failures += 1
-                    self.failing_since = self.failing_since or time.time()
-                    self.reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else repr(error)
-                    self.changed.notify_all()
-                self.retry_now.wait(RETRY_EVERY_S)
-                self.retry_now.clear()
-                continue
-            with self.changed:
-                self.calls.popleft()
-                self.failing_since = None
-                self.changed.notify_all()
-
-    def wait(self, timeout_s: float, stop: Callable[[], bool] = lambda: False, through_outage: bool = False) -> bool:
-        """Until every call is done, a call fails, `stop()` or `timeout_s`; True when every call is done. During an
-        outage (a call failed, or has not returned for `timeout_s`) it returns at once, the calls waiting for the
-        server and not training; `through_outage` (the run's end) waits the whole `timeout_s` for the server to come
-        back, trying again every second."""
-        deadline, failures = time.monotonic() + timeout_s, self.failures
-        with self.changed:
-            while self.calls and not stop():
-                if not through_outage and (self.failing_since is not None or self.failures != failures):
-                    break
-                now = time.monotonic()
-                if now >= deadline or (not through_outage and now - self.call_started > timeout_s):
-                    break
-                if through_outage and self.failing_since is not None:
-                    self.retry_now.set()
-                self.changed.wait(min(deadline - now, 0.2 if not through_outage else 1.0))
-            return not self.calls
-
-    def unsent(self) -> list[str]:
-        """What is still waiting: "<n> metrics" and the other calls' descriptions."""
-        with self.changed:
-            calls = list(self.calls)
-        metrics = sum(count for _, _, count in calls)
-        others = list(dict.fromkeys(what for _, what, count in calls if not count))
-        return ([f"{metrics} metrics"] if metrics else []) + others
 
 
 class BufferedMLFlowLogger(MLFlowLogger):
@@ -151,9 +79,11 @@ class BufferedMLFlowLogger(MLFlowLogger):
         self.metric_prefix = kwargs.get("prefix", "")
         # Not MLflow's asynchronous logging: its queue drops a batch the server does not take, and has no bounded wait.
         self.sender = None
-        if kwargs.get("synchronous") is False:
+        if kwargs.get("synchronous") is False:  # to a server (set_up_tracking)
+            from scripts.training.tracking_server import Sender
+
             self.sender = Sender()
-            atexit.register(self.report_unsent)
+            atexit.register(lambda: self.sender.report_unsent(self.store, self.run_id))
         self.upload_checkpoints = bool(kwargs.pop("log_model", False))
         super().__init__(*args, **kwargs)
         self._checkpoint_callbacks: list = []
@@ -242,22 +172,6 @@ class BufferedMLFlowLogger(MLFlowLogger):
         back = [Metric(key, value, timestamp, step) for key, value, timestamp, step in metrics]
         self._pending[:0] = [m for m in back if m.step > self._recorded.get(m.key, -1)]
         self.measured = self.measured or bool(self._pending)
-
-    def report_unsent(self) -> None:
-        """One line on stderr, when the process ends, for what the tracking server never took."""
-        if self.sender is None or not (unsent := self.sender.unsent()):
-            return
-        failing_since, reason = self.sender.failing_since, self.sender.reason
-        if failing_since is None:  # no request failed yet: the first one is still unanswered
-            failing_since = time.time() - (time.monotonic() - self.sender.call_started)
-            reason = "a request still unanswered"
-        since = time.strftime("%H:%M:%S", time.localtime(failing_since))
-        print(
-            f"warning: the tracking server {self.store} has not answered since {since} ({reason}): "
-            f"{', '.join(unsent)} of run {self.run_id} were not recorded there and are lost; the checkpoints are on "
-            "disk",
-            file=sys.stderr,
-        )
 
     def log_hyperparams(self, params) -> None:
         """Nothing: the run's parameters are its resolved config, once, under its dotted names
@@ -363,3 +277,124 @@ def process_alive(pid: int) -> bool:
     except PermissionError:  # another user's process
         return True
     return True
+
+
+# ---- which store and run: set up before the logger is built ----
+
+
+def set_up_tracking(args, outputs: Path, subcommand: str) -> None:
+    """The MLflow logger's store, run and name: what Azure ML hands over (MLFLOW_TRACKING_URI, MLFLOW_RUN_ID), the
+    user's server, or outputs/mlflow.db; checked before the run starts."""
+    from_environment = os.environ.get("MLFLOW_TRACKING_URI")
+    if args.tracking_uri is None:  # Lightning's logger defaults to MLFLOW_TRACKING_URI as it was at import
+        args.tracking_uri = from_environment
+    given = args.tracking_uri == from_environment
+    source = "MLFLOW_TRACKING_URI" if given else "--trainer.logger.init_args.tracking_uri"
+    if args.tracking_uri is not None:
+        from scripts.training.tracking_server import check_tracking_uri, credentials_out_of_uri
+
+        args.tracking_uri = credentials_out_of_uri(args.tracking_uri)
+        if "MLFLOW_TRACKING_URI" in os.environ:  # what MLflow itself and processes started from this one read
+            os.environ["MLFLOW_TRACKING_URI"] = credentials_out_of_uri(os.environ["MLFLOW_TRACKING_URI"])
+        check_tracking_uri(args.tracking_uri, source)
+    else:
+        args.tracking_uri = f"sqlite:///{outputs / 'mlflow.db'}"
+        if args.artifact_location is None:  # else MLflow puts artifacts in ./mlruns
+            args.artifact_location = (outputs / "mlartifacts").resolve().as_uri()
+    if args.run_id is None:
+        args.run_id = os.environ.get("MLFLOW_RUN_ID")
+    from scripts.training.run_record import first_process  # which imports this module
+
+    named = os.environ.get("MLFLOW_EXPERIMENT_NAME")
+    if named and named != args.experiment_name:
+        # MLflow's own variable, set for this command: it wins over the experiment a shared YAML names.
+        if first_process():
+            print(f"experiment {named!r} (MLFLOW_EXPERIMENT_NAME), not the config's {args.experiment_name!r}",
+                  file=sys.stderr)  # fmt: skip
+        args.experiment_name = named
+    if args.run_id is None and args.run_name is None:
+        # MLflow draws names from `random`, which the seed fixes: every run of a config would be named alike.
+        args.run_name = f"{subcommand}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}"
+    scheme = urlparse(args.tracking_uri).scheme
+    if scheme == "sqlite":
+        open_sqlite_store(args.tracking_uri)
+    if scheme != "sqlite":
+        from scripts.training.tracking_server import HTTP_LIMITS
+
+        for name, value in HTTP_LIMITS.items():  # also in the processes started from this one
+            os.environ.setdefault(name, value)
+    if args.synchronous is None and scheme != "sqlite":
+        # A server (or Azure ML's tracking) costs a network round trip per logged batch of metrics: queue them
+        # instead; ending the run drains the queue. Local sqlite stays synchronous: there the queue's threads only
+        # add GIL contention.
+        args.synchronous = False
+
+
+def existing_run(tracking_uri: str, run_id: str | None) -> str | None:
+    """`run_id` if that run is in the store at `tracking_uri` (a --checkpoint_dir may have come from another store)."""
+    if run_id is None:
+        return None
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return run_id if MlflowClient(tracking_uri).get_run(run_id).info.lifecycle_stage == "active" else None
+    except MlflowException:
+        return None
+
+
+def is_mlflow_logger(logger) -> bool:
+    """Whether the config's logger is Lightning's MLFlowLogger or a subclass (ours, a user's): those get the tracking
+    set-up, Azure ML's run handover included."""
+    class_path = getattr(logger, "class_path", None)
+    if not class_path:
+        return False
+    module, _, name = class_path.rpartition(".")
+    logger_class = getattr(importlib.import_module(module), name, None)
+    return isinstance(logger_class, type) and issubclass(logger_class, MLFlowLogger)
+
+
+# Memory-backed scratch space where Linux has it: a new store is built there (see create_sqlite_store).
+SCRATCH = Path("/dev/shm")
+
+
+def open_sqlite_store(tracking_uri: str) -> None:
+    """Opens (and, if new, creates) the sqlite MLflow store before anything else does, one process at a time.
+
+    Processes started together (torchrun, mpirun, horovodrun) each build the logger, whose MLflow client creates the
+    tables of a new store; two at once collide ("duplicate column name"). MLflow keeps the store open per URI,
+    so the logger's client then finds it ready.
+    """
+    from filelock import FileLock
+    from mlflow import MlflowClient
+
+    path = Path(tracking_uri.removeprefix("sqlite:///"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{path}.lock"):
+        if not path.exists():
+            create_sqlite_store(path)
+        MlflowClient(tracking_uri)
+
+
+def create_sqlite_store(path: Path) -> None:
+    """A new, empty MLflow store at `path`, made by MLflow's own migrations in memory-backed scratch space and then
+    copied: sqlite syncs every migration to disk, a few hundred syncs, seconds on a cloud VM's disk (docs/measured.md).
+    The copy is what MLflow would have written at `path`: nothing in it names the file (the Default experiment's
+    artifact location comes from the working directory). Where there is no such space, MLflow makes it in place."""
+    import shutil
+    import tempfile
+
+    from mlflow import MlflowClient
+
+    if SCRATCH.is_dir() and os.access(SCRATCH, os.W_OK):
+        partial_copy = path.with_name(f".{path.name}.new")
+        try:
+            with tempfile.TemporaryDirectory(dir=SCRATCH, prefix="mlflow-store-") as folder:
+                scratch = Path(folder) / "mlflow.db"
+                MlflowClient(f"sqlite:///{scratch}").search_experiments(max_results=1)
+                shutil.copyfile(scratch, partial_copy)
+                os.replace(partial_copy, path)  # never a half-copied store, whatever stops this process
+                return
+        except OSError:  # a full disk here or there (a container's /dev/shm is 64 MB): MLflow's own way, and its error
+            partial_copy.unlink(missing_ok=True)
+    MlflowClient(f"sqlite:///{path}").search_experiments(max_results=1)

@@ -1,7 +1,8 @@
 """What a run tracked to a server needs and a run tracked to the local sqlite store does not: the URI's checks before
 the run starts (a plain-file store, a server that does not answer, Databricks without credentials, credentials inside
-the URI) and the HTTP limits MLflow gets. scripts.train loads it when a tracking URI is given (MLFLOW_TRACKING_URI,
-Azure ML's jobs, or `--trainer.logger.init_args.tracking_uri`):
+the URI), the HTTP limits MLflow gets, and the thread that sends the logger's calls to the server (`Sender`).
+scripts.train loads it when a tracking URI is given (MLFLOW_TRACKING_URI, Azure ML's jobs, or
+`--trainer.logger.init_args.tracking_uri`):
 
     MLFLOW_TRACKING_URI=http://127.0.0.1:5000 python -m scripts.train fit --config configs/penguins.yaml
 """
@@ -10,13 +11,18 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import MutableMapping
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, MutableMapping
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from scripts.training.tracking import TrackingError
 
 # MLflow's own defaults retry a request for ~4 min (7 retries, backoff factor 2) of up to 120 s each. A run tracked to a
 # server gets these unless the environment sets them: one request then takes at most 3 x 10 s plus ~6 s of backoff.
+RETRY_EVERY_S = 5.0  # between a Sender's attempts while the server does not answer
 HTTP_LIMITS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
@@ -93,3 +99,91 @@ def credentials_out_of_uri(uri: str, environ: MutableMapping[str, str] = os.envi
     if password:
         environ["MLFLOW_TRACKING_PASSWORD"] = unquote(password)
     return urlunsplit(parts._replace(netloc=host))
+
+
+class Sender:
+    """Runs calls to a tracking server in a thread of its own, in order. A call that fails (the server is down or does
+    not answer) stays first in line and is tried again every RETRY_EVERY_S, so nothing is lost while the process
+    lives; `wait` bounds how long anyone waits for it."""
+
+    def __init__(self) -> None:
+        self.calls: deque[tuple[Callable[[], object], str, int]] = deque()  # (call, what it sends, metrics in it)
+        self.changed = threading.Condition()
+        self.failures = 0
+        self.failing_since: float | None = None
+        self.call_started = 0.0  # time.monotonic() when the call in flight began
+        self.reason = ""
+        self.retry_now = threading.Event()  # set by a wait through an outage: the next attempt need not wait its turn
+        threading.Thread(target=self.run, name="mlflow-sender", daemon=True).start()
+
+    def put(self, call: Callable[[], object], what: str, metrics: int = 0) -> None:
+        with self.changed:
+            if not self.calls:  # it starts next: a wait must not time it from the last call (an epoch ago, maybe)
+                self.call_started = time.monotonic()
+            self.calls.append((call, what, metrics))
+            self.changed.notify_all()
+
+    def run(self) -> None:
+        while True:
+            with self.changed:
+                while not self.calls:
+                    self.changed.wait()
+                call = self.calls[0][0]
+                self.call_started = time.monotonic()
+            try:
+                call()
+            except Exception as error:
+                with self.changed:
+                    self.failures += 1
+                    self.failing_since = self.failing_since or time.time()
+                    self.reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else repr(error)
+                    self.changed.notify_all()
+                self.retry_now.wait(RETRY_EVERY_S)
+                self.retry_now.clear()
+                continue
+            with self.changed:
+                self.calls.popleft()
+                self.failing_since = None
+                self.changed.notify_all()
+
+    def wait(self, timeout_s: float, stop: Callable[[], bool] = lambda: False, through_outage: bool = False) -> bool:
+        """Until every call is done, a call fails, `stop()` or `timeout_s`; True when every call is done. During an
+        outage (a call failed, or has not returned for `timeout_s`) it returns at once, the calls waiting for the
+        server and not training; `through_outage` (the run's end) waits the whole `timeout_s` for the server to come
+        back, trying again every second."""
+        deadline, failures = time.monotonic() + timeout_s, self.failures
+        with self.changed:
+            while self.calls and not stop():
+                if not through_outage and (self.failing_since is not None or self.failures != failures):
+                    break
+                now = time.monotonic()
+                if now >= deadline or (not through_outage and now - self.call_started > timeout_s):
+                    break
+                if through_outage and self.failing_since is not None:
+                    self.retry_now.set()
+                self.changed.wait(min(deadline - now, 0.2 if not through_outage else 1.0))
+            return not self.calls
+
+    def unsent(self) -> list[str]:
+        """What is still waiting: "<n> metrics" and the other calls' descriptions."""
+        with self.changed:
+            calls = list(self.calls)
+        metrics = sum(count for _, _, count in calls)
+        others = list(dict.fromkeys(what for _, what, count in calls if not count))
+        return ([f"{metrics} metrics"] if metrics else []) + others
+
+    def report_unsent(self, store: str | None, run_id: str | None) -> None:
+        """One line on stderr, when the process ends, for what the tracking server never took."""
+        if not (unsent := self.unsent()):
+            return
+        failing_since, reason = self.failing_since, self.reason
+        if failing_since is None:  # no request failed yet: the first one is still unanswered
+            failing_since = time.time() - (time.monotonic() - self.call_started)
+            reason = "a request still unanswered"
+        since = time.strftime("%H:%M:%S", time.localtime(failing_since))
+        print(
+            f"warning: the tracking server {store} has not answered since {since} ({reason}): "
+            f"{', '.join(unsent)} of run {run_id} were not recorded there and are lost; the checkpoints are on "
+            "disk",
+            file=sys.stderr,
+        )
