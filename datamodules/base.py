@@ -128,6 +128,14 @@ class ClassificationDataModule(L.LightningDataModule):
                 )
             self.hparams[name] = trained
 
+    def images_to_show(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Image inputs (N, C, H, W) as the network takes them, back in [0, 1] for a person to look at (the evaluation's
+        most confident mistakes: scripts/training/evaluation.py). A datamodule that normalises its images undoes it
+        here; this default stretches each image's values over [0, 1]."""
+        low = inputs.amin(dim=(1, 2, 3), keepdim=True)
+        high = inputs.amax(dim=(1, 2, 3), keepdim=True)
+        return (inputs - low) / (high - low).clamp_min(1e-12)
+
     @property
     def rank_and_world_size(self) -> tuple[int, int]:
         """This process's rank and the number of processes (0, 1 without a Trainer)."""

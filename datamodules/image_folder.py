@@ -330,6 +330,11 @@ class ImageFolderDataModule(ClassificationDataModule):
     def on_after_batch_transfer(self, batch: tuple[torch.Tensor, ...], dataloader_idx: int) -> tuple[torch.Tensor, ...]:
         return (normalize_images(batch[0]), *batch[1:])
 
+    def images_to_show(self, inputs: torch.Tensor) -> torch.Tensor:
+        mean = torch.tensor(IMAGENET_MEAN, device=inputs.device)[:, None, None]
+        std = torch.tensor(IMAGENET_STD, device=inputs.device)[:, None, None]
+        return (inputs.float() * std + mean).clamp(0, 1)
+
 
 class EvaluationCrop:
     """ImageNet's evaluation recipe on a uint8 (3, H, W) image: shorter side to 256/224 of the crop, the centre crop;

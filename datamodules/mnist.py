@@ -320,3 +320,6 @@ class MNISTDataModule(InMemoryDataModule):
         if self.hparams.augment and self.trainer is not None and self.trainer.training:
             images = self.warp(images)
         return (images.sub_(MEAN).div_(STD), *batch[1:])
+
+    def images_to_show(self, inputs: torch.Tensor) -> torch.Tensor:
+        return (inputs.float() * STD + MEAN).clamp(0, 1)

@@ -99,7 +99,7 @@ class ClassificationModule(L.LightningModule):
         num_classes = len(self.class_names)
         # compute() syncs the metrics over processes through the Trainer's strategy (DDP's torch.distributed,
         # Horovod's allgather alike) rather than torchmetrics' own torch.distributed calls.
-        sync = {"dist_sync_fn": self._gather_metric_state, "distributed_available_fn": self._distributed}
+        sync = {"dist_sync_fn": self.gather_from_processes, "distributed_available_fn": self._distributed}
         self.metrics = nn.ModuleDict()  # keyed by the names they are logged under
         for split in ("train", "val", "test"):
             self.metrics[f"{split}_loss"] = MeanMetric(**sync)
@@ -135,7 +135,9 @@ class ClassificationModule(L.LightningModule):
         except RuntimeError:  # not attached to a Trainer (metrics computed by hand): nothing to sync with
             return False
 
-    def _gather_metric_state(self, state: torch.Tensor, group=None) -> list[torch.Tensor]:
+    def gather_from_processes(self, state: torch.Tensor, group=None) -> list[torch.Tensor]:
+        """`state` (of one shape and dtype in every process) from each process, in rank order: the metrics' sync, and
+        the evaluation report's (scripts/training/evaluation.py)."""
         strategy = self.trainer.strategy
         if isinstance(strategy, DDPStrategy) and torch.distributed.is_initialized():
             # torch.distributed's own collective: Lightning's DDP all_gather goes through the autograd-aware
@@ -155,7 +157,8 @@ class ClassificationModule(L.LightningModule):
             inputs = inputs.contiguous(memory_format=torch.channels_last)
         return self.network(inputs)
 
-    def _step(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> torch.Tensor:
+    def _step(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch's loss and logits; its predicted classes, labels and loss collected for the epoch's metrics."""
         inputs, labels = batch
         if self.input_shape is None:  # the first batch: a network made for other inputs is one line, not a traceback
             try:
@@ -175,10 +178,10 @@ class ClassificationModule(L.LightningModule):
         collected["labels"].append(labels)
         collected["losses"].append(loss.detach())
         collected["sizes"].append(len(labels))
-        return loss
+        return loss, logits
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss = self._step(batch, "train")
+        loss, _ = self._step(batch, "train")
         every = self.trainer.log_every_n_steps  # 0: no step-level curve, as in Lightning
         if self.loggers and every and (self.global_step + 1) % every == 0:
             # The step-level curve, every log_every_n_steps optimizer steps, to every logger directly.
@@ -189,8 +192,10 @@ class ClassificationModule(L.LightningModule):
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self._step(batch, "val")
 
-    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self._step(batch, "test")
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        """The batch's logits, for callbacks' on_test_batch_end: the evaluation report's confusion matrix and most
+        confident mistakes (scripts/training/evaluation.py)."""
+        return self._step(batch, "test")[1].detach()
 
     def predict_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> list[tuple[str, float]]:
         """(class name, probability) of the most likely class, one pair per input."""

@@ -8,6 +8,7 @@ rows r, r+2, ... of the same seeded permutation) and average their gradients: th
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import os
 import re
@@ -201,6 +202,12 @@ def test_birds_dataloaders_are_sharded_by_lightning_under_ddp(tmp_path):
     (run_dir,) = (tmp_path / "outputs").glob("*/*/checkpoints")
     # 16 training images, batch 4, 2 processes: 2 steps an epoch (4 if each process read every image).
     assert torch.load(run_dir / "last.ckpt", weights_only=False)["global_step"] == 2
+    # The evaluation report counts the whole test split (val/ stands in: 16 images) once: both shares, not rank 0's.
+    rows = list(csv.DictReader((run_dir.parent / "evaluation" / "per_class.csv").read_text().splitlines()))
+    assert [row["class"] for row in rows] == ["chickens", "turkeys"]
+    assert sum(int(row["support"]) for row in rows) == 16
+    assert (run_dir.parent / "evaluation" / "most_confident_mistakes.png").is_file()
+    assert len(re.findall(r"^evaluation: ", result.stdout, re.M)) == 1
 
 
 @needs_mnist

@@ -419,6 +419,12 @@ def test_penguins_run_here_end_to_end_registering_only_above_the_threshold(tmp_p
     rows = list(csv.reader((folder / "score/predictions/predictions.csv").read_text().splitlines()))
     assert rows[0] == ["input", "class", "probability"] and len(rows) == len(PENGUINS.read_text().splitlines())
     assert (folder / "train/outputs").is_dir()  # the step's ./outputs, as Azure ML keeps it: its run's config
+    # The evaluate step's report: in its ./outputs, which Azure ML keeps for the step, and in its MLflow run.
+    (report,) = (folder / "evaluate/outputs").glob("*/*/evaluation")
+    from mlflow import MlflowClient
+
+    listed = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").list_artifacts(report.parent.name, "evaluation")
+    assert {artifact.path for artifact in listed} == {"evaluation/confusion_matrix.png", "evaluation/per_class.csv"}
 
     # The register step again, as its own process on the same folders and store, with a threshold reached.
     step = [folder / "train/model", folder / "evaluate/metrics", "--name", "penguins-pipeline", "--threshold", "0"]

@@ -33,9 +33,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-PRELOAD = ("torch", "torchvision", "lightning.pytorch", "lightning.pytorch.cli", "torchmetrics", "mlflow", "pandas")
+# matplotlib draws the evaluation report at the end of every test (scripts/training/evaluation.py).
+PRELOAD = (
+    "torch", "torchvision", "lightning.pytorch", "lightning.pytorch.cli", "torchmetrics", "mlflow", "pandas",
+    "matplotlib.figure", "matplotlib.backends.backend_agg",
+)  # fmt: skip
 # Variables a preloaded library reads when it is imported: a command that sets one gets a fresh interpreter.
-FRESH_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "PYTORCH_", "TORCH_", "PL_", "LIGHTNING_")
+FRESH_ENV = (
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "PYTORCH_", "TORCH_", "PL_", "LIGHTNING_", "MPL",
+)  # fmt: skip
 
 
 def sweep_launcher():

@@ -199,6 +199,10 @@ class TemplateCLI(LightningCLI):
         except ValueError as error:  # the Trainer's own checks of its options (a strategy name that does not exist)
             raise ConfigError(f"trainer: {str(error).strip().splitlines()[0]}") from None
         trainer.callbacks.append(RandomStates())
+        if self.subcommand == "test" or (self.subcommand == "fit" and self.config.fit.test_after_fit):
+            from scripts.training.evaluation import EvaluationReport  # loaded by the commands that test, only
+
+            trainer.callbacks.append(EvaluationReport())
         if type(trainer.strategy.checkpoint_io).__name__ == "TorchCheckpointIO":  # a user's own plugin is left alone
             trainer.strategy.checkpoint_io = RankZeroCheckpointIO(trainer.strategy)
         if launched() or trainer.world_size > 1:
