@@ -130,7 +130,7 @@ class ClassificationDataModule(L.LightningDataModule):
 
     def images_to_show(self, inputs: torch.Tensor) -> torch.Tensor:
         """Image inputs (N, C, H, W) as the network takes them, back in [0, 1] for a person to look at (the evaluation's
-        most confident mistakes: scripts/training/evaluation.py). A datamodule that normalises its images undoes it
+        most confident mistakes: scripts/training/run_record.py). A datamodule that normalises its images undoes it
         here; this default stretches each image's values over [0, 1]."""
         low = inputs.amin(dim=(1, 2, 3), keepdim=True)
         high = inputs.amax(dim=(1, 2, 3), keepdim=True)

@@ -137,7 +137,7 @@ class ClassificationModule(L.LightningModule):
 
     def gather_from_processes(self, state: torch.Tensor, group=None) -> list[torch.Tensor]:
         """`state` (of one shape and dtype in every process) from each process, in rank order: the metrics' sync, and
-        the evaluation report's (scripts/training/evaluation.py)."""
+        the evaluation report's (scripts/training/run_record.py EvaluationReport)."""
         strategy = self.trainer.strategy
         if isinstance(strategy, DDPStrategy) and torch.distributed.is_initialized():
             # torch.distributed's own collective: Lightning's DDP all_gather goes through the autograd-aware
@@ -194,7 +194,7 @@ class ClassificationModule(L.LightningModule):
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """The batch's logits, for callbacks' on_test_batch_end: the evaluation report's confusion matrix and most
-        confident mistakes (scripts/training/evaluation.py)."""
+        confident mistakes (scripts/training/run_record.py EvaluationReport)."""
         return self._step(batch, "test")[1].detach()
 
     def predict_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> list[tuple[str, float]]:

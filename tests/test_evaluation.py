@@ -1,7 +1,8 @@
-"""The evaluation report (scripts/training/evaluation.py): after a fit's test, and after `test`, the run has per-class
-precision, recall and F1 under the class names, and evaluation/ (confusion_matrix.png, per_class.csv and, for images,
-most_confident_mistakes.png) in its folder beside the checkpoints and in its MLflow artifacts. One tiny fit per task,
-read back here: the PNGs with Pillow, the CSV, the store's metrics and artifacts, a real MLflow server's too.
+"""The evaluation report (scripts/training/run_record.py EvaluationReport): after a fit's test, and after `test`,
+the run has per-class precision, recall and F1 under the class names, and evaluation/ (confusion_matrix.png,
+per_class.csv and, for images, most_confident_mistakes.png) in its folder beside the checkpoints and in its MLflow
+artifacts. One tiny fit per task, read back here: the PNGs with Pillow, the CSV, the store's metrics and artifacts,
+a real MLflow server's too.
 
 .venv/bin/python -m pytest -q tests/test_evaluation.py
 """
@@ -18,7 +19,7 @@ from mlflow import MlflowClient
 from PIL import Image
 
 from datamodules.penguins import PenguinDataModule
-from scripts.training.evaluation import metric_names, per_class_scores
+from scripts.training.run_record import metric_names, per_class_scores
 from tests.conftest import CLASSES, MNIST, bird_folders, birds_data, run_module
 
 BIRDS_TEST_IMAGES = 2 * 6  # bird_folders: 6 images a class in test/

@@ -33,7 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# matplotlib draws the evaluation report at the end of every test (scripts/training/evaluation.py).
+# matplotlib draws the evaluation report at the end of every test (scripts/training/run_record.py).
 PRELOAD = (
     "torch", "torchvision", "lightning.pytorch", "lightning.pytorch.cli", "torchmetrics", "mlflow", "pandas",
     "matplotlib.figure", "matplotlib.backends.backend_agg",

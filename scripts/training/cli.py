@@ -200,7 +200,7 @@ class TemplateCLI(LightningCLI):
             raise ConfigError(f"trainer: {str(error).strip().splitlines()[0]}") from None
         trainer.callbacks.append(RandomStates())
         if self.subcommand == "test" or (self.subcommand == "fit" and self.config.fit.test_after_fit):
-            from scripts.training.evaluation import EvaluationReport  # loaded by the commands that test, only
+            from scripts.training.run_record import EvaluationReport
 
             trainer.callbacks.append(EvaluationReport())
         if type(trainer.strategy.checkpoint_io).__name__ == "TorchCheckpointIO":  # a user's own plugin is left alone
