@@ -11,7 +11,6 @@ names), `--register_model`, `--model_dir` and `--metrics_file` (model_outputs.py
 
 from __future__ import annotations
 
-import csv
 import logging
 import os
 import sys
@@ -27,7 +26,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from datamodules.base import ClassificationDataModule
-from datamodules.errors import DataError
+from datamodules.errors import DataError, csv_line
 from lightning_modules.classifier import ClassificationModule, DivergedError, InputShapeError, OptimizerError
 from scripts.training.checkpoints import (
     CheckpointError,
@@ -313,10 +312,10 @@ class TemplateCLI(LightningCLI):
 
     def after_predict(self) -> None:
         rows = [row for batch in self.trainer.predict_loop.predictions for row in batch]
-        out = csv.writer(sys.stdout, lineterminator="\n")  # quotes a name holding a comma: `turkey, wild.jpg`
-        out.writerow(["input", "class", "probability"])
+        # scripts.score's lines: a name's comma or carriage return quoted, bytes that are not UTF-8 as \xNN
+        sys.stdout.write(csv_line(["input", "class", "probability"]))
         for name, (label, probability) in zip(self.datamodule.predict_names, rows):
-            out.writerow([name, label, f"{probability:.4f}"])
+            sys.stdout.write(csv_line([name, label, f"{probability:.4f}"]))
         sys.stdout.flush()  # here, where scripts.train ends a closed pipe (`| head -1`) quietly; not at exit
 
 
