@@ -339,8 +339,35 @@ def check_trainer(trainer: dict, writes: bool) -> None:
             f"--trainer.accelerator {trainer.accelerator}: torch sees no GPU on this machine; give "
             "--trainer.accelerator cpu (or leave out configs/trainer/gpu.yaml)"
         )
+    check_counts(trainer)
     if writes:
         check_writable(Path(trainer.default_root_dir or OUTPUTS), "--trainer.default_root_dir")
+
+
+def check_counts(trainer: dict) -> None:
+    """The Trainer's counts that cannot run: Lightning divides by some (a ZeroDivisionError traceback), waits forever
+    for nodes no launcher starts, and starts a process per CPU "device" however few the cores (64 on 2 cores)."""
+    for option in ("accumulate_grad_batches", "check_val_every_n_epoch", "num_nodes"):
+        value = trainer.get(option)
+        if isinstance(value, int) and value < 1:
+            raise ConfigError(f"--trainer.{option} {value}: give 1 or more")
+    interval = trainer.get("val_check_interval")
+    if isinstance(interval, int | float) and interval <= 0:
+        raise ConfigError(f"--trainer.val_check_interval {interval}: give a share of an epoch (0 to 1) or batches")
+    if (trainer.get("num_nodes") or 1) > 1 and not launched():
+        raise ConfigError(
+            f"--trainer.num_nodes {trainer.num_nodes}: no launcher started this process, so no other node's processes "
+            "would join it (it would wait for them forever); give 1, or start every node with torchrun or mpirun "
+            "(python -m scripts.submit --nodes N does)"
+        )
+    devices, accelerator = str(trainer.get("devices")), str(trainer.get("accelerator"))
+    on_cpus = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if on_cpus and devices.lstrip("-").isdigit() and not 1 <= int(devices) <= cores:
+        raise ConfigError(
+            f"--trainer.devices {devices}: on CPUs each device is a training process; give 1 to {cores} (this "
+            "machine's cores)"
+        )
 
 
 def check_writable(folder: Path, option: str) -> None:
