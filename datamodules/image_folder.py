@@ -16,6 +16,8 @@ and become ImageNet-normalised floats on the training device (`on_after_batch_tr
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 from pathlib import Path
 
@@ -40,7 +42,9 @@ from datamodules.folder_files import (
     without_copies,
 )
 from datamodules.preprocessing import images as preprocessing
-from datamodules.preprocessing.images import FORMATS, IMAGENET_MEAN, IMAGENET_STD, is_image
+from datamodules.preprocessing.images import FORMATS, IMAGENET_MEAN, IMAGENET_STD, MAX_IMAGE_PIXELS, is_image
+
+WORKERS_PER_CORE = 4  # the most DataLoader processes a core: data.init_args.num_workers' bound
 
 SPLITS = ("train", "val", "test")
 MIN_STEPS_PER_EPOCH = 4  # of a training split no larger than one batch (fit_batch_to_training_set)
@@ -110,6 +114,17 @@ class ImageFolderDataModule(ClassificationDataModule):
         if not 0 < min_crop <= 1:
             raise DataError(
                 f"data.init_args.min_crop {min_crop}: give a share of the image's area, above 0 and at most 1"
+            )
+        largest = math.isqrt(MAX_IMAGE_PIXELS)  # the side of the biggest picture the crop (and the serving code) makes
+        if not 1 <= image_size <= largest:
+            raise DataError(f"data.init_args.image_size {image_size}: give 1 to {largest} pixels (the crop's side)")
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        # Past a few processes a core, more workers decode no faster, and each holds batches in memory (100,000 forked
+        # until memory ran out).
+        if not 0 <= num_workers <= WORKERS_PER_CORE * cores:
+            raise DataError(
+                f"data.init_args.num_workers {num_workers}: give 0 (decode in the training process) to "
+                f"{WORKERS_PER_CORE * cores} ({WORKERS_PER_CORE} per core of this machine's {cores})"
             )
         self.save_hyperparameters()
         self.root = Path(data_dir)

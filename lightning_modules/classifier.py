@@ -24,7 +24,20 @@ from torchmetrics.classification import MulticlassAccuracy
 
 
 class OptimizerError(ValueError):
-    """The configured optimizer refused its arguments; the message names them."""
+    """The configured optimizer refused its arguments, or LightningCLI's own optimizer options were given; the message
+    names them."""
+
+
+def refuse_lightning_optimizer_options(words: list[str]) -> None:
+    """LightningCLI's own --optimizer and --lr_scheduler would replace this module's configure_optimizers (its warm-up,
+    lr scaling and checks): its own options, model.optimizer and model.lr_scheduler, are the template's."""
+    for word in words if isinstance(words, list | tuple) else ():
+        option = str(word).split("=", 1)[0].split(".", 1)[0]
+        if option in ("--optimizer", "--lr_scheduler"):
+            raise OptimizerError(
+                f"{option}: LightningCLI's own option would replace the module's configure_optimizers (its warm-up, "
+                f"decay and lr scaling); give --model.{option[2:]} instead, with the same class path and init_args"
+            )
 
 
 class InputShapeError(ValueError):

@@ -26,6 +26,8 @@ from lightning_modules.classifier import ClassificationModule
 from lightning_modules.transfer_net import skip_pretrained_weights
 from scripts.serving.mlflow_model import ExportError, test_inputs, write_onnx
 
+MIN_OPSET = 18  # torch.onnx's exporter (dynamo) writes no older opset
+
 
 def load(checkpoint: Path) -> tuple[ClassificationModule, ClassificationDataModule]:
     """The trained module and its datamodule, both rebuilt from the hyperparameters the checkpoint holds."""
@@ -73,6 +75,11 @@ def export(checkpoint: str, output: str | None = None, batches: int = 1, opset: 
         raise ExportError(f"{target}: the output must be a path ending in .onnx (this one would overwrite a file)")
     if batches < 1:
         raise ExportError("--batches must be 1 or more")
+    from onnx.defs import onnx_opset_version
+
+    # torch's exporter writes opset 18 for any other it cannot write, without a word: 5 and 1000 gave files of 18.
+    if not MIN_OPSET <= opset <= onnx_opset_version():
+        raise ExportError(f"--opset {opset}: give {MIN_OPSET} to {onnx_opset_version()} (what torch and onnx write)")
 
     model, datamodule = load(source)
     network = model.network.eval()

@@ -354,7 +354,8 @@ def main(args: list[str] | None = None) -> None:
     model; prints `input,class,probability` as predict does."""
     import argparse
 
-    from scripts.serving.csv_output import csv_text, printable_name, write_whole
+    from datamodules.errors import printable_name  # before the model's code_paths (its own datamodules) come first
+    from scripts.serving.csv_output import csv_text, write_whole
 
     parser = argparse.ArgumentParser(prog="python -m scripts.score", description=main.__doc__)
     parser.add_argument("model_dir", help="an MLflow model folder (AZUREML_MODEL_DIR), e.g. outputs/serving/<name>")

@@ -66,8 +66,9 @@ def sweep(
         outputs: the outputs folder (trials' runs and checkpoints, the study, best.yaml).
     """
     spec = load_sweep(sweep_file)
-    if n_jobs < 1:
-        raise SweepError(f"--n_jobs {n_jobs}: give 1 or more trials at once")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if not 1 <= n_jobs <= cores:  # each trial is a fit in a process of its own
+        raise SweepError(f"--n_jobs {n_jobs}: give 1 to {cores} trials at once (this machine's cores)")
     if study_name is not None and (Path(study_name).name != study_name or study_name in (".", "..")):
         # It names a folder under outputs/sweeps, whose trial folders and best.yaml the study replaces.
         raise SweepError(

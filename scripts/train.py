@@ -22,7 +22,7 @@ import torch
 from jsonargparse import ArgumentError
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from scripts.training.cli import TemplateCLI, cli_main, user_errors
+from scripts.training.cli import TemplateCLI, cli_main
 from scripts.training.run_record import launched
 
 
@@ -66,6 +66,8 @@ def main(args: list[str] | None = None) -> TemplateCLI:
         sys.exit(128 + signal.SIGPIPE)
     except Exception as error:
         # jsonargparse wraps what a class raises while it is built: look for ours in the chain.
+        from scripts.training.cli_errors import user_errors
+
         cause: BaseException | None = error
         ours = user_errors()
         while cause is not None and not isinstance(cause, ours):

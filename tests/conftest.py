@@ -37,6 +37,11 @@ needs_mnist = pytest.mark.skipif(
     reason=f"needs the four MNIST idx .gz files in {MNIST} (CI has them)",
 )
 CLASSES = ("chickens", "turkeys")  # the bird folders tests make
+# File names a CSV line cannot carry bare: a carriage return, a line feed, a comma and quotes; bytes that are not UTF-8
+# (a Latin-1 é); and a name that holds the escape's own text, which must come back as itself.
+AWKWARD_NAMES = [b"a\rb.png", b"line\nbreak.png", b'comma, "quoted".png', b"caf\xe9.png", b"back\\xe9slash.png"]
+# An environment whose stdout refuses what is not UTF-8.
+STRICT_UTF8 = {**os.environ, "PYTHONIOENCODING": "utf-8:strict", "LC_ALL": "C.UTF-8"}
 
 
 def run_module(
@@ -55,6 +60,14 @@ def run_module(
             timeout=timeout,
         )
     return warm_launcher.run(module, [str(arg) for arg in args], REPO, env, timeout)
+
+
+def original_name(cell: str) -> str:
+    """The file name a CSV cell of predict or scripts.score stands for: each `\\xNN` is the byte NN
+    (datamodules/errors.py printable_name)."""
+    import re
+
+    return os.fsdecode(re.sub(rb"\\x([0-9a-f]{2})", lambda m: bytes.fromhex(m[1].decode()), cell.encode()))
 
 
 def own_tmpdir(tmp_path: Path, env: dict | None = None) -> dict[str, str]:

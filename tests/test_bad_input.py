@@ -239,7 +239,40 @@ CASES = [
          "error: --trainer.accelerator gpu: torch sees no GPU on this machine; give --trainer.accelerator cpu (or "
          "leave out configs/trainer/gpu.yaml)"),
     Case("devices-0", ["fit", "--trainer.devices", "0"],
-         "error: `Trainer(devices='0')` value is not a valid input using cpu accelerator."),
+         "error: --trainer.devices 0: on CPUs each device is a training process; give 1 to {cores} (this machine's "
+         "cores)"),
+    # ---- counts no machine runs: each refused before anything starts ----
+    Case("devices-past-the-cores", ["fit", "--trainer.accelerator", "cpu", "--trainer.devices", "64"],
+         "error: --trainer.devices 64: on CPUs each device is a training process; give 1 to {cores} (this machine's "
+         "cores)"),
+    Case("devices-negative-on-cpus", ["fit", "--trainer.devices", "-5"],
+         "error: --trainer.devices -5: on CPUs each device is a training process; give 1 to {cores} (this machine's "
+         "cores)"),
+    Case("num-nodes-0", ["fit", "--trainer.num_nodes", "0"], "error: --trainer.num_nodes 0: give 1 or more"),
+    Case("num-nodes-without-a-launcher", ["fit", "--trainer.num_nodes", "2"],
+         "error: --trainer.num_nodes 2: no launcher started this process, so no other node's processes would join it "
+         "(it would wait for them forever); give 1, or start every node with torchrun or mpirun (python -m "
+         "scripts.submit --nodes N does)"),
+    Case("accumulate-grad-batches-0", ["fit", "--trainer.accumulate_grad_batches", "0"],
+         "error: --trainer.accumulate_grad_batches 0: give 1 or more"),
+    Case("check-val-every-n-epoch-0", ["fit", "--trainer.check_val_every_n_epoch", "0"],
+         "error: --trainer.check_val_every_n_epoch 0: give 1 or more"),
+    Case("val-check-interval-0", ["fit", "--trainer.val_check_interval", "0"],
+         "error: --trainer.val_check_interval 0: give a share of an epoch (0 to 1) or batches"),
+    Case("num-workers-negative", ["fit", *BIRDS, "--data.init_args.num_workers", "-1"],
+         "error: data.init_args.num_workers -1: give 0 (decode in the training process) to {workers} (4 per core of "
+         "this machine's {cores})"),
+    Case("num-workers-past-the-cores", ["fit", *BIRDS, "--data.init_args.num_workers", "100000"],
+         "error: data.init_args.num_workers 100000: give 0 (decode in the training process) to {workers} (4 per core "
+         "of this machine's {cores})"),
+    Case("image-size-0", ["fit", *BIRDS, "--data.init_args.image_size", "0"],
+         "error: data.init_args.image_size 0: give 1 to 6324 pixels (the crop's side)"),
+    Case("image-size-past-the-pixel-limit", ["fit", *BIRDS, "--data.init_args.image_size", "1000000"],
+         "error: data.init_args.image_size 1000000: give 1 to 6324 pixels (the crop's side)"),
+    Case("sweep-jobs-past-the-cores", ["configs/sweeps/penguins.yaml", "--n_jobs", "1000", "--outputs", "{outputs}"],
+         "error: --n_jobs 1000: give 1 to {cores} trials at once (this machine's cores)", module="scripts.sweep"),
+    Case("export-opset-the-exporter-cannot-write", ["{penguins_ckpt}", "--opset", "5"],
+         "error: --opset 5: give 18 to 28 (what torch and onnx write)", module="scripts.export"),
     Case("outputs-not-writable", ["fit", "--trainer.default_root_dir", "{user}/notes.txt/outputs"],
          "error: {user}/notes.txt/outputs: cannot write there (Not a directory); give --trainer.default_root_dir a "
          "folder you can write"),
@@ -690,7 +723,9 @@ def run_case(case: Case, folder: Path, template: Path, checkpoints: dict[str, Pa
     user, outputs = folder / "user", folder / "outputs"
     shutil.copytree(template, user, symlinks=True)
     folders = {f"{key}_dir": Path(path).parent for key, path in checkpoints.items()}  # --checkpoint_dir of a fit
-    values = {"user": str(user), "outputs": str(outputs), "port": str(free_port()), **checkpoints, **folders}
+    cores = len(os.sched_getaffinity(0))
+    values = {"user": str(user), "outputs": str(outputs), "port": str(free_port()), "cores": cores,
+              "workers": 4 * cores, **checkpoints, **folders}  # fmt: skip
     values = {key: str(value) for key, value in values.items()}
     theirs = [user, *(Path(path).parent for key, path in values.items() if key.endswith("_ckpt"))]
     before = checksums(*theirs)

@@ -135,3 +135,27 @@ def test_the_command_line_names_a_model_folder_without_a_model_or_inputs_not_the
         result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
         assert (result.returncode, result.stderr.strip().splitlines()[-1:], result.stdout) == (1, [line], "")
         assert "Traceback" not in result.stderr
+
+
+def test_file_names_survive_a_round_trip_through_the_csv_module_under_a_strict_locale(models, tmp_path):
+    """A carriage return in a name split its row (pandas' CSV leaves it bare); a name that is not UTF-8 ended the
+    command in a UnicodeEncodeError traceback. Written as predict and scripts.score write them."""
+    import csv
+    import io
+    import os
+
+    from tests.conftest import AWKWARD_NAMES, STRICT_UTF8, original_name
+
+    birds = models["birds"]
+    image = next((birds.inputs / "turkeys").iterdir())
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for name in AWKWARD_NAMES:
+        shutil.copyfile(image, os.path.join(os.fsencode(photos), name))
+    command = [sys.executable, "-m", "scripts.serving.batch_score", str(birds.model), str(photos)]
+    result = subprocess.run(command, cwd=REPO, env=STRICT_UTF8, capture_output=True, timeout=300)
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
+    rows = list(csv.reader(io.StringIO(result.stdout.decode("utf-8"), newline="")))  # strictly UTF-8
+    assert rows[0] == ["file", "class", "probability", "probability_chickens", "probability_turkeys"]
+    assert all(len(row) == 5 for row in rows)
+    assert sorted(original_name(row[0]) for row in rows[1:]) == sorted(os.fsdecode(name) for name in AWKWARD_NAMES)

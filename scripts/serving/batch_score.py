@@ -9,7 +9,8 @@ Self-contained (the model, pandas and MLflow), as Azure ML's batch driver loads 
 project it reads, datamodules/preprocessing/images.py (numpy and Pillow, which the model's environment has), it loads
 by its path beside this one (the deployment's code is this repository), once the model is loaded: the files of a
 folder that are no one's data (.DS_Store, Thumbs.db, desktop.ini) are left out, as training and scripts.score leave
-them out, not reported as images that failed.
+them out, not reported as images that failed. Its command line, run from the repository, writes its CSV with
+scripts/serving/csv_output.py.
 A file the model refuses (not an image, a row with an unknown island) is logged with the model's message and left out
 of the output; Azure ML counts it against the deployment's error threshold, and the mini-batch's other files are
 still scored. A table's row with an empty cell the model reads is logged by its row and left out, the file's other
@@ -142,12 +143,18 @@ def main(argv: list[str] | None = None) -> None:
     if missing:
         sys.exit(f"error: {missing[0]}: no such file or folder; give files or folders to score after MODEL_DIR")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from scripts.serving.csv_output import csv_text  # before the model's code_paths (its own datamodules) come first
+
     try:
         init(argv[0])
     except FileNotFoundError as error:  # model_folder's one line
         sys.exit(f"error: {error}")
     files = [str(p) for given in argv[1:] for p in (sorted(Path(given).iterdir()) if Path(given).is_dir() else [given])]
-    print(run(files).to_csv(index=False), end="")
+    answers = run(files)
+    # As predict writes its CSV: a name's carriage return quoted, bytes that are not UTF-8 as \xNN (pandas' CSV left
+    # the one bare, splitting the row, and crashed on the other). An empty cell (a table's row of an image) stays empty.
+    cells = answers.astype(object).where(answers.notna(), "")
+    sys.stdout.write(csv_text([answers.columns, *cells.itertuples(index=False)]))
 
 
 if __name__ == "__main__":

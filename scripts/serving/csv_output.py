@@ -1,37 +1,18 @@
 """Predictions as CSV text that Python's csv module reads back cell for cell, and written to a file whole or not at all:
-the output of `python -m scripts.score` (and of predict's CSV on stdout). Standard library only.
+the output of `python -m scripts.score` and `python -m scripts.serving.batch_score`. Standard library only. Each line
+is datamodules/errors.py's csv_line, as predict writes its own (which must not load this serving module).
 
     python -m scripts.score MODEL_DIR photos/ --output predictions.csv
-
-A file name may hold what a CSV line cannot carry bare: a comma or quote (quoted by the csv module), a carriage return
-(the csv module leaves it unquoted when lines end in "\\n", and a reader then splits the row in two: such a row is
-quoted whole), or bytes that are not UTF-8 (Python holds them as surrogates, which no UTF-8 file or console can
-encode: written as `\\xNN`, as `ls -b` shows them).
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-
-def printable_name(name: str) -> str:
-    """`name` with each byte that is not UTF-8 (a surrogate of os.fsdecode) as the text `\\xNN`."""
-    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
-def csv_line(cells: Sequence[object]) -> str:
-    """One CSV line (ending in "\\n") of `cells`, each as str(); names made printable, quoted where the csv module
-    needs it, the whole line where a cell holds a carriage return."""
-    texts = [printable_name(str(cell)) for cell in cells]
-    buffer = io.StringIO()
-    quoting = csv.QUOTE_ALL if any("\r" in text for text in texts) else csv.QUOTE_MINIMAL
-    csv.writer(buffer, lineterminator="\n", quoting=quoting).writerow(texts)
-    return buffer.getvalue()
+from datamodules.errors import csv_line
 
 
 def csv_text(rows: Iterable[Sequence[object]]) -> str:

@@ -11,7 +11,6 @@ names), `--register_model`, `--model_dir` and `--metrics_file` (model_outputs.py
 
 from __future__ import annotations
 
-import csv
 import logging
 import os
 import sys
@@ -21,17 +20,15 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from datamodules.base import ClassificationDataModule
-from datamodules.errors import DataError
-from lightning_modules.classifier import ClassificationModule, DivergedError, InputShapeError, OptimizerError
+from datamodules.errors import csv_line
+from lightning_modules.classifier import ClassificationModule, refuse_lightning_optimizer_options
 from scripts.training import tracking
 from scripts.training.checkpoints import (
-    CheckpointError,
     RandomStates,
     RankZeroCheckpointIO,
     add_checkpoint_arguments,
@@ -55,22 +52,6 @@ class ConfigError(Exception):
     """Options this machine or this template cannot run; the message names the option and what to give."""
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    """What a user's config, data, checkpoint, weights, launch or tracking can cause: each says what to give instead.
-    The classes of modules a command did not load (other tasks' networks, several processes) cannot have been raised."""
-    errors = [DataError, CheckpointError, ConfigError, tracking.TrackingError, OptimizerError, DivergedError]
-    errors += [InputShapeError, MisconfigurationException]
-    optional = (
-        ("lightning_modules.transfer_net", "WeightsError"),
-        ("strategies.mpi_environment", "LaunchError"),
-        ("scripts.training.model_outputs", "OutputError"),
-    )
-    for module, name in optional:
-        if module in sys.modules:
-            errors.append(getattr(sys.modules[module], name))
-    return tuple(errors)
-
-
 class TestDataFirst(L.Callback):
     """Sets the test split up right after the training data, before the first step: a fit that ends by testing finds a
     broken or missing test file (MNIST's t10k files, birds' test/ folder) at once, not after every epoch."""
@@ -84,7 +65,7 @@ class TemplateCLI(LightningCLI):
     def __init__(self, *positional, args=None, **kwargs) -> None:
         words = sys.argv[1:] if args is None else args
         self.requested = requested_subcommand(words)
-        refuse_lightning_optimizer_options(words)
+        refuse_lightning_optimizer_options(words)  # the module's own are the template's
         self.same_start = None  # several processes: their one exchange at the start (several_processes.py)
         self.resumes = False
         self.checkpoint_classes: list[str] = []
@@ -276,23 +257,11 @@ class TemplateCLI(LightningCLI):
 
     def after_predict(self) -> None:
         rows = [row for batch in self.trainer.predict_loop.predictions for row in batch]
-        out = csv.writer(sys.stdout, lineterminator="\n")  # quotes a name holding a comma: `turkey, wild.jpg`
-        out.writerow(["input", "class", "probability"])
+        # scripts.score's lines: a name's comma or carriage return quoted, bytes that are not UTF-8 as \xNN
+        sys.stdout.write(csv_line(["input", "class", "probability"]))
         for name, (label, probability) in zip(self.datamodule.predict_names, rows):
-            out.writerow([name, label, f"{probability:.4f}"])
+            sys.stdout.write(csv_line([name, label, f"{probability:.4f}"]))
         sys.stdout.flush()  # here, where scripts.train ends a closed pipe (`| head -1`) quietly; not at exit
-
-
-def refuse_lightning_optimizer_options(words: list[str]) -> None:
-    """LightningCLI's own --optimizer and --lr_scheduler would replace the module's configure_optimizers (its warm-up,
-    lr scaling and checks): the module's options are the template's."""
-    for word in words if isinstance(words, list | tuple) else ():
-        option = str(word).split("=", 1)[0].split(".", 1)[0]
-        if option in ("--optimizer", "--lr_scheduler"):
-            raise ConfigError(
-                f"{option}: LightningCLI's own option would replace the module's configure_optimizers (its warm-up, "
-                f"decay and lr scaling); give --model.{option[2:]} instead, with the same class path and init_args"
-            )
 
 
 def check_trainer(trainer: dict, writes: bool) -> None:
@@ -303,8 +272,35 @@ def check_trainer(trainer: dict, writes: bool) -> None:
             f"--trainer.accelerator {trainer.accelerator}: torch sees no GPU on this machine; give "
             "--trainer.accelerator cpu (or leave out configs/trainer/gpu.yaml)"
         )
+    check_counts(trainer)
     if writes:
         check_writable(Path(trainer.default_root_dir or OUTPUTS), "--trainer.default_root_dir")
+
+
+def check_counts(trainer: dict) -> None:
+    """The Trainer's counts that cannot run: Lightning divides by some (a ZeroDivisionError traceback), waits forever
+    for nodes no launcher starts, and starts a process per CPU "device" however few the cores (64 on 2 cores)."""
+    for option in ("accumulate_grad_batches", "check_val_every_n_epoch", "num_nodes"):
+        value = trainer.get(option)
+        if isinstance(value, int) and value < 1:
+            raise ConfigError(f"--trainer.{option} {value}: give 1 or more")
+    interval = trainer.get("val_check_interval")
+    if isinstance(interval, int | float) and interval <= 0:
+        raise ConfigError(f"--trainer.val_check_interval {interval}: give a share of an epoch (0 to 1) or batches")
+    if (trainer.get("num_nodes") or 1) > 1 and not launched():
+        raise ConfigError(
+            f"--trainer.num_nodes {trainer.num_nodes}: no launcher started this process, so no other node's processes "
+            "would join it (it would wait for them forever); give 1, or start every node with torchrun or mpirun "
+            "(python -m scripts.submit --nodes N does)"
+        )
+    devices, accelerator = str(trainer.get("devices")), str(trainer.get("accelerator"))
+    on_cpus = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if on_cpus and devices.lstrip("-").isdigit() and not 1 <= int(devices) <= cores:
+        raise ConfigError(
+            f"--trainer.devices {devices}: on CPUs each device is a training process; give 1 to {cores} (this "
+            "machine's cores)"
+        )
 
 
 def check_writable(folder: Path, option: str) -> None:

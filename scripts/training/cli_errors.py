@@ -1,5 +1,6 @@
-"""One line for a command-line mistake that jsonargparse explains over many: the option, the value given and what
-fits; a --config file that is not valid YAML with its line and column. Every command prints these.
+"""Which errors are a user's (`user_errors`: scripts.train prints them as one line), and one line for a command-line
+mistake that jsonargparse explains over many: the option, the value given and what fits; a --config file that is not
+valid YAML with its line and column. Every command prints these; loaded only when something went wrong.
 
     python -m scripts.train fit --config configs/penguins.yaml --trainer.max_epochs many   # one line, exit 1
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import re
+import sys
 from pathlib import Path
 
 from jsonargparse import ArgumentError
@@ -96,3 +98,27 @@ def full_disk_line(error: BaseException) -> str | None:
             )
         cause = cause.__cause__ or cause.__context__
     return None
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """What a user's config, data, checkpoint, weights, launch or tracking can cause: each says what to give instead.
+    The classes of modules a command did not load (other tasks' networks, several processes) cannot have been raised."""
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    from datamodules.errors import DataError
+    from lightning_modules.classifier import DivergedError, InputShapeError, OptimizerError
+    from scripts.training.checkpoints import CheckpointError
+    from scripts.training.cli import ConfigError
+    from scripts.training.tracking import TrackingError
+
+    errors = [DataError, CheckpointError, ConfigError, TrackingError, OptimizerError, DivergedError]
+    errors += [InputShapeError, MisconfigurationException]
+    optional = (
+        ("lightning_modules.transfer_net", "WeightsError"),
+        ("strategies.mpi_environment", "LaunchError"),
+        ("scripts.training.model_outputs", "OutputError"),
+    )
+    for module, name in optional:
+        if module in sys.modules:
+            errors.append(getattr(sys.modules[module], name))
+    return tuple(errors)

@@ -85,8 +85,8 @@ def resolve_trainer(args: list[str]) -> Namespace:
 
     from jsonargparse import ArgumentError
 
-    from scripts.training.cli import TemplateCLI, cli_main, user_errors
-    from scripts.training.cli_errors import config_error_line
+    from scripts.training.cli import TemplateCLI, cli_main
+    from scripts.training.cli_errors import config_error_line, user_errors
 
     class Parsed(Exception):
         def __init__(self, config) -> None:
