@@ -30,6 +30,8 @@ PROCESSES ?= 2
 MASTER ?=
 # Serving: Azure ML's inference server runs in its own environment (scripts/serving/environment.yml says why).
 SERVE_VENV ?= .venv-serve
+# The core alone (pyproject's `dependencies`, no extra): tests/test_core.py fits, tests and predicts every task in it.
+CORE_VENV ?= .venv-core
 # pytest-xdist workers of `make test`: three on CI's 2 cores. Each test process runs one torch thread
 # (tests/__init__.py), and the third worker trains while the others wait on servers, launchers and grace periods
 # (docs/measured.md: 14 min against 15 min 43 s with two).
@@ -41,7 +43,7 @@ DATA ?=
 VERSION ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install lock horovod horovod-gpu test-fast train sweep validate evaluate predict export plot submit pipeline components assets spark bench bench-gpu bench-spark mlflow-ui lint format test clean serve-env serve deploy bench-serve
+.PHONY: help install lock horovod horovod-gpu core-env test-fast train sweep validate evaluate predict export plot submit pipeline components assets spark bench bench-gpu bench-spark mlflow-ui lint format test clean serve-env serve deploy bench-serve
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ name[NR] = $$1; text[NR] = $$2; \
@@ -105,6 +107,15 @@ $(SERVE_VENV)/installed: $(UV) scripts/serving/pyproject.toml scripts/serving/uv
 	touch $@
 
 serve-env: $(SERVE_VENV)/installed ## create .venv-serve: the inference server, MLflow pyfunc, ONNX Runtime; no torch (~20 s, 379 MB)
+
+# Exactly uv.lock's core: what `uv sync` installs without an extra. uv hardlinks the packages from its cache, as it
+# did for .venv: ~1 min after `make install`, nearly all of it compiling the .pyc files (330 MB, the only new bytes);
+# without them every process would compile what it imports (PYTHONDONTWRITEBYTECODE keeps none), ~20 s each.
+$(CORE_VENV)/installed: $(UV) pyproject.toml uv.lock
+	UV_PROJECT_ENVIRONMENT=$(abspath $(CORE_VENV)) $(UV) sync --quiet --locked --compile-bytecode --no-python-downloads
+	touch $@
+
+core-env: $(CORE_VENV)/installed ## create .venv-core: the core dependencies alone, where tests/test_core.py runs every task
 
 serve: $(VENV)/installed $(SERVE_VENV)/installed ## serve MODEL (models:/NAME/VERSION, a .ckpt; default CKPT) on 127.0.0.1:5001
 	@$(if $(MODEL),ckpt="$(MODEL)",$(FIND_CKPT)); $(PY) -m scripts.serve "$$ckpt" $(ARGS)

@@ -1,8 +1,11 @@
-"""best.ckpt and last.ckpt (ModelCheckpoint twice: scripts/training/checkpoints.py) through the CLI: last.ckpt
-is the end of every finished epoch, also after SIGTERM or SIGKILL; a fit started again with its --checkpoint_dir
-resumes bit for bit and goes on in its MLflow run, every epoch's metrics there once, as a preempted Azure ML job
-restarted with the same command; a resume with another config than the checkpoint's stops before it touches anything;
-a fit that diverges, or is stopped with Ctrl-C, ends with a run record that says so."""
+"""What a resume checks (scripts/training/checkpoints.py check_resume) through the CLI: a resume with another config
+than the checkpoint's stops in one line before it touches anything, following its advice resumes, and what does not
+change the training (a newer release's option, the logging interval, more epochs) resumes in the same run; a fit that
+diverges stops in one line, keeps its last finite best.ckpt and last.ckpt and ends its run as failed. Stopped fits
+started again: tests/test_stop_and_resume.py.
+
+.venv/bin/python -m pytest -q tests/test_checkpoint.py
+"""
 
 from __future__ import annotations
 
@@ -10,10 +13,6 @@ import hashlib
 import math
 import re
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,139 +20,11 @@ import torch
 import yaml
 from mlflow import MlflowClient
 
-from tests.conftest import MNIST, REPO, bird_folders, needs_mnist, run_module
-
-pytestmark = pytest.mark.slow
-
-EPOCHS = 24
-STEPS = 60  # 240 training penguins, batch 4: epochs long enough (~0.2 s) to stop one in its middle
-
-
-def fit(outputs: Path, folder: Path) -> list[str]:
-    return [
-        "fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", str(EPOCHS),
-        "--data.init_args.batch_size", "4", "--trainer.callbacks", "[]",  # no early stop: every run trains EPOCHS
-        "--trainer.default_root_dir", str(outputs), "--checkpoint_dir", str(folder), "--test_after_fit", "false",
-    ]  # fmt: skip
+from tests.conftest import run_module
 
 
 def load(path: Path) -> dict:
     return torch.load(path, weights_only=False, map_location="cpu")
-
-
-def epoch_of(path: Path) -> int:
-    """The epoch of the checkpoint at `path`, or -1 while there is none (or it is being written)."""
-    try:
-        return load(path)["epoch"]
-    except (OSError, RuntimeError, EOFError, KeyError):
-        return -1
-
-
-@pytest.fixture(scope="module")
-def never_stopped(tmp_path_factory) -> dict:
-    outputs = tmp_path_factory.mktemp("never-stopped")
-    result = run_module("scripts.train", *fit(outputs, outputs / "checkpoints"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return load(outputs / "checkpoints" / "last.ckpt")
-
-
-def test_last_is_the_final_epoch_and_best_the_lowest_val_loss(never_stopped, tmp_path):
-    assert (never_stopped["epoch"], never_stopped["global_step"]) == (EPOCHS - 1, EPOCHS * STEPS)
-    result = run_module("scripts.train", *fit(tmp_path, tmp_path / "checkpoints"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
-    history = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "val_loss")}
-    best = load(tmp_path / "checkpoints" / "best.ckpt")
-    assert best["epoch"] == min(history, key=history.get)
-
-
-def stop_by_signal(command: list[str], folder: Path, stop: signal.Signals) -> None:
-    """Runs `command` and sends it `stop` some way into an epoch after the third."""
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while epoch_of(folder / "last.ckpt") < 2:
-            assert time.monotonic() < deadline and process.poll() is None, "no third epoch finished"
-            time.sleep(0.05)
-        time.sleep(0.1)  # into the next epoch
-        process.send_signal(stop)
-        assert process.wait(timeout=60) == (128 + stop if stop == signal.SIGTERM else -stop)
-    finally:
-        process.kill()
-
-
-# Where a stop can come: SIGTERM and SIGKILL wherever they land in an epoch; and exactly where the run's record and
-# last.ckpt part: when validation ends (its metrics logged, not sent), and at the epoch's end before its checkpoints
-# (the previous epoch's training metrics, which Lightning logged after that epoch's checkpoints, not sent).
-STOPS = ["sigterm", "sigkill", "on_validation_end", "on_train_epoch_end"]
-
-
-@pytest.mark.parametrize("stop", STOPS)
-def test_a_fit_stopped_and_started_again_ends_as_one_that_never_stopped_with_every_metric_once(
-    never_stopped, tmp_path, stop
-):
-    folder = tmp_path / "checkpoints"  # an Azure ML job's rw_mount output: it outlives the process and the node
-    command = [sys.executable, "-m", "scripts.train", *fit(tmp_path, folder)]
-    if stop in ("sigterm", "sigkill"):
-        stop_by_signal(command, folder, signal.SIGTERM if stop == "sigterm" else signal.SIGKILL)
-    else:
-        killer = f"[{{class_path: tests.stopping.KillAt, init_args: {{hook: {stop}, epoch: 3}}}}]"
-        killed = subprocess.run([*command, "--trainer.callbacks", killer], cwd=REPO, capture_output=True, timeout=300)
-        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    stopped = load(folder / "last.ckpt")
-    assert 2 <= stopped["epoch"] < EPOCHS - 1
-    assert stopped["global_step"] == (stopped["epoch"] + 1) * STEPS  # an epoch's end, not a step within one
-
-    again = run_module("scripts.train", *fit(tmp_path, folder))
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"resuming from {folder / 'last.ckpt'}" in again.stdout
-    final = load(folder / "last.ckpt")
-    assert final["global_step"] == never_stopped["global_step"]
-    for name, weights in never_stopped["state_dict"].items():
-        assert torch.equal(final["state_dict"][name], weights), name  # bit for bit on the CPU
-
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])  # one run, continued
-    assert run.info.status == "FINISHED"
-    for metric in ("val_loss", "val_acc", "train_loss", "train_acc", "train_samples_per_sec"):
-        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, metric))
-        assert steps == list(range(EPOCHS)), metric  # every epoch's, none lost at the stop, none logged twice
-
-
-def random_fit(task: str, tmp_path: Path) -> list[str]:
-    """A fit of 3 epochs that draws random numbers: dropout and MNIST's warps, or birds' shuffled order, random crops
-    and flips in the main process (no DataLoader workers, which keep generators of their own)."""
-    if task == "birds":
-        data = bird_folders(tmp_path / "data", count=4)
-        options = ["--config", "configs/birds.yaml", "--data.init_args.data_dir", str(data),
-                   "--data.init_args.batch_size", "2", "--data.init_args.image_size", "32",
-                   "--data.init_args.num_workers", "0"]  # fmt: skip
-    else:
-        options = ["--config", "configs/mnist.yaml", "--data.init_args.data_dir", str(MNIST),
-                   "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "1"]  # fmt: skip
-    return ["fit", *options, "--trainer.max_epochs", "3", "--trainer.logger", "false", "--test_after_fit", "false"]
-
-
-@pytest.mark.parametrize("task", ["birds", pytest.param("mnist", marks=needs_mnist)])
-def test_a_fit_resumed_draws_the_random_numbers_one_never_stopped_does(tmp_path, task):
-    """Killed at epoch 1's end and started again: the weights bit for bit those of a fit never stopped (the penguin
-    recipe above draws no random numbers while it trains)."""
-    args = random_fit(task, tmp_path)
-    never = run_module("scripts.train", *args, "--checkpoint_dir", str(tmp_path / "never"))
-    assert never.returncode == 0, never.stderr[-3000:]
-    folder = tmp_path / "resumed"
-    killer = "{class_path: tests.stopping.KillAt, init_args: {hook: on_train_epoch_end, epoch: 1}}"
-    command = [sys.executable, "-m", "scripts.train", *args, "--checkpoint_dir", str(folder)]
-    killed = subprocess.run([*command, "--trainer.callbacks+", killer], cwd=REPO, capture_output=True, timeout=300)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    assert load(folder / "last.ckpt")["epoch"] == 0
-    again = run_module("scripts.train", *args, "--checkpoint_dir", str(folder))
-    assert again.returncode == 0, again.stderr[-3000:]
-    final, expected = load(folder / "last.ckpt"), load(tmp_path / "never" / "last.ckpt")
-    assert final["global_step"] == expected["global_step"]
-    for name, weights in expected["state_dict"].items():
-        assert torch.equal(final["state_dict"][name], weights), name
 
 
 def snapshot(outputs: Path) -> tuple[dict, list]:
@@ -273,23 +144,3 @@ def test_a_fit_that_diverges_stops_in_one_line_and_keeps_its_last_finite_checkpo
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert math.isnan(run.data.metrics["train_loss"])  # the run shows why it failed
-
-
-def test_ctrl_c_exits_130_and_ends_the_run_as_killed(tmp_path):
-    folder = tmp_path / "checkpoints"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "scripts.train", *fit(tmp_path, folder)], cwd=REPO, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while epoch_of(folder / "last.ckpt") < 0:
-            assert time.monotonic() < deadline and process.poll() is None, "no epoch finished"
-            time.sleep(0.05)
-        process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=60)
-    finally:
-        process.kill()
-    assert process.returncode == 128 + signal.SIGINT, stderr[-3000:]
-    assert "Traceback" not in stderr
-    ((_, status, _, _),) = snapshot(tmp_path)[1]
-    assert status == "KILLED"

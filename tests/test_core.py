@@ -1,9 +1,10 @@
 """The core: a single-process fit, test and predict of every task loads at most 12 of the project's modules (package
 `__init__` files not counted) and none of the extras' (several processes, Azure ML, serving, sweeps, Spark, Horovod,
 a tracking server), and runs in a process where the extras' packages cannot be imported: what an environment with
-the core dependencies alone (pyproject's `dependencies`) can run.
+the core dependencies alone (pyproject's `dependencies`) can run. The probes run in such an environment, .venv-core
+(`make core-env`; .ci/run builds it), where the extras' packages are not installed at all.
 
-.venv/bin/python -m pytest -q tests/test_core.py
+make core-env && .venv/bin/python -m pytest -q tests/test_core.py
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tests.conftest import MNIST, REPO, bird_folders, needs_mnist
 
 pytestmark = pytest.mark.slow
 
+CORE_PYTHON = REPO / ".venv-core" / "bin" / "python"
 MOST_MODULES = 12
 # Packages of pyproject's optional dependencies that the core must not import.
 EXTRAS = ("azure.ai.ml", "onnx", "onnxruntime", "onnxscript", "optuna", "pyspark", "horovod", "pathspec")
@@ -54,10 +56,18 @@ runpy.run_module("scripts.train", run_name="__main__", alter_sys=True)
 """
 
 
+def core_python() -> str:
+    """The python of .venv-core; without it the test fails (it would otherwise check nothing a user's core-only
+    environment does)."""
+    if not CORE_PYTHON.is_file():
+        pytest.fail(f"no {CORE_PYTHON}: build the core environment with `make core-env`", pytrace=False)
+    return str(CORE_PYTHON)
+
+
 def loaded_by(tmp_path: Path, *args: str) -> list[str]:
-    """The project's modules a `python -m scripts.train ARGS` loads, run where the extras cannot be imported."""
+    """The project's modules a `python -m scripts.train ARGS` loads, run in the core environment."""
     report = tmp_path / f"modules-{len(list(tmp_path.glob('modules-*')))}.json"
-    command = [sys.executable, "-c", PROBE, str(report), json.dumps(EXTRAS), *args]
+    command = [core_python(), "-c", PROBE, str(report), json.dumps(EXTRAS), *args]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(report.read_text())
@@ -122,3 +132,35 @@ def test_the_extras_are_refused_in_the_probe(tmp_path):
     result = subprocess.run([sys.executable, "-c", code, str(report), json.dumps(EXTRAS), "--help"], cwd=REPO,
                             capture_output=True, text=True, timeout=600)  # fmt: skip
     assert result.returncode != 0 and "import of onnx halted; None in sys.modules" in result.stderr
+
+
+# Imports, in a python, whether each named module can be found (a dotted name whose package is missing cannot).
+FIND = """
+import importlib.util, json, sys
+
+def found(name):
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+print(json.dumps({name: found(name) for name in json.loads(sys.argv[1])}))
+"""
+CORE = ("torch", "torchvision", "lightning", "torchmetrics", "jsonargparse", "mlflow", "pandas", "palmerpenguins")
+
+
+def findable(python: str) -> dict[str, bool]:
+    result = subprocess.run([python, "-c", FIND, json.dumps([*EXTRAS, *CORE])], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+def test_the_core_environment_has_the_core_and_none_of_the_extras():
+    """Not a blocker in the probe: the extras' packages are not installed in .venv-core at all."""
+    found = findable(core_python())
+    assert [name for name in CORE if not found[name]] == []
+    assert [name for name in EXTRAS if found[name]] == []
+    # The same look-up finds them in .venv (Horovod there only after `make horovod`).
+    found = findable(sys.executable)
+    assert [name for name in EXTRAS if name != "horovod" and not found[name]] == []

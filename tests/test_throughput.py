@@ -1,5 +1,5 @@
 """EpochThroughput's clock: on a GPU it waits for the epoch's last step to finish before it stops, once an epoch; on
-a CPU it never calls CUDA. (The rate itself is checked where runs log it: test_cli_penguins, test_checkpoint.)
+a CPU it never calls CUDA. (The rate itself is checked where runs log it: test_cli_penguins, test_stop_and_resume.)
 
 .venv/bin/python -m pytest -q tests/test_throughput.py
 """
