@@ -22,8 +22,8 @@ def tracking_store(outputs: Path) -> tuple[str, str | None]:
     """The tracking URI trials log to (MLFLOW_TRACKING_URI, checked, or outputs/mlflow.db) and the artifact location of
     an experiment created in the local store (where scripts.train puts it); a store that cannot work raises
     SweepError with the reason."""
-    from scripts.training.tracking import TrackingError, open_sqlite_store
-    from scripts.training.tracking_server import check_tracking_uri, credentials_out_of_uri
+    from scripts.training.tracking import open_sqlite_store
+    from scripts.training.tracking_server import TrackingError, check_tracking_uri, credentials_out_of_uri
 
     try:
         uri = os.environ.get("MLFLOW_TRACKING_URI")

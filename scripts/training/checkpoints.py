@@ -222,16 +222,14 @@ def check_checkpoint_file(path: str | Path) -> None:
         )
 
 
-def check_ckpt_path(ckpt_path: str | None) -> None:
+def check_ckpt_path(ckpt_path: str | None, launched: bool) -> None:
     """Raises CheckpointError for a --ckpt_path file that is not a checkpoint, before LightningCLI reads its
     hyperparameters with a bare torch.load. Under a launcher in rank 0 only, which reads it for all (nodes share no
     disk), and a missing one only alone: the others would wait for this one; rank 0's read at the run's start stops
     every process together."""
     if not ckpt_path or ckpt_path in ("best", "last", "hpc", "registry"):
         return
-    from scripts.training.run_record import launched  # which imports this module
-
-    if not launched():
+    if not launched:
         check_checkpoint_file(ckpt_path)
         return
     from strategies.launch_check import launched_first, launched_processes

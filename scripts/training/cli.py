@@ -39,7 +39,7 @@ from scripts.training.checkpoints import (
     resume_from,
     saved_run_id,
 )
-from scripts.training.run_record import TrackConfig, launched
+from scripts.training.run_record import TrackConfig, first_process, launched
 
 OUTPUTS = Path("outputs")  # Azure ML uploads ./outputs of every job
 MLFLOW_LOGGER = "scripts.training.tracking.BufferedMLFlowLogger"
@@ -117,7 +117,9 @@ class TemplateCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
-        check_ckpt_path(subcommand and self.config[subcommand].get("ckpt_path"))  # LightningCLI reads it next
+        check_ckpt_path(
+            subcommand and self.config[subcommand].get("ckpt_path"), launched()
+        )  # LightningCLI reads it next
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
@@ -163,7 +165,8 @@ class TemplateCLI(LightningCLI):
         logger = config.trainer.logger
         if tracking.is_mlflow_logger(logger):
             args = logger.init_args
-            tracking.set_up_tracking(args, Path(config.trainer.default_root_dir or OUTPUTS), self.subcommand)
+            outputs = Path(config.trainer.default_root_dir or OUTPUTS)
+            tracking.set_up_tracking(args, outputs, self.subcommand, first_process())
             if self.subcommand == "fit" and args.run_id is None:  # a resumed fit goes on in its own run
                 args.run_id = tracking.existing_run(args.tracking_uri, saved_run_id(config.checkpoint_dir))
                 args.run_name = None if args.run_id else args.run_name

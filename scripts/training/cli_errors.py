@@ -102,23 +102,19 @@ def full_disk_line(error: BaseException) -> str | None:
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """What a user's config, data, checkpoint, weights, launch or tracking can cause: each says what to give instead.
-    The classes of modules a command did not load (other tasks' networks, several processes) cannot have been raised."""
-    from lightning.fabric.utilities.exceptions import MisconfigurationException
-
-    from datamodules.errors import DataError
-    from lightning_modules.classifier import DivergedError, InputShapeError, OptimizerError
-    from scripts.training.checkpoints import CheckpointError
-    from scripts.training.cli import ConfigError
-    from scripts.training.tracking import TrackingError
-
-    errors = [DataError, CheckpointError, ConfigError, TrackingError, OptimizerError, DivergedError]
-    errors += [InputShapeError, MisconfigurationException]
-    optional = (
+    Looked up among the modules loaded, by name: a class of a module the command did not load (another task's network,
+    several processes, a tracking server) cannot have been raised, and this module imports none of theirs."""
+    classes = (
+        ("lightning.fabric.utilities.exceptions", "MisconfigurationException"),
+        ("datamodules.errors", "DataError"),
+        ("lightning_modules.classifier", "OptimizerError"),
+        ("lightning_modules.classifier", "DivergedError"),
+        ("lightning_modules.classifier", "InputShapeError"),
         ("lightning_modules.transfer_net", "WeightsError"),
-        ("strategies.mpi_environment", "LaunchError"),
+        ("scripts.training.checkpoints", "CheckpointError"),
+        ("scripts.training.cli", "ConfigError"),
+        ("scripts.training.tracking_server", "TrackingError"),
         ("scripts.training.model_outputs", "OutputError"),
+        ("strategies.mpi_environment", "LaunchError"),
     )
-    for module, name in optional:
-        if module in sys.modules:
-            errors.append(getattr(sys.modules[module], name))
-    return tuple(errors)
+    return tuple(getattr(sys.modules[module], name) for module, name in classes if module in sys.modules)

@@ -46,10 +46,6 @@ FINAL_WAIT_S = 30.0  # most the end of a run waits for the server to take the re
 HOST_TAG, PID_TAG = "template.host", "template.pid"  # the process a run of ours belongs to, for finding killed ones
 
 
-class TrackingError(Exception):
-    """A tracking URI that cannot work (a file store, a server that does not answer); the message says what to do."""
-
-
 class BufferedMLFlowLogger(MLFlowLogger):
     """
     Args:
@@ -125,6 +121,7 @@ class BufferedMLFlowLogger(MLFlowLogger):
             yield
         except Exception as error:
             from scripts.training.cli_errors import full_disk_line
+            from scripts.training.tracking_server import TrackingError
 
             if full_disk_line(error) is None:
                 raise
@@ -282,9 +279,10 @@ def process_alive(pid: int) -> bool:
 # ---- which store and run: set up before the logger is built ----
 
 
-def set_up_tracking(args, outputs: Path, subcommand: str) -> None:
+def set_up_tracking(args, outputs: Path, subcommand: str, first_process: bool) -> None:
     """The MLflow logger's store, run and name: what Azure ML hands over (MLFLOW_TRACKING_URI, MLFLOW_RUN_ID), the
-    user's server, or outputs/mlflow.db; checked before the run starts."""
+    user's server, or outputs/mlflow.db; checked before the run starts. `first_process`: this process alone, or global
+    rank 0, says what it chose."""
     from_environment = os.environ.get("MLFLOW_TRACKING_URI")
     if args.tracking_uri is None:  # Lightning's logger defaults to MLFLOW_TRACKING_URI as it was at import
         args.tracking_uri = from_environment
@@ -303,12 +301,10 @@ def set_up_tracking(args, outputs: Path, subcommand: str) -> None:
             args.artifact_location = (outputs / "mlartifacts").resolve().as_uri()
     if args.run_id is None:
         args.run_id = os.environ.get("MLFLOW_RUN_ID")
-    from scripts.training.run_record import first_process  # which imports this module
-
     named = os.environ.get("MLFLOW_EXPERIMENT_NAME")
     if named and named != args.experiment_name:
         # MLflow's own variable, set for this command: it wins over the experiment a shared YAML names.
-        if first_process():
+        if first_process:
             print(f"experiment {named!r} (MLFLOW_EXPERIMENT_NAME), not the config's {args.experiment_name!r}",
                   file=sys.stderr)  # fmt: skip
         args.experiment_name = named

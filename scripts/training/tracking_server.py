@@ -18,10 +18,14 @@ from collections import deque
 from collections.abc import Callable, MutableMapping
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from scripts.training.tracking import TrackingError
 
 # MLflow's own defaults retry a request for ~4 min (7 retries, backoff factor 2) of up to 120 s each. A run tracked to a
 # server gets these unless the environment sets them: one request then takes at most 3 x 10 s plus ~6 s of backoff.
+class TrackingError(Exception):
+    """A tracking store that cannot work (a file store, a server that does not answer, a full disk); the message says
+    what to do."""
+
+
 RETRY_EVERY_S = 5.0  # between a Sender's attempts while the server does not answer
 HTTP_LIMITS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
