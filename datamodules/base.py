@@ -63,6 +63,8 @@ class ClassificationDataModule(L.LightningDataModule):
             images; the default makes one PNG).
         serving_columns(): rows: every column a request may hold (the model's signature; others are dropped); the
             default is the example's.
+        serving_column_kinds(): rows: "numeric" or "categorical" by column, as the preprocessing reads them (the
+            registered model's metadata `columns`); the default, {}, says nothing.
         Both are called on the datamodule after `setup` (or on one rebuilt from a checkpoint, whose serving state
         `checkpoint_serving_state` holds), so columns that come from the data (the table task's) can be stated: a
         classmethod does as well where they are fixed.
@@ -102,6 +104,9 @@ class ClassificationDataModule(L.LightningDataModule):
 
     def serving_columns(self) -> list[str]:
         return list(self.serving_example().columns) if self.serving_kind == "rows" else ["image"]
+
+    def serving_column_kinds(self) -> dict[str, str]:
+        return {}
 
     @classmethod
     def serving_batch(cls, state: dict, inputs: Any, names: list[str]) -> torch.Tensor:

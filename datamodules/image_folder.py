@@ -329,15 +329,23 @@ class ImageFolderDataModule(ClassificationDataModule):
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Predict refuses colour pictures for a network trained on grey ones only (digits or scans): it answers them
-        with confidence, a photo of a bird classed as the digit "0"."""
+        """Predict refuses colour pictures for a network trained on grey ones only (digits or scans), and a folder of
+        grey pictures only for one trained on colour ones only (photos): it answers them with confidence, a photo of a
+        bird classed as the digit "0". What the checkpoint recorded of its training images is their colour; a black
+        and white photo for a network of colour ones is refused too (its answers would be a guess)."""
         super().load_state_dict(state)
         predicting = self.trainer is not None and self.trainer.predicting and "predict" in self.splits
-        if predicting and state.get("colour_share") == 0 and colour_share(self.splits["predict"][0]) > 0.5:
+        trained = state.get("colour_share")
+        if not predicting or trained not in (0, 1):
+            return
+        given = colour_share(self.splits["predict"][0])
+        if (trained == 0 and given > 0.5) or (trained == 1 and given == 0):
+            found, learnt = ("colour", "grey") if trained == 0 else ("grey", "colour")
             raise DataError(
-                f"{self.hparams.predict_path}: colour pictures, but this checkpoint was trained on grey images only "
-                "(another task's data?); give it images like its training data, or give --ckpt_path a checkpoint "
-                "trained on pictures like these (make predict takes the newest trained on the config's data_dir)"
+                f"{self.hparams.predict_path}: {found} pictures, but this checkpoint was trained on {learnt} images "
+                "only (another task's data?); give it images like its training data, or give --ckpt_path a "
+                "checkpoint trained on pictures like these (make predict takes the newest trained on the config's "
+                "data_dir)"
             )
 
     serving_preprocess = staticmethod(preprocessing.photo_batch)

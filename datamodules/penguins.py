@@ -250,3 +250,12 @@ class PenguinDataModule(InMemoryDataModule):
     @classmethod
     def serving_columns(cls) -> list[str]:
         return [column for schema in SCHEMAS.values() for name, column in schema.items() if name in FEATURES]
+
+    @classmethod
+    def serving_column_kinds(cls) -> dict[str, str]:
+        return {
+            column: "categorical" if name == "island" else "numeric"
+            for schema in SCHEMAS.values()
+            for name, column in schema.items()
+            if name in FEATURES
+        }

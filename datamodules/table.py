@@ -276,3 +276,6 @@ class TableDataModule(InMemoryDataModule):
 
     def serving_columns(self) -> list[str]:
         return [column["name"] for column in self.trained_state()["columns"]]
+
+    def serving_column_kinds(self) -> dict[str, str]:
+        return {column["name"]: column["kind"] for column in self.trained_state()["columns"]}

@@ -54,7 +54,9 @@ def pipeline(
     Args:
         task: the task's config, e.g. configs/birds.yaml.
         data: the training data: a local folder or file (as the task reads; uploaded), azureml:NAME:VERSION or a URI;
-            default: the config's own (penguins: the palmerpenguins package; birds, MNIST: their download).
+            default: the config's own (penguins: the palmerpenguins package; birds, MNIST: their download). The table
+            task also takes an MLTable: a local folder holding an MLTable file, or an asset or URI followed by
+            `,type=mltable` (azureml:penguins-table:3,type=mltable); the score step then needs --score_data, a CSV.
         test_data: what the evaluate step tests on (its test split); default: --data.
         score_data: what the score step scores (a folder of images, a CSV); default: --test_data, else --data.
         model_name: the name the register step registers the model under; default: TASK-classifier.

@@ -143,3 +143,43 @@ def test_make_export_takes_the_folder_from_fit_args(two_folders, tmp_path):
                   f"ARGS=--output {tmp_path / 'b.onnx'}")  # fmt: skip
     assert export.returncode == 0, export.stderr[-3000:]
     assert (tmp_path / "b.onnx").is_file()
+
+
+def run_of(two_folders: dict, name: str) -> Path:
+    """The best checkpoint of the fit on folder `name` (a test run records a config.yaml too, and no checkpoint)."""
+    runs = [path.parent for path in two_folders["outputs"].glob("*/*/config.yaml") if str(two_folders[name]) in
+            path.read_text()]  # fmt: skip
+    (best,) = [run / "checkpoints" / "best.ckpt" for run in runs if (run / "checkpoints" / "best.ckpt").is_file()]
+    return best
+
+
+@pytest.mark.slow
+def test_make_predict_and_evaluate_take_the_other_folders_checkpoint_when_given_it(two_folders):
+    args = tiny(two_folders["b"], two_folders["outputs"])
+    predict = make("predict", "TASK=birds", f"INPUT={two_folders['photos']}", f"ARGS={args}")
+    assert predict.returncode == 0, predict.stderr[-3000:]
+    assert f"checkpoint: {run_of(two_folders, 'b')}" in predict.stderr
+    rows = predict.stdout[predict.stdout.index("input,class,probability") :].splitlines()[1:]
+    assert len(rows) == 2 and all(row.split(",")[1] in ("ducks", "geese") for row in rows)
+    evaluate = make("evaluate", "TASK=birds", f"ARGS={tiny(two_folders['a'], two_folders['outputs'])}")
+    assert evaluate.returncode == 0, evaluate.stderr[-3000:]
+    assert f"checkpoint: {run_of(two_folders, 'a')}" in evaluate.stderr
+
+
+@pytest.mark.slow
+def test_make_predict_refuses_grey_digits_for_a_checkpoint_of_colour_photos_in_one_line(two_folders):
+    from PIL import Image
+
+    digits = two_folders["root"] / "digits"
+    digits.mkdir()
+    for i in range(3):
+        Image.new("L", (28, 28), 30 * i).save(digits / f"{i}.png")  # small grey pictures: another task's
+    args = tiny(two_folders["a"], two_folders["outputs"])
+    predict = make("predict", "TASK=birds", f"INPUT={digits}", f"ARGS={args}")
+    assert predict.returncode != 0 and "input,class" not in predict.stdout
+    (line,) = [line for line in predict.stderr.splitlines() if line.startswith("error:")]
+    assert line == (
+        f"error: {digits}: grey pictures, but this checkpoint was trained on colour images only (another task's "
+        "data?); give it images like its training data, or give --ckpt_path a checkpoint trained on pictures like "
+        "these (make predict takes the newest trained on the config's data_dir)"
+    )

@@ -537,3 +537,92 @@ def test_an_experiment_name_is_azure_mls_kind_only_for_azure_ml(monkeypatch):
     assert plan.experiment == "penguins lr"
     with pytest.raises(SubmitError, match="--experiment 'penguins lr': Azure ML takes 1-256 letters"):
         plan_pipeline(["configs/penguins.yaml"], "cpu-cluster", score_data=str(PENGUINS), experiment="penguins lr")
+
+
+# ---- the table task's MLTable (datamodules/table.py reads a folder holding an MLTable file) ------------------------
+
+
+@pytest.fixture(scope="module")
+def penguin_mltable(tmp_path_factory) -> Path:
+    """An MLTable folder (as scripts.assets registers one) of a labelled table: two measurements and a colour."""
+    import numpy as np
+
+    from scripts.azure_ml.assets import write_mltable
+
+    rng = np.random.default_rng(0)
+    folder = tmp_path_factory.mktemp("asset")
+    lines = ["length,weight,colour,species"]
+    for i in range(90):
+        species = ("Adelie", "Chinstrap", "Gentoo")[i % 3]
+        lines.append(
+            f"{40 + 5 * (i % 3) + rng.normal():.1f},{rng.normal(50, 5):.1f},{('red', 'blue')[i % 2]},{species}"
+        )
+    (folder / "penguins.csv").write_text("\n".join(lines) + "\n")
+    return write_mltable(folder / "penguins.csv", folder / "penguins-table")
+
+
+TABLE = ["configs/table.yaml", "--train_args", "--data.init_args.label species"]
+
+
+def table_job(tmp_path, *args: str):
+    """The table task's pipeline YAML of `args`, read back with load_job from another folder."""
+    from azure.ai.ml import load_job
+
+    target = tmp_path / "jobs" / "table.yml"
+    result = run_module("scripts.pipeline", *TABLE, "--compute", "cpu", *args, "--dry_run", "true",
+                        "--yaml_file", target)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return load_job(target)
+
+
+def test_a_table_pipeline_takes_an_mltable_folder_as_its_data_and_test_data(tmp_path, penguin_mltable):
+    job = table_job(tmp_path, "--data", str(penguin_mltable), "--score_data", str(PENGUINS))
+    train, evaluate, score = (job.jobs[name] for name in ("train", "evaluate", "score"))
+    assert (train.inputs["training_data"]._data.type, train.inputs["training_data"]._data.path) == (
+        "mltable",
+        str(penguin_mltable),
+    )
+    assert train.component.inputs["training_data"].type == "mltable"
+    assert evaluate.inputs["test_data"]._data.type == evaluate.component.inputs["test_data"].type == "mltable"
+    assert (score.inputs["data"]._data.type, score.inputs["data"]._data.path) == ("uri_file", str(PENGUINS))
+    assert "--data.init_args.csv_path ${{inputs.training_data}}" in train.component.command
+
+
+def test_a_table_pipeline_takes_a_registered_mltable_asset_given_as_one(tmp_path):
+    job = table_job(tmp_path, "--data", "azureml:penguins-table:3,type=mltable", "--score_data",
+                    "azureml:penguins:3")  # fmt: skip
+    data = job.jobs["train"].inputs["training_data"]._data
+    assert data.type == "mltable" and data.path.endswith("penguins-table:3")  # load_job drops `azureml:`
+    assert job.jobs["train"].component.inputs["training_data"].type == "mltable"
+    assert job.jobs["score"].inputs["data"]._data.type == "uri_file"  # the CSV asset
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["configs/penguins.yaml", "--data", "azureml:penguins-table:3,type=mltable"],
+         "--data azureml:penguins-table:3,type=mltable: this task reads no MLTable; give a file, as the task reads"),
+        ([*TABLE, "--data", "MLTABLE"], "--data is an MLTable, which the score step (scripts.score) does not read; "
+         "give --score_data a CSV of rows (a local file, or a uri_file asset azureml:NAME:VERSION)"),
+        ([*TABLE, "--data", str(PENGUINS), "--score_data", "MLTABLE"], "--score_data is an MLTable, which the score"),
+        ([*TABLE, "--data", "configs,type=mltable"], "--data configs,type=mltable: not a folder holding an MLTable"),
+    ],
+)  # fmt: skip
+def test_an_mltable_a_pipeline_cannot_use_is_one_line(args, line, penguin_mltable):
+    args = [str(penguin_mltable) if arg == "MLTABLE" else arg for arg in args]
+    result = run_module("scripts.pipeline", *args, "--compute", "cpu", "--dry_run", "true")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {line}"), result.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_table_pipeline_runs_here_end_to_end_on_an_mltable(tmp_path, penguin_mltable):
+    result = run_module("scripts.pipeline", "configs/table.yaml", "--local", "true", "--local_dir", tmp_path,
+                        "--data", penguin_mltable, "--score_data", penguin_mltable / "penguins.csv", "--threshold", "0",
+                        "--train_args", "--data.init_args.label species --trainer.max_epochs 3")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = run_folder(result.stdout)
+    assert f"--data.init_args.csv_path {penguin_mltable}" in result.stdout  # the folder, read as an MLTable
+    rows = list(csv.reader((folder / "score/predictions/predictions.csv").read_text().splitlines()))
+    assert rows[0] == ["input", "class", "probability"]
+    assert len(rows) == 91 and {row[1] for row in rows[1:]} <= {"Adelie", "Chinstrap", "Gentoo"}

@@ -183,6 +183,12 @@ def test_the_checkpoint_keeps_the_column_types_and_integer_class_names(two_integ
     assert {answer[1] for answer in two_integer_classes["answers"]} <= {"0", "1"}
 
 
+def model_classes(run: dict, rows: pd.DataFrame) -> list[str]:
+    import mlflow
+
+    return mlflow.pyfunc.load_model(str(run["folder"] / "model")).predict(rows)["class"].tolist()
+
+
 def check_answers(frame: pd.DataFrame, answers: list[list[str]]) -> None:
     assert frame["class"].tolist() == [answer[1] for answer in answers]
     assert frame["probability"].tolist() == pytest.approx([float(answer[2]) for answer in answers], abs=1e-4)
@@ -198,6 +204,29 @@ def test_the_saved_model_answers_raw_rows_in_the_users_column_names_as_predict(t
     check_answers(model.predict(pd.DataFrame(records)), three_classes["answers"])
     schema = model.metadata.get_input_schema().input_names()
     assert schema == [LENGTH, COLOUR, WEIGHT]
+
+
+# What a client sends that MLflow's schema enforcement could refuse where the model's own preprocessing reads it:
+# whole numbers (int64) in a numeric column, numbers as text, numbers (int64) in a categorical column, all missing.
+def odd_rows() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """NEW_ROWS with those cells, and the same rows as NEW_ROWS spells them (whose answers predict's are)."""
+    odd = NEW_ROWS.assign(**{WEIGHT: [48, 51, 60, 45], LENGTH: ["0.2", None, "-2.5", "2"], COLOUR: [7, 7, 7, 7]})
+    return odd, NEW_ROWS.assign(**{COLOUR: [None, None, None, None]})  # 7: no training colour, as a missing cell
+
+
+@pytest.mark.slow
+def test_the_saved_model_takes_integers_numbers_as_text_and_numeric_categories_as_predict_reads_them(three_classes):
+    import mlflow
+
+    model = mlflow.pyfunc.load_model(str(three_classes["folder"] / "model"))
+    odd, same = odd_rows()
+    assert odd[WEIGHT].dtype == np.int64 and odd[COLOUR].dtype == np.int64
+    expected = model.predict(same)
+    answer = model.predict(odd)
+    assert answer["class"].tolist() == expected["class"].tolist()
+    assert answer["probability"].tolist() == pytest.approx(expected["probability"].tolist(), abs=1e-6)
+    columns = model.metadata.metadata["columns"]  # the training split's choice, in the MLmodel file
+    assert columns == {LENGTH: "numeric", COLOUR: "categorical", WEIGHT: "numeric"}
 
 
 @pytest.mark.slow
@@ -330,6 +359,33 @@ def test_a_checkpoint_serves_and_batch_scores_every_row_as_predict(three_classes
 
 
 @pytest.mark.slow
+def test_predict_refuses_a_table_without_the_checkpoints_columns_in_one_line_and_reads_past_others(
+    three_classes, tmp_path
+):
+    tables = {
+        "lacking": NEW_ROWS.drop(columns=[COLOUR]),
+        "renamed": NEW_ROWS.rename(columns={LENGTH: "bill length (mm)"}),
+        "extra": NEW_ROWS.assign(notes="x", **{"row id": [1, 2, 3, 4]}),  # the fit left `row id` out
+    }
+    done = {}
+    for name, frame in tables.items():
+        frame.to_csv(tmp_path / f"{name}.csv", index=False)
+        done[name] = run_module("scripts.train", "predict", "--config", "configs/table.yaml", "--ckpt_path",
+                                three_classes["checkpoint"], "--data.init_args.predict_path",
+                                tmp_path / f"{name}.csv")  # fmt: skip
+    wanted = "send every column the model was trained on ('bill length / mm', 'colour', 'weight (g)')"
+    for name, missing, given in (("lacking", "'colour'", ""), ("renamed", "'bill length / mm'", "'bill length (mm)'")):
+        result = done[name]
+        assert result.returncode == 1 and "Traceback" not in result.stderr and "input,class" not in result.stdout
+        line = result.stderr.strip().splitlines()[-1]
+        assert line.startswith(f"error: {tmp_path}/{name}.csv: no column {missing}; {wanted}"), line
+        assert given in line  # the table's own column that the model does not read, where it has one
+    assert done["extra"].returncode == 0, done["extra"].stderr[-2000:]
+    lines = done["extra"].stdout.strip().splitlines()[-len(NEW_ROWS) :]
+    assert [line.split(",")[1] for line in lines] == [answer[1] for answer in three_classes["answers"]]
+
+
+@pytest.mark.slow
 def test_mlflow_models_serve_answers_the_users_rows_as_predict(three_classes):
     from tests.test_pyfunc import SERVE, MlflowServer
 
@@ -339,10 +395,16 @@ def test_mlflow_models_serve_answers_the_users_rows_as_predict(three_classes):
     try:
         split = json.loads(NEW_ROWS.to_json(orient="split", index=False))  # null for each empty cell
         status, answer = server.post(json.dumps({"dataframe_split": split}).encode())
+        odd, same = odd_rows()
+        records = json.loads(odd.to_json(orient="records"))
+        odd_status, odd_answer = server.post(json.dumps({"dataframe_records": records}).encode())
+        same_answer = model_classes(three_classes, same)
     finally:
         server.stop()
     assert status == 200, answer
     check_answers(pd.DataFrame(answer["predictions"]), three_classes["answers"])
+    assert odd_status == 200, odd_answer  # JSON's integers and text where the training split had other types
+    assert pd.DataFrame(odd_answer["predictions"])["class"].tolist() == list(same_answer)
 
 
 @pytest.mark.slow

@@ -142,9 +142,14 @@ def serving_batch(state: dict, inputs, names: list[str], where: str = "request")
     absent = [column["name"] for column in state["columns"] if column["name"] not in frame.columns]
     if absent:
         listed = ", ".join(repr(name) for name in absent)
+        # A column renamed since the fit: the rows' own names that the model does not read (the label's and those the
+        # fit left out aside) say which one.
+        known = {column["name"] for column in state["columns"]} | set(state["left_out"]) | {state["label"]}
+        unread = [repr(name) for name in frame.columns if name not in known][:5]
         raise DataError(
             f"{where}: no column {listed}; send every column the model was trained on "
             f"({', '.join(repr(column['name']) for column in state['columns'])}), a missing value as an empty cell"
+            + (f" (it has {', '.join(unread)}, which the model does not read)" if unread else "")
         )
     parts = []
     for column in state["columns"]:

@@ -34,6 +34,9 @@ from scripts.azure_ml.job_configs import resolved_config
 
 # The datamodule argument that names the data it trains on, and the Azure ML input type it takes: a folder or a file.
 DATA_OPTIONS = {"data_dir": "uri_folder", "csv_path": "uri_file"}
+# The datamodules whose csv_path may also be an MLTable (a folder with an MLTable file naming the table), so a
+# pipeline's --data and --test_data may be one: datamodules/table.py.
+MLTABLE_READERS = ("datamodules.table.TableDataModule",)
 COMPONENT_NAME = re.compile(r"[a-z][a-z0-9_]{0,200}")  # Azure ML's rule for a component's name (and room for _train)
 EARLY_STOPPING = "EarlyStopping"
 METRICS_FILE = "metrics.json"
@@ -86,6 +89,12 @@ class TaskComponents:
     commands: dict[str, str] = field(default_factory=dict)
     sweep_inputs: dict[str, str] = field(default_factory=dict)  # a sweep's own inputs: name -> Azure ML type
     config: dict = field(default_factory=dict)  # the resolved config of the configs and train_args
+    # Inputs (training_data, test_data) given an MLTable, whose type is then mltable rather than data_type.
+    input_types: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def reads_mltable(self) -> bool:
+        return value_at(self.config, "data.class_path") in MLTABLE_READERS
 
     def name(self, step: str) -> str:
         return f"{self.prefix}_{step}"
@@ -193,7 +202,7 @@ def build_components(plan: TaskComponents, environment, version: str | None = No
 
     kind = "a folder" if plan.data_type == "uri_folder" else "a file"
     train_inputs = {
-        "training_data": Input(type=plan.data_type, optional=True,
+        "training_data": Input(type=plan.input_types.get("training_data", plan.data_type), optional=True,
                                description=f"the data to train on ({kind}); none: the config's own"),
         **{name: Input(type=parameter.type, default=default, description=parameter.what)
            for name, (parameter, default) in plan.parameters.items()},
@@ -231,7 +240,7 @@ def build_components(plan: TaskComponents, environment, version: str | None = No
                 **(
                     {
                         "test_data": Input(
-                            type=plan.data_type,
+                            type=plan.input_types.get("test_data", plan.data_type),
                             optional=True,
                             description="data whose test split is evaluated; none: the config's own",
                         )

@@ -67,9 +67,18 @@ def check_threshold(metric: str, threshold: float) -> None:
         raise SubmitError(f"--threshold {threshold}: test_loss is 0 or more; give such a value, e.g. 0.3")
 
 
-def data_input(given: str, option: str, wanted: str) -> DataInput:
-    """A local path (checked: a folder or a file as the task reads), a data asset azureml:NAME:VERSION, or a URI."""
+MLTABLE = ",type=mltable"
+
+
+def data_input(given: str, option: str, wanted: str, mltable: bool = False) -> DataInput:
+    """A local path (checked: a folder or a file as the task reads), a data asset azureml:NAME:VERSION, or a URI.
+    `mltable`: the task reads an MLTable too (a local folder holding an MLTable file; an asset or URI followed by
+    `,type=mltable`), which is then the input's type."""
     what = "a folder" if wanted == "uri_folder" else "a file"
+    if given.endswith(MLTABLE):
+        if not mltable:
+            raise SubmitError(f"{option} {given}: this task reads no MLTable; give {what}, as the task reads")
+        given, wanted = given.removesuffix(MLTABLE), "mltable"
     if given.startswith("azureml:") and "://" not in given:
         return DataInput(parse_reference(given, option, "azureml:birds:1"), wanted)
     if not is_local(given):
@@ -77,6 +86,10 @@ def data_input(given: str, option: str, wanted: str) -> DataInput:
     path = Path(given)
     if not path.exists():
         raise SubmitError(f"{option} {given}: no such file or folder; give {what}, as the task reads")
+    if mltable and path.is_dir() and (path / "MLTable").is_file():
+        return DataInput(str(path.resolve()), "mltable")
+    if wanted == "mltable":
+        raise SubmitError(f"{option} {given}{MLTABLE}: not a folder holding an MLTable file; give one, or the file")
     if path.is_dir() != (wanted == "uri_folder"):
         raise SubmitError(f"{option} {given}: {'a folder' if path.is_dir() else 'a file'}; this task reads {what}")
     if wanted == "uri_file":  # --local true too: what runs here runs as in Azure ML
@@ -134,6 +147,7 @@ def plan_pipeline(
     from scripts.azure_ml.workspace import check_compute, compute_name
 
     for option, given in (("--data", data), ("--test_data", test_data), ("--score_data", score_data)):
+        given = given and given.removesuffix(MLTABLE)
         if given and is_local(given) and not Path(given).exists():  # before the training CLI's import
             raise SubmitError(f"{option} {given}: no such file or folder; give the data as the task reads it")
     if instance_type is not None and not compute:
@@ -176,21 +190,30 @@ def plan_pipeline(
     # The configs in the order the job reads them (Horovod's before a GPU preset, which wins: launch_first), the order
     # its image was chosen by.
     components = plan_components(job.configs, train_args, name, sweep_args, sweep_inputs)
-    wanted = components.data_type
-    training = data_input(data, "--data", wanted) if data else None
+    wanted, mltable = components.data_type, components.reads_mltable
+    training = data_input(data, "--data", wanted, mltable) if data else None
     if training is not None and not components.data_option:
         raise SubmitError(f"--data: {configs[0]}'s datamodule takes no data_dir or csv_path to give it as")
-    testing = data_input(test_data, "--test_data", wanted) if test_data else None
+    testing = data_input(test_data, "--test_data", wanted, mltable) if test_data else None
+    for name, data_given in (("training_data", training), ("test_data", testing or training)):
+        if data_given is not None and data_given.type == "mltable":
+            components.input_types[name] = "mltable"
     # The config's own data path, where --data does not replace it, reaches the steps: in the code, or as --data.
     given = {components.data_option} if training is not None else set()
     fix = {components.data_option: f"--data {value_at(components.config, components.data_option)}"}
     check_data_paths(components.config, given, fix if components.data_option else None)
-    scoring = data_input(score_data, "--score_data", wanted) if score_data else (testing or training)
+    scoring = data_input(score_data, "--score_data", wanted, mltable) if score_data else (testing or training)
     if scoring is not None and wanted == "uri_folder" and is_local(scoring.path):  # the score step would fail on it
         given = next(
             (o, g) for o, g in (("--score_data", score_data), ("--test_data", test_data), ("--data", data)) if g
         )
         check_has_an_image(Path(scoring.path), " ".join(given))
+    if scoring is not None and scoring.type == "mltable":  # scripts.score reads a CSV of rows
+        option = "--score_data" if score_data else "--test_data" if test_data else "--data"
+        raise SubmitError(
+            f"{option} is an MLTable, which the score step (scripts.score) does not read; give --score_data a CSV of "
+            "rows (a local file, or a uri_file asset azureml:NAME:VERSION)"
+        )
     if scoring is None and not components_only:
         what = "a folder of images" if wanted == "uri_folder" else "a CSV, e.g. configs/examples/penguins.csv"
         raise SubmitError(f"--score_data: give what the score step scores ({what}); without --data it has no default")

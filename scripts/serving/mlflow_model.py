@@ -131,6 +131,7 @@ def serving_inputs(datamodule: ClassificationDataModule) -> dict | None:
         # The datamodule's own (after setup, or from its checkpoint): a table's columns come from its data.
         "example": datamodule.serving_example(),
         "columns": datamodule.serving_columns(),
+        "column_kinds": datamodule.serving_column_kinds() if kind == "rows" else {},
     }
 
 
@@ -229,6 +230,9 @@ def save_model(
     config = {key: inputs[key] for key in ("kind", "preprocess", "state")} | {"class_names": list(class_names)}
     if inputs["kind"] == "rows":
         raw = inputs["example"]
+        # Untyped: MLflow's enforcement of "double" refuses int64 (a CSV column of whole numbers, pandas' reading of
+        # it), and of "string" refuses numbers (a category "3" sent as 3), where the preprocessing reads both. The
+        # columns' kinds are in the metadata (`columns`) instead; docs/tasks.md says what each typing refused.
         columns = [ColSpec(AnyType(), column, required=False) for column in inputs["columns"]]
     else:
         raw = pd.DataFrame({IMAGE_COLUMN: list(inputs["example"])})
@@ -270,6 +274,7 @@ def save_model(
                 metadata={
                     "class_names": list(class_names),
                     "inputs": {key: inputs[key] for key in ("kind", "datamodule", "preprocess")},
+                    **({"columns": inputs["column_kinds"]} if inputs.get("column_kinds") else {}),
                 },
             )
 
