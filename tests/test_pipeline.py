@@ -72,6 +72,7 @@ def test_each_tasks_components_read_back_with_load_component_from_another_folder
     assert load_component(tmp_path / "penguins" / "penguins_score.yml").inputs["data"].type == "uri_file"
 
 
+@pytest.mark.slow
 def test_the_train_command_with_its_defaults_is_one_the_cli_accepts(tmp_path, birds_folder):
     from scripts.azure_ml.local_pipeline import local_command, step_inputs
     from scripts.azure_ml.pipelines import plan_pipeline

@@ -161,6 +161,7 @@ def test_a_fit_resumed_draws_the_random_numbers_one_never_stopped_does(tmp_path,
         assert torch.equal(final["state_dict"][name], weights), name
 
 
+@pytest.mark.slow
 def test_ctrl_c_exits_130_and_ends_the_run_as_killed(tmp_path):
     folder = tmp_path / "checkpoints"
     process = warm_launcher.start("scripts.train", fit(tmp_path, folder), REPO)
