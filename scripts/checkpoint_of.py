@@ -98,7 +98,8 @@ def same_path(value):
 
 
 def identity(class_path: str | None, options: dict, fallback: dict) -> tuple:
-    data = {key: same_path(options.get(key, fallback.get(key))) for key in set(options) | set(fallback)}
+    data = {key: options.get(key, fallback.get(key)) for key in set(options) | set(fallback)}
+    data = {key: value if key == "label" else same_path(value) for key, value in data.items()}  # a column, not a path
     return class_path, tuple(sorted((key, value) for key, value in data.items() if is_data_option(key)))
 
 

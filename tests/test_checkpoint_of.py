@@ -72,6 +72,30 @@ def test_a_folder_trained_on_by_no_run_lists_the_runs_in_one_line(tmp_path):
     assert "CKPT=" in line
 
 
+def test_a_table_run_is_found_by_its_file_and_its_label_column(tmp_path):
+    # The table task's data is two options: one CSV trained for two labels is two data, and a config's relative path
+    # names the file a run recorded by its absolute path.
+    outputs, table = tmp_path / "outputs", tmp_path / "visits.csv"
+    table.write_text("age,outcome,ward\n1,a,x\n")
+
+    def table_data(label: str) -> dict:
+        return {"class_path": "datamodules.table.TableDataModule",
+                "init_args": {"csv_path": str(table), "label": label, "batch_size": 16}}  # fmt: skip
+
+    outcome = fake_run(outputs, "a", table_data("outcome"))
+    time.sleep(0.01)
+    ward = fake_run(outputs, "b", table_data("ward"))  # the newest, on another label
+    for label, expected in (("outcome", outcome), ("ward", ward)):
+        found = run_module("scripts.checkpoint_of", "--config", "configs/table.yaml", "--data.init_args.csv_path",
+                           os.path.relpath(table, REPO), "--data.init_args.label", label,
+                           "--trainer.default_root_dir", outputs)  # fmt: skip
+        assert found.returncode == 0, found.stderr
+        assert found.stdout.strip() == str(expected)
+    other = run_module("scripts.checkpoint_of", "--config", "configs/table.yaml", "--data.init_args.csv_path",
+                       table, "--data.init_args.label", "age", "--trainer.default_root_dir", outputs)  # fmt: skip
+    assert other.returncode == 1 and "label=age" in other.stderr and str(outcome) in other.stderr
+
+
 def test_no_run_at_all_says_train_first(tmp_path):
     found = checkpoint_of("--trainer.default_root_dir", tmp_path / "outputs")
     assert found.returncode == 1
