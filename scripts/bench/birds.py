@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import os
 import tempfile
 import time
@@ -40,10 +41,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from datamodules.image_folder import ImageFiles, ImageFolderDataModule
+from datamodules.image_folder import WORKERS_PER_CORE, ImageFiles, ImageFolderDataModule
+from datamodules.preprocessing.images import MAX_IMAGE_PIXELS
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.transfer_net import TransferNet
-from scripts.bench.throughput import EpochThroughput
+from scripts.bench.throughput import BenchParser, EpochThroughput, count
 
 CLASSES = ("chickens", "turkeys")
 WIDTH, HEIGHT = 500, 375  # the size of the Azure ML tutorial's fowl photos
@@ -63,11 +65,11 @@ def make_jpegs(root: Path, per_class: int, seed: int = 0, unique: int = 256) -> 
 
     generator = torch.Generator().manual_seed(seed)
     files = []
-    for split, count in (("train", per_class), ("val", 2)):
+    for split, images in (("train", per_class), ("val", 2)):
         for name in CLASSES:
             folder = root / split / name
             folder.mkdir(parents=True)
-            for i in range(count):
+            for i in range(images):
                 path = folder / f"{i:05d}.jpg"
                 if split == "train":
                     files.append(path)
@@ -190,20 +192,23 @@ def synthetic(args: argparse.Namespace, device: torch.device) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="birds: JPEG decoding and training images/s, template vs ceiling")
+    parser = BenchParser(description="birds: JPEG decoding and training images/s, template vs ceiling")
     parser.add_argument(
         "--backbone",
         default="efficientnet_lite0",
         choices=["efficientnet_lite0", "resnet18", "resnet50", "densenet121"],
     )
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--batches", type=int, default=8, help="training batches timed (after as many untimed)")
-    parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--num-workers", type=int, default=2, help="DataLoader processes decoding JPEGs")
+    parser.add_argument("--batch-size", type=count(1), default=16)
+    parser.add_argument("--batches", type=count(1), default=8, help="training batches timed (after as many untimed)")
+    parser.add_argument("--image-size", type=count(1, math.isqrt(MAX_IMAGE_PIXELS)), default=224)  # as training
+    parser.add_argument(
+        "--num-workers", type=count(0, WORKERS_PER_CORE * (os.cpu_count() or 1)), default=2,
+        help="DataLoader processes decoding JPEGs",
+    )  # fmt: skip
     parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"])
     parser.add_argument("--channels-last", action="store_true", help="NHWC weights and batches")
-    parser.add_argument("--images", type=int, default=64, help="training JPEGs to create per class")
-    parser.add_argument("--repeats", type=int, default=1, help="rounds of all four; the best rate of each counts")
+    parser.add_argument("--images", type=count(1), default=64, help="training JPEGs to create per class")
+    parser.add_argument("--repeats", type=count(1), default=1, help="rounds of all four; the best rate of each counts")
     args = parser.parse_args(argv)
     if args.images * len(CLASSES) < args.batches * args.batch_size:
         parser.error(f"--images {args.images} per class is too few for --batches {args.batches} of {args.batch_size}")

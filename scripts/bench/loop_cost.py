@@ -14,7 +14,6 @@ The variants take turns `--repeats` times; each prints its median over the round
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import statistics
 import tempfile
@@ -29,6 +28,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from datamodules.mnist import MNISTDataModule
 from lightning_modules.mnist_net import MNISTNet
 from scripts.bench.mnist import BATCH, OPTIMIZER, bench_trainer
+from scripts.bench.throughput import BenchParser, count
 from scripts.training.cli import PROGRESS_BAR_REFRESH
 
 SKIPPED = 10  # the first steps warm up allocations and caches
@@ -101,13 +101,13 @@ def lightning(data_dir: str, steps: int, bar: TQDMProgressBar | None = None) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Lightning's fixed cost a training step, against a plain loop")
+    parser = BenchParser(description="Lightning's fixed cost a training step, against a plain loop")
     parser.add_argument("--data-dir", default="data/mnist", help="folder of the four MNIST idx files")
-    parser.add_argument("--steps", type=int, default=400, help="training steps a round (at most an epoch's 430)")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds of every variant")
+    parser.add_argument(
+        "--steps", type=count(SKIPPED + 2, 430), default=400, help="training steps a round (an epoch: 430)"
+    )
+    parser.add_argument("--repeats", type=count(1), default=3, help="rounds of every variant")
     args = parser.parse_args(argv)
-    if args.steps <= SKIPPED + 1:
-        parser.error(f"--steps must be more than {SKIPPED + 1}: the first {SKIPPED} steps are not timed")
     warnings.filterwarnings("ignore")
     data = MNISTDataModule(data_dir=args.data_dir, batch_size=BATCH)
     data.prepare_data()

@@ -35,7 +35,6 @@ use it after that).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -55,7 +54,7 @@ from torch.utils.data import DataLoader, Dataset
 from datamodules.mnist import MEAN, STD, MNISTDataModule
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.mnist_net import MNISTNet
-from scripts.bench.throughput import EpochThroughput
+from scripts.bench.throughput import BenchParser, EpochThroughput, count
 
 BATCH = 128
 CPU = torch.device("cpu")
@@ -252,20 +251,18 @@ def in_child(variant: str, data_dir: str, limit: int, accelerator: str = "cpu") 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = BenchParser(
         description="MNIST training samples/s: plain loops, classic pipeline, bare Lightning, template"
     )
     parser.add_argument("--data-dir", default="data/mnist", help="folder of the four MNIST idx files")
-    parser.add_argument("--batches", type=int, default=0, help="train on this many batches (0: the whole epoch)")
+    parser.add_argument("--batches", type=count(0), default=0, help="train on this many batches (0: the whole epoch)")
     parser.add_argument(
-        "--repeats", type=int, default=1, help="rounds of every variant; each prints its median and spread"
+        "--repeats", type=count(1), default=1, help="rounds of every variant; each prints its median and spread"
     )
     parser.add_argument(
         "--accelerator", choices=["cpu", "gpu"], default="cpu", help="gpu: every variant on the first GPU, in bf16"
     )
     args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error(f"--repeats {args.repeats}: give 1 or more rounds")
     warnings.filterwarnings("ignore")
     limit = args.batches if args.batches > 0 else -1
     results: dict[str, list[float]] = {name: [] for name in VARIANTS}

@@ -17,7 +17,6 @@ printed beside it.
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 import time
@@ -32,6 +31,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from datamodules.penguins import PenguinDataModule
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.penguin_net import PenguinNet
+from scripts.bench.throughput import BenchParser, count
 from scripts.training.cli import TemplateCLI, cli_main
 
 BATCH = 20
@@ -210,9 +210,11 @@ def make_train(epochs: int, one_time: list[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="penguin recipe: seconds per epoch, side by side")
-    parser.add_argument("--epochs", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=3, help="each variant runs this often, interleaved; best kept")
+    parser = BenchParser(description="penguin recipe: seconds per epoch, side by side")
+    parser.add_argument("--epochs", type=count(1), default=100)
+    parser.add_argument(
+        "--rounds", type=count(1), default=3, help="each variant runs this often, interleaved; best kept"
+    )
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     data = PenguinDataModule()

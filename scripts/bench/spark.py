@@ -16,13 +16,14 @@ ratios to torchrun's measured in the same run.
 
 from __future__ import annotations
 
-import argparse
 import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from scripts.bench.throughput import BenchParser, count
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
@@ -92,9 +93,9 @@ def measure(command, epochs: int, master: str) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser = BenchParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=count(1), default=30)
+    parser.add_argument("--rounds", type=count(1), default=2)
     parser.add_argument("--master", default="local-cluster[2,1,1024]")
     options = parser.parse_args(argv)
     best: dict[str, tuple[float, float]] = {}

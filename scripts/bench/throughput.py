@@ -1,12 +1,17 @@
 """The benches' clock: training samples/s of an epoch across all processes, the same for every Lightning variant a
-bench compares (the template's module logs its own `train_samples_per_sec` alike: lightning_modules/classifier.py).
+bench compares (the template's module logs its own `train_samples_per_sec` alike: lightning_modules/classifier.py);
+and their command lines: `count`, the whole numbers their options take, and `BenchParser`, whose mistakes are one
+line.
 
     python -m scripts.bench.mnist --repeats 3
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 import time
+from collections.abc import Callable
 
 import lightning as L
 import torch
@@ -49,3 +54,27 @@ class EpochThroughput(L.Callback):
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.record = state_dict["record"]
+
+
+def count(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number from `low` to `high` (None: no bound above); anything else is argparse's
+    error naming the option, before the bench starts anything."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low or (high is not None and value > high):
+            wanted = f"{low} to {high}" if high is not None else f"{low} or more"
+            raise argparse.ArgumentTypeError(f"{value}: give {wanted}")
+        return value
+
+    return parse
+
+
+class BenchParser(argparse.ArgumentParser):
+    """argparse, but a mistake is one line and exit status 1, as every command of the template says it."""
+
+    def error(self, message: str):
+        sys.exit(f"error: {message}")
