@@ -118,7 +118,7 @@ class ImageFolderDataModule(ClassificationDataModule):
         largest = math.isqrt(MAX_IMAGE_PIXELS)  # the side of the biggest picture the crop (and the serving code) makes
         if not 1 <= image_size <= largest:
             raise DataError(f"data.init_args.image_size {image_size}: give 1 to {largest} pixels (the crop's side)")
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        cores = os.cpu_count() or 1  # the machine's: a launcher binds each training process to one core of them
         # Past a few processes a core, more workers decode no faster, and each holds batches in memory (100,000 forked
         # until memory ran out).
         if not 0 <= num_workers <= WORKERS_PER_CORE * cores:

@@ -239,15 +239,15 @@ CASES = [
          "error: --trainer.accelerator gpu: torch sees no GPU on this machine; give --trainer.accelerator cpu (or "
          "leave out configs/trainer/gpu.yaml)"),
     Case("devices-0", ["fit", "--trainer.devices", "0"],
-         "error: --trainer.devices 0: on CPUs each device is a training process; give 1 to {cores} (this machine's "
-         "cores)"),
+         "error: --trainer.devices 0: on CPUs each device is a training process; give 1 to {workers} (4 a core "
+         "of this machine's {cores})"),
     # ---- counts no machine runs: each refused before anything starts ----
     Case("devices-past-the-cores", ["fit", "--trainer.accelerator", "cpu", "--trainer.devices", "64"],
-         "error: --trainer.devices 64: on CPUs each device is a training process; give 1 to {cores} (this machine's "
-         "cores)"),
+         "error: --trainer.devices 64: on CPUs each device is a training process; give 1 to {workers} (4 a core "
+         "of this machine's {cores})"),
     Case("devices-negative-on-cpus", ["fit", "--trainer.devices", "-5"],
-         "error: --trainer.devices -5: on CPUs each device is a training process; give 1 to {cores} (this machine's "
-         "cores)"),
+         "error: --trainer.devices -5: on CPUs each device is a training process; give 1 to {workers} (4 a core "
+         "of this machine's {cores})"),
     Case("num-nodes-0", ["fit", "--trainer.num_nodes", "0"], "error: --trainer.num_nodes 0: give 1 or more"),
     Case("num-nodes-without-a-launcher", ["fit", "--trainer.num_nodes", "2"],
          "error: --trainer.num_nodes 2: no launcher started this process, so no other node's processes would join it "
@@ -731,7 +731,7 @@ def run_case(case: Case, folder: Path, template: Path, checkpoints: dict[str, Pa
     user, outputs = folder / "user", folder / "outputs"
     shutil.copytree(template, user, symlinks=True)
     folders = {f"{key}_dir": Path(path).parent for key, path in checkpoints.items()}  # --checkpoint_dir of a fit
-    cores = len(os.sched_getaffinity(0))
+    cores = os.cpu_count()
     values = {"user": str(user), "outputs": str(outputs), "port": str(free_port()), "cores": cores,
               "workers": 4 * cores, **checkpoints, **folders}  # fmt: skip
     values = {key: str(value) for key, value in values.items()}

@@ -312,10 +312,10 @@ def test_a_checkpoints_model_is_saved_again_when_the_code_it_ships_is_not_the_re
     (best,) = (folder / "outputs").glob("*/*/checkpoints/best.ckpt")
     saved = (model / "MLmodel").stat().st_mtime_ns
     assert from_checkpoint(best, model) == model and (model / "MLmodel").stat().st_mtime_ns == saved  # kept
-    shipped = model / "code" / "datamodules" / "preprocessing" / "birds.py"
+    shipped = model / "code" / "datamodules" / "preprocessing" / "images.py"
     shipped.write_text(shipped.read_text() + "# as an older release wrote it\n")
     assert from_checkpoint(best, model) == model
-    assert shipped.read_text() == (REPO / "datamodules" / "preprocessing" / "birds.py").read_text()
+    assert shipped.read_text() == (REPO / "datamodules" / "preprocessing" / "images.py").read_text()
 
 
 # MNIST: digits of any size, white on black or ink on paper.

@@ -41,6 +41,7 @@ from scripts.training.checkpoints import (
 )
 from scripts.training.run_record import TrackConfig, first_process, launched
 
+PROCESSES_PER_CORE = 4  # the most CPU training processes a core: --trainer.devices' bound
 OUTPUTS = Path("outputs")  # Azure ML uploads ./outputs of every job
 MLFLOW_LOGGER = "scripts.training.tracking.BufferedMLFlowLogger"
 # The bar's redraws, in batches: Lightning's default redraws at every batch, twice, a share of every short step, and
@@ -298,11 +299,13 @@ def check_counts(trainer: dict) -> None:
         )
     devices, accelerator = str(trainer.get("devices")), str(trainer.get("accelerator"))
     on_cpus = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if on_cpus and devices.lstrip("-").isdigit() and not 1 <= int(devices) <= cores:
+    # The machine's cores, not this process's share: a launcher (mpirun) binds each process it starts to one core, and
+    # its processes exist already (their count is the launcher's). Past a few a core, processes only wait their turn.
+    most = PROCESSES_PER_CORE * (os.cpu_count() or 1)
+    if on_cpus and not launched() and devices.lstrip("-").isdigit() and not 1 <= int(devices) <= most:
         raise ConfigError(
-            f"--trainer.devices {devices}: on CPUs each device is a training process; give 1 to {cores} (this "
-            "machine's cores)"
+            f"--trainer.devices {devices}: on CPUs each device is a training process; give 1 to {most} "
+            f"({PROCESSES_PER_CORE} a core of this machine's {os.cpu_count() or 1})"
         )
 
 
