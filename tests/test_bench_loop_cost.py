@@ -16,6 +16,7 @@ from tests.conftest import MNIST, needs_mnist
 
 
 @needs_mnist
+@pytest.mark.slow  # seconds of a worker: make test-fast stays under 2 minutes
 def test_prints_every_variant_and_what_lightning_costs_a_step(capsys):
     loop_cost.main(["--data-dir", str(MNIST), "--steps", "15", "--repeats", "2"])
     printed = capsys.readouterr().out

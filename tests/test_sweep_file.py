@@ -273,6 +273,7 @@ def test_a_storage_that_cannot_be_opened_is_one_line_before_the_other_checks(tmp
     assert "\n" not in str(exit.value.code)
 
 
+@pytest.mark.slow  # seconds of a worker: make test-fast stays under 2 minutes
 def test_a_study_started_from_another_search_space_is_refused_not_mixed(tmp_path):
     import json
 
@@ -321,6 +322,7 @@ def test_a_study_resumed_after_its_config_file_was_edited_is_refused_naming_the_
     assert len(study.trials) == 0  # no trial ran
 
 
+@pytest.mark.slow  # seconds of a worker: make test-fast stays under 2 minutes
 def test_a_study_resumed_after_a_config_file_its_config_points_to_was_edited_is_refused_naming_it(tmp_path):
     import json
 

@@ -121,6 +121,7 @@ class FailsInThirdEpoch(L.LightningModule):
         return DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4)
 
 
+@pytest.mark.slow  # seconds of a worker: make test-fast stays under 2 minutes
 def test_a_failing_run_still_sends_what_it_logged(store, tmp_path):
     logger = logger_for(store, tmp_path, flush_every_s=3600)
     trainer = L.Trainer(
