@@ -73,20 +73,20 @@ def loaded_by(tmp_path: Path, *args: str) -> list[str]:
     return json.loads(report.read_text())
 
 
-def check(modules: list[str], most: int = MOST_MODULES) -> None:
-    assert len(modules) <= most, f"{len(modules)} modules: {modules}"
+def check(modules: list[str]) -> None:
+    assert len(modules) <= MOST_MODULES, f"{len(modules)} modules: {modules}"
     assert not [name for name in modules if name.startswith(NOT_CORE)], modules
 
 
-def fit_test_predict(tmp_path: Path, config: list[str], predict: str, most: int = MOST_MODULES) -> None:
+def fit_test_predict(tmp_path: Path, config: list[str], predict: str) -> None:
     outputs = tmp_path / "outputs"
     tiny = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2",
             "--trainer.limit_test_batches", "2", "--trainer.default_root_dir", str(outputs)]  # fmt: skip
-    check(loaded_by(tmp_path, "fit", *config, *tiny), most)
+    check(loaded_by(tmp_path, "fit", *config, *tiny))
     (best,) = outputs.glob("*/*/checkpoints/best.ckpt")
-    check(loaded_by(tmp_path, "test", *config, *tiny, "--ckpt_path", str(best)), most)
+    check(loaded_by(tmp_path, "test", *config, *tiny, "--ckpt_path", str(best)))
     predicting = ["--ckpt_path", str(best), "--data.init_args.predict_path", predict]
-    check(loaded_by(tmp_path, "predict", *config, *predicting), most)
+    check(loaded_by(tmp_path, "predict", *config, *predicting))
 
 
 def test_penguins(tmp_path):

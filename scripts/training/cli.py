@@ -118,9 +118,8 @@ class TemplateCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
-        check_ckpt_path(
-            subcommand and self.config[subcommand].get("ckpt_path"), launched()
-        )  # LightningCLI reads it next
+        # LightningCLI reads the checkpoint's hyperparameters next.
+        check_ckpt_path(subcommand and self.config[subcommand].get("ckpt_path"), launched())
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
