@@ -37,7 +37,9 @@ def read_inputs(spark, path: str):
     from pyspark.sql import functions as F
 
     if path.lower().endswith(".csv"):
-        return spark.read.csv(path, header=True, inferSchema=True, nullValue="NA")
+        # Quotes doubled inside a quoted value and values that span lines, as pandas, Excel and predict read them
+        # (Spark's defaults: a backslash escapes, a line ends every row). multiLine reads a file in one task.
+        return spark.read.csv(path, header=True, inferSchema=True, nullValue="NA", escape='"', multiLine=True)
     from datamodules.preprocessing.images import WINDOWS_FILES
 
     files = spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(path)
@@ -204,7 +206,9 @@ def score(spark, model_uri: str, path: str, output: str | None = None, label: st
         result = {"rows": rows, "accuracy": accuracy(checked) if checked is not None else None}
         if output:
             columns = [name for name in scored.columns if name != "image"]
-            scored.select(*columns).write.csv(output, header=True, mode="errorifexists")
+            # A quote in a value (a file's name, a CSV's cell) doubled, not backslashed: Python's csv module and pandas
+            # read every value back as it was, commas and line breaks included.
+            scored.select(*columns).write.csv(output, header=True, mode="errorifexists", escape='"')
     except (PySparkException, Py4JJavaError) as error:
         raise SparkScoreError(failure_line(error)) from None
     finally:
