@@ -20,6 +20,7 @@ import yaml
 
 from datamodules.errors import DataError
 from datamodules.mnist import FILES, MNISTDataModule, parse_idx, read_idx
+from datamodules.preprocessing import digits
 from tests.conftest import MNIST, needs_mnist, run_module
 
 SHARED = MNIST
@@ -243,6 +244,9 @@ def test_batches_normalised_and_augmentation_only_when_training() -> None:
     images, labels = data.on_after_batch_transfer(raw, 0)
     assert images.dtype == torch.float32 and images.shape == (1000, 1, 28, 28) and torch.equal(labels, raw[1])
     assert abs(images.mean()) < 0.05 and abs(images.std() - 1) < 0.05  # MNIST's mean and std
+    # What predict and serving compute (numpy), to the bit; the textbook formula to float32's rounding.
+    assert torch.equal(images, torch.from_numpy(digits.normalize(raw[0].numpy())))
+    assert torch.allclose(images, (raw[0].float() / 255 - digits.MEAN) / digits.STD, rtol=0, atol=1e-6)
     data.trainer.training = True
     warped, _ = data.on_after_batch_transfer(raw, 0)
     assert warped.shape == images.shape and warped.dtype == images.dtype
