@@ -142,6 +142,16 @@ class ClassificationModule(L.LightningModule):
                 if parameter.dim() == 4 and parameter.shape[1] == 1:
                     parameter.data = parameter.data.clone(memory_format=torch.contiguous_format)
 
+    def __setattr__(self, name: str, value) -> None:
+        # Lightning sets an attribute of the module around each hook it calls, ~40 times a training step, and
+        # nn.Module.__setattr__ checks each against the parameters, buffers and submodules: ~1% of an MNIST step on
+        # a CPU (docs/measured.md). A plain attribute that is neither tensor nor module takes the short way, to the
+        # same end: nn.Module's own would have stored it in __dict__ too.
+        if name in self.__dict__ and not isinstance(value, (torch.Tensor, nn.Module)):
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
     def _distributed(self) -> bool:
         try:
             return self.trainer.world_size > 1

@@ -113,3 +113,26 @@ def test_log_every_n_steps_zero_turns_the_step_curve_off(tmp_path):
     trainer.fit(ClassificationModule(PenguinNet, PenguinDataModule.class_names), datamodule=PenguinDataModule())
     header = (Path(logger.log_dir) / "metrics.csv").read_text().splitlines()[0]
     assert "train_loss" in header and "train_loss_step" not in header
+
+
+def test_attributes_set_on_the_module_end_where_nn_module_puts_them():
+    """ClassificationModule's short way for plain attributes (Lightning sets one around every hook) leaves tensors and
+    modules to nn.Module: each assignment ends where it would on a plain nn.Module."""
+
+    def assign(model: torch.nn.Module) -> list:
+        model.plain = 1
+        model.plain = "again"  # a plain attribute set again: the short way
+        model.replaced = 2
+        model.replaced = torch.nn.Linear(1, 1)  # a module where a plain value was: registered as a submodule
+        model.weightish = 3
+        model.weightish = torch.nn.Parameter(torch.zeros(1))  # a parameter likewise
+        model.register_buffer("kept", torch.zeros(1))
+        model.kept = torch.ones(1)  # a buffer stays a buffer
+        model.train(False)
+        return [model.plain, "replaced" in model._modules, "weightish" in model._parameters,
+                "kept" in model._buffers, [name for name in ("replaced", "weightish", "kept") if name in vars(model)],
+                model.training, model.network.training]  # fmt: skip
+
+    plain = torch.nn.Module()
+    plain.network = PenguinNet(3)
+    assert assign(module()) == assign(plain) == ["again", True, True, True, [], False, False]

@@ -1,6 +1,7 @@
 """The learning-rate options mean what they say, read off the lr Lightning's LearningRateMonitor logs at every step:
 the module's warm-up and decay, `model.lr_scheduler` in their place, and LightningCLI's own `--optimizer` and
-`--lr_scheduler` refused in one line naming the module's (they would replace its configure_optimizers).
+`--lr_scheduler` refused in one line naming the module's (they would replace its configure_optimizers). And
+`--trainer.profiler`: Lightning's profiler when given, else the template's NoProfiler (no profiling, at less cost).
 
 .venv/bin/python -m pytest -q tests/test_lr_options.py
 """
@@ -79,3 +80,18 @@ def test_options_that_would_drop_the_module_s_schedule_are_refused(tmp_path, arg
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == line
     assert not (tmp_path / "mlflow.db").exists() or not list(tmp_path.glob("*/*/config.yaml"))
+
+
+@pytest.mark.parametrize("given", [[], ["--trainer.profiler", "simple"]], ids=["none", "simple"])
+def test_the_trainer_s_profiler_is_the_one_given_else_none(tmp_path, given):
+    from lightning.pytorch.profilers import SimpleProfiler
+
+    from scripts.training.cli import NoProfiler, cli_main
+
+    args = ["fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", "1", "--test_after_fit", "false",
+            "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path), *given]  # fmt: skip
+    profiler = cli_main(args).trainer.profiler
+    if given:  # Lightning's, timing the fit
+        assert isinstance(profiler, SimpleProfiler) and "run_training_epoch" in profiler.recorded_durations
+    else:
+        assert type(profiler) is NoProfiler

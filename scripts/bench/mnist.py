@@ -14,7 +14,8 @@
 - bare:     Lightning's own floor: a LightningModule that only returns the loss of MNISTNet, on the same
             MNISTDataModule batches (Lightning's loop and hooks, the datamodule's scaling);
 - template: a Lightning Trainer fitting MNISTDataModule + ClassificationModule + MNISTNet (no
-            logger, checkpoints, progress bar or validation), timed by EpochThroughput (scripts/bench/throughput.py).
+            logger, checkpoints, progress bar or validation; the template's NoProfiler, scripts/training/cli.py),
+            timed by EpochThroughput (scripts/bench/throughput.py).
 The datamodule gathers the epoch's permutation once (index_select) and scales each batch in place: ~0.1 ms a step
 less data work than the plain loop's, which offsets part of Lightning's loop.
 Plain, bare and template train channels-last, as configs/mnist.yaml does (`model.channels_last`).
@@ -49,12 +50,14 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.profilers import Profiler
 from torch.utils.data import DataLoader, Dataset
 
 from datamodules.mnist import MEAN, STD, MNISTDataModule
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.mnist_net import MNISTNet
 from scripts.bench.throughput import BenchParser, EpochThroughput, count
+from scripts.training.cli import NoProfiler
 
 BATCH = 128
 CPU = torch.device("cpu")
@@ -155,7 +158,9 @@ class BareLightning(L.LightningModule):
         return OPTIMIZER(self.parameters())
 
 
-def bench_trainer(limit: int, *callbacks: L.Callback, accelerator: str = "cpu") -> L.Trainer:
+def bench_trainer(
+    limit: int, *callbacks: L.Callback, accelerator: str = "cpu", profiler: Profiler | None = None
+) -> L.Trainer:  # fmt: skip
     """One epoch (its first `limit` batches when > 0) in a Trainer without logger, checkpoints, validation or
     progress bar (unless `callbacks` has one), timed by one of `callbacks`; on a GPU, at gpu.yaml's precision."""
     return L.Trainer(
@@ -170,12 +175,15 @@ def bench_trainer(limit: int, *callbacks: L.Callback, accelerator: str = "cpu") 
         enable_progress_bar=any(isinstance(callback, ProgressBar) for callback in callbacks),
         enable_model_summary=False,
         callbacks=list(callbacks),
+        profiler=profiler,
     )
 
 
-def lightning_rate(model: L.LightningModule, data_dir: str, limit: int, accelerator: str) -> float:
+def lightning_rate(
+    model: L.LightningModule, data_dir: str, limit: int, accelerator: str, profiler: Profiler | None = None
+) -> float:  # fmt: skip
     """Training samples/s of one epoch of `model` on MNISTDataModule in a bench_trainer."""
-    trainer = bench_trainer(limit, EpochThroughput(), accelerator=accelerator)
+    trainer = bench_trainer(limit, EpochThroughput(), accelerator=accelerator, profiler=profiler)
     trainer.fit(model, datamodule=MNISTDataModule(data_dir=data_dir, batch_size=BATCH))
     return float(trainer.callback_metrics["bench_samples_per_sec"])
 
@@ -188,7 +196,7 @@ def bare(data_dir: str, limit: int, accelerator: str = "cpu") -> float:
 def template(data_dir: str, limit: int, accelerator: str = "cpu") -> float:
     torch.manual_seed(0)
     model = ClassificationModule(MNISTNet, MNISTDataModule.class_names, optimizer=OPTIMIZER, channels_last=True)
-    return lightning_rate(model, data_dir, limit, accelerator)
+    return lightning_rate(model, data_dir, limit, accelerator, profiler=NoProfiler())  # as the template's Trainer
 
 
 VARIANTS = (
