@@ -44,6 +44,7 @@ from scripts.azure_ml.options import DryRun, run_command
 from scripts.azure_ml.workspace import (
     GPU_SIZE,
     VM_SIZE,
+    check_cluster_size,
     check_workspace_ids,
     compute_name,
     not_signed_in,
@@ -324,6 +325,7 @@ def batch(
         return endpoints.get(names.endpoint).scoring_uri
 
     client = workspace_client(*options.workspace_ids())
+    check_cluster_size(client, compute, instance_count, "--instance_count", "deploy")  # before anything is created
     uri = create(client, names, "batch_endpoints", *entities, default_deployment)
     kind = "uri_folder" if with_code else "uri_folder (or uri_file for one CSV)"
     print(f"deployment {names.deployment} is the default of {uri}")

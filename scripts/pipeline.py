@@ -30,7 +30,7 @@ from scripts.azure_ml.errors import SubmitError
 from scripts.azure_ml.job_configs import cpu_image_note
 from scripts.azure_ml.options import JobOptions, Workspace, run_command
 from scripts.azure_ml.submission import submit_job
-from scripts.azure_ml.workspace import check_workspace_ids, not_signed_in, workspace_client
+from scripts.azure_ml.workspace import check_cluster_size, check_workspace_ids, not_signed_in, workspace_client
 from scripts.azure_ml.yaml_files import check_yaml_dir, check_yaml_file, print_or_write_yaml
 
 
@@ -131,6 +131,7 @@ def pipeline(
     from azure.ai.ml.exceptions import MlException
 
     client = workspace_client(*options.workspace_ids())
+    check_cluster_size(client, plan.compute, nodes)  # the train step's (each trial's); the others run on one node
     steps = [step.trial if step.type == "sweep" else step.component for step in job.jobs.values()]
     try:
         return submit_job(client, job, steps, stream)

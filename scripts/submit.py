@@ -39,7 +39,7 @@ from scripts.azure_ml.job_configs import GPU_ACCELERATORS, accelerator_of, cpu_i
 from scripts.azure_ml.jobs import build_job
 from scripts.azure_ml.options import JobOptions, run_command
 from scripts.azure_ml.submission import submit_job
-from scripts.azure_ml.workspace import check_workspace_ids, workspace_client
+from scripts.azure_ml.workspace import check_cluster_size, check_workspace_ids, workspace_client
 from scripts.azure_ml.yaml_files import check_yaml_file, job_yaml, print_or_write_yaml
 
 
@@ -109,6 +109,7 @@ def submit(task: str, inputs: list[str] | None = None, **given) -> str:
     if dry_run:
         return print_or_write_yaml(job, as_yaml, yaml_file)
     client = workspace_client(*options.workspace_ids())
+    check_cluster_size(client, job.compute, nodes)  # before the code and environment go up
     return submit_job(client, job, [job.trial if sweep else job], options.stream)
 
 
