@@ -17,7 +17,8 @@ an Azure ML sweep over it. evaluate tests its best checkpoint (metrics to MLflow
 its MLflow model as --model_name when --metric reaches --threshold (and says so, registering nothing, when it does
 not), score writes predictions.csv of --score_data with `python -m scripts.score`. `--local true` runs the four steps
 here, each its real command in its own process (scripts/azure_ml/local_pipeline.py). Every check of the arguments runs
-before the Azure SDK is imported; each mistake is one line and exit 1. The workspace is config.json or
+before the Azure SDK is imported, but --nodes against the cluster's maximum, as for scripts.submit; each mistake is
+one line and exit 1. The workspace is config.json or
 --subscription_id --resource_group --workspace, as for scripts.submit.
 """
 

@@ -9,7 +9,9 @@
         --inputs+ data.init_args.csv_path=azureml:penguins:3,type=uri_file --tier spot --timeout 2h
     python -m scripts.submit configs/penguins.yaml --compute serverless --instance_type Standard_DS3_v2
 
-Every check of the arguments runs before the Azure SDK is imported; each mistake is one line. The configs, --train_args
+Every check of the arguments runs before the Azure SDK is imported, but --nodes against a named cluster's maximum,
+which only the workspace knows (read before the upload; not for serverless, nor with --dry_run, which stays offline);
+each mistake is one line. The configs, --train_args
 and the inputs' options go through the training CLI here, as the job's processes read them: a typo is one line, not
 a job that fails on Azure after its image is built. The job uploads this
 folder (less `.amlignore`), builds `environment.yml` on Azure ML's Open MPI image (its CUDA one with InfiniBand for

@@ -1,5 +1,6 @@
 """Where an Azure ML job goes: the workspace (its ids, the client, the line for a missing login) and the compute (a
-cluster's name, or serverless compute on a VM size that fits the configs), checked before the SDK is imported."""
+cluster's name, or serverless compute on a VM size that fits the configs), checked before the SDK is imported; then,
+once the client is there, the node count against the cluster's maximum."""
 
 from __future__ import annotations
 
