@@ -26,8 +26,9 @@ serving environment. Each writes one row per input to predictions.csv. Scoring d
 endpoint (`az ml batch-endpoint invoke`, printed at the end). `--dry_run` and `--yaml_dir` as for `online`
 (`az ml batch-endpoint create -f`, `az ml batch-deployment create -f`).
 
-Every check of the arguments runs before the Azure SDK is imported; each mistake is one line and exit 1. The
-workspace is config.json or --subscription_id --resource_group --workspace, as for scripts.submit.
+Every check of the arguments runs before the Azure SDK is imported, but batch's --instance_count against the
+cluster's maximum, which only the workspace knows (read before anything is created); each mistake is one line and
+exit 1. The workspace is config.json or --subscription_id --resource_group --workspace, as for scripts.submit.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from scripts.azure_ml.options import DryRun, run_command
 from scripts.azure_ml.workspace import (
     GPU_SIZE,
     VM_SIZE,
+    check_cluster_size,
     check_workspace_ids,
     compute_name,
     not_signed_in,
@@ -285,7 +287,8 @@ def batch(
             batch driver) or images (image files: scripts/serving/batch_score.py over the model).
         compute: the compute cluster the scoring jobs run on (its name, or azureml:NAME).
         deployment: the deployment's name within the endpoint.
-        instance_count: nodes of the cluster a scoring job uses.
+        instance_count: nodes of the cluster a scoring job uses, at most its maximum (read from the workspace before
+            anything is created; not with dry_run, which asks the workspace nothing).
         mini_batch_size: files per call of the scoring code (per run(mini_batch)).
         max_concurrency_per_instance: scoring processes per node.
         environment: with --inputs images, a registered serving environment, azureml:NAME:VERSION, with azureml-core
@@ -324,6 +327,7 @@ def batch(
         return endpoints.get(names.endpoint).scoring_uri
 
     client = workspace_client(*options.workspace_ids())
+    check_cluster_size(client, compute, instance_count, "--instance_count", "deploy")  # before anything is created
     uri = create(client, names, "batch_endpoints", *entities, default_deployment)
     kind = "uri_folder" if with_code else "uri_folder (or uri_file for one CSV)"
     print(f"deployment {names.deployment} is the default of {uri}")

@@ -17,7 +17,8 @@ an Azure ML sweep over it. evaluate tests its best checkpoint (metrics to MLflow
 its MLflow model as --model_name when --metric reaches --threshold (and says so, registering nothing, when it does
 not), score writes predictions.csv of --score_data with `python -m scripts.score`. `--local true` runs the four steps
 here, each its real command in its own process (scripts/azure_ml/local_pipeline.py). Every check of the arguments runs
-before the Azure SDK is imported; each mistake is one line and exit 1. The workspace is config.json or
+before the Azure SDK is imported, but --nodes against the cluster's maximum, as for scripts.submit; each mistake is
+one line and exit 1. The workspace is config.json or
 --subscription_id --resource_group --workspace, as for scripts.submit.
 """
 
@@ -30,7 +31,7 @@ from scripts.azure_ml.errors import SubmitError
 from scripts.azure_ml.job_configs import cpu_image_note
 from scripts.azure_ml.options import JobOptions, Workspace, run_command
 from scripts.azure_ml.submission import submit_job
-from scripts.azure_ml.workspace import check_workspace_ids, not_signed_in, workspace_client
+from scripts.azure_ml.workspace import check_cluster_size, check_workspace_ids, not_signed_in, workspace_client
 from scripts.azure_ml.yaml_files import check_yaml_dir, check_yaml_file, print_or_write_yaml
 
 
@@ -131,6 +132,7 @@ def pipeline(
     from azure.ai.ml.exceptions import MlException
 
     client = workspace_client(*options.workspace_ids())
+    check_cluster_size(client, plan.compute, nodes)  # the train step's (each trial's); the others run on one node
     steps = [step.trial if step.type == "sweep" else step.component for step in job.jobs.values()]
     try:
         return submit_job(client, job, steps, stream)

@@ -9,7 +9,9 @@
         --inputs+ data.init_args.csv_path=azureml:penguins:3,type=uri_file --tier spot --timeout 2h
     python -m scripts.submit configs/penguins.yaml --compute serverless --instance_type Standard_DS3_v2
 
-Every check of the arguments runs before the Azure SDK is imported; each mistake is one line. The configs, --train_args
+Every check of the arguments runs before the Azure SDK is imported, but --nodes against a named cluster's maximum,
+which only the workspace knows (read before the upload; not for serverless, nor with --dry_run, which stays offline);
+each mistake is one line. The configs, --train_args
 and the inputs' options go through the training CLI here, as the job's processes read them: a typo is one line, not
 a job that fails on Azure after its image is built. The job uploads this
 folder (less `.amlignore`), builds `environment.yml` on Azure ML's Open MPI image (its CUDA one with InfiniBand for
@@ -39,7 +41,7 @@ from scripts.azure_ml.job_configs import GPU_ACCELERATORS, accelerator_of, cpu_i
 from scripts.azure_ml.jobs import build_job
 from scripts.azure_ml.options import JobOptions, run_command
 from scripts.azure_ml.submission import submit_job
-from scripts.azure_ml.workspace import check_workspace_ids, workspace_client
+from scripts.azure_ml.workspace import check_cluster_size, check_workspace_ids, workspace_client
 from scripts.azure_ml.yaml_files import check_yaml_file, job_yaml, print_or_write_yaml
 
 
@@ -109,6 +111,7 @@ def submit(task: str, inputs: list[str] | None = None, **given) -> str:
     if dry_run:
         return print_or_write_yaml(job, as_yaml, yaml_file)
     client = workspace_client(*options.workspace_ids())
+    check_cluster_size(client, job.compute, nodes)  # before the code and environment go up
     return submit_job(client, job, [job.trial if sweep else job], options.stream)
 
 

@@ -279,6 +279,24 @@ def test_a_model_version_the_workspace_lacks_is_one_line_before_anything_is_crea
     assert [method for method, *_ in azure.requests if method != "GET"] == []  # no endpoint, no environment
 
 
+def test_a_batch_deployment_of_more_nodes_than_its_cluster_scales_to_is_one_line_before_anything_is_created(
+    monkeypatch,
+):
+    """Its scoring jobs would wait for nodes the cluster never has. Online deployments name no cluster (Azure ML's
+    managed VMs): their --instance_count is not asked of the workspace."""
+    azure = FakeEndpoints()
+    client = fake_client(azure)
+    monkeypatch.setattr("scripts.deploy.workspace_client", lambda *ids: client)
+    with pytest.raises(SystemExit) as exit:
+        main(["batch", "birds-classifier:2", "--endpoint", "birds-batch", "--inputs", "images",
+              "--compute", "azureml:cpu-cluster", "--instance_count", "5"])  # fmt: skip
+    assert exit.value.code == (
+        "error: --instance_count 5: the cluster cpu-cluster scales to at most 4 nodes; give 4 or fewer, or raise its "
+        "maximum (az ml compute update --name cpu-cluster --max-instances 5)"
+    )
+    assert [method for method, *_ in azure.requests] == ["GET"] and azure.code_hashes == []
+
+
 def test_a_batch_deployment_of_tabular_files_is_the_mlflow_model_alone(tmp_path, capsys):
     text = batch("penguins-classifier:1", "penguins-batch", "tabular", "cpu-cluster", instance_count=2,
                  mini_batch_size=4, dry_run=True)  # fmt: skip

@@ -226,6 +226,19 @@ def test_a_compute_the_workspace_does_not_have_is_one_line(monkeypatch, capsys):
     assert "\n" not in exit.value.code
 
 
+@pytest.mark.parametrize("sweep", [None, "configs/sweeps/penguins.yaml"], ids=["train", "sweep"])
+def test_a_train_step_of_more_nodes_than_the_cluster_scales_to_is_one_line_before_anything_is_put(monkeypatch, sweep):
+    azure = fake_workspace(monkeypatch)
+    args = ["configs/penguins.yaml", "--compute", "cpu-cluster", "--nodes", "6", "--score_data", str(PENGUINS)]
+    with pytest.raises(SystemExit) as exit:
+        main([*args, *(["--sweep", sweep] if sweep else [])])
+    assert exit.value.code == (
+        "error: --nodes 6: the cluster cpu-cluster scales to at most 4 nodes; give 4 or fewer, or raise its maximum "
+        "(az ml compute update --name cpu-cluster --max-instances 6)"
+    )
+    assert [method for method, *_ in azure.requests] == ["GET"] and azure.code_hashes == []
+
+
 def test_the_components_are_registered_in_the_workspace(monkeypatch, capsys):
     azure = fake_workspace(monkeypatch)
     created = pipeline("configs/birds.yaml", compute="gpu", components=True, version="3")

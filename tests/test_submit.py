@@ -512,6 +512,96 @@ def test_a_job_azure_ml_refuses_is_one_line_naming_why(monkeypatch, capsys):
     assert "submitted" not in capsys.readouterr().out
 
 
+NODES_PAST_CPU_CLUSTER = (
+    "error: --nodes 8: the cluster cpu-cluster scales to at most 4 nodes; give 4 or fewer, or raise its maximum "
+    "(az ml compute update --name cpu-cluster --max-instances 8)"
+)
+
+
+@pytest.mark.parametrize(
+    "compute",
+    ["cpu-cluster", "azureml:cpu-cluster", f"azureml:{WORKSPACE}/computes/cpu-cluster"],
+    ids=["name", "azureml-name", "arm-id"],
+)
+def test_more_nodes_than_the_cluster_scales_to_is_one_line_before_anything_is_uploaded(compute, monkeypatch, capsys):
+    """Azure ML takes such a job and queues it for good: the cluster's maximum, read from the workspace, bounds --nodes
+    before the code snapshot or the environment goes up."""
+    azure = FakeAzureML()
+    client = fake_client(azure)
+    monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: client)
+    with pytest.raises(SystemExit) as exit:
+        main(["configs/penguins.yaml", "--compute", compute, "--nodes", "8"])
+    assert exit.value.code == NODES_PAST_CPU_CLUSTER
+    assert [(method, path.rsplit("/ws/", 1)[1]) for method, path, _ in azure.requests] == [
+        ("GET", "computes/cpu-cluster")
+    ]
+    assert azure.code_hashes == [] and azure.blobs == {} and capsys.readouterr().out == ""
+    name = submit("configs/penguins.yaml", compute=compute, nodes=4)  # the cluster's maximum itself
+    (job,) = [body["properties"] for method, path, body in azure.requests if path.endswith(f"/jobs/{name}")]
+    assert job["resources"]["instanceCount"] == 4
+
+
+def test_the_nodes_of_serverless_compute_a_cluster_the_workspace_lacks_or_a_dry_run_are_not_bounded(monkeypatch):
+    """Serverless compute has no cluster to ask; a cluster the workspace lacks is Azure ML's refusal of the job, as
+    before; a dry run asks nothing of the workspace."""
+    monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: pytest.fail("Azure was asked"))
+    text = submit("configs/penguins.yaml", compute="cpu-cluster", nodes=8, dry_run=True)
+    assert yaml.safe_load(text)["resources"]["instance_count"] == 8
+    azure = FakeAzureML()
+    client = fake_client(azure)
+    monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: client)
+    name = submit("configs/penguins.yaml", compute="serverless", nodes=8)
+    (job,) = [body["properties"] for method, path, body in azure.requests if path.endswith(f"/jobs/{name}")]
+    assert job["resources"]["instanceCount"] == 8
+    assert not [path for method, path, _ in azure.requests if "/computes/" in path]  # no cluster looked up
+    name = submit("configs/penguins.yaml", compute="no-such-cluster", nodes=8)  # the fake takes it; Azure ML refuses
+    (job,) = [body["properties"] for method, path, body in azure.requests if path.endswith(f"/jobs/{name}")]
+    assert job["computeId"] == f"{WORKSPACE}/computes/no-such-cluster"
+
+
+class OtherClusters(FakeAzureML):
+    """A workspace with a cluster scaled to 0 nodes at most, and one the caller may not read."""
+
+    def request(self, method, url, data=None, **kwargs):
+        path = url.split("?")[0].removeprefix("https://management.azure.com")
+        if method == "GET" and path.endswith("/computes/forbidden"):
+            self.requests.append((method, path, None))
+            message = "The client 'me' does not have authorization to perform action 'computes/read'.\nMore"
+            body = json.dumps({"error": {"code": "AuthorizationFailed", "message": message}}).encode()
+            return http_response(method, url, 403, body, {"Content-Type": "application/json"})
+        if method == "GET" and path.endswith("/computes/none-yet"):
+            self.requests.append((method, path, None))
+            cluster = {"computeType": "AmlCompute", "properties": {"scaleSettings": {"maxNodeCount": 0}}}
+            body = json.dumps({"id": path, "name": "none-yet", "properties": cluster}).encode()
+            return http_response(method, url, 200, body, {"Content-Type": "application/json"})
+        return super().request(method, url, data, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("compute", "line"),
+    [
+        (
+            "none-yet",
+            "--nodes 1: the cluster none-yet scales to at most 0 nodes; raise its maximum (az ml compute update --name "
+            "none-yet --max-instances 1)",
+        ),
+        (
+            "forbidden",
+            "Azure ML refused to read the compute forbidden: (AuthorizationFailed) The client 'me' does not have "
+            "authorization to perform action 'computes/read'.",
+        ),
+    ],
+)
+def test_a_cluster_of_no_nodes_or_one_the_login_may_not_read_is_one_line_before_the_upload(compute, line, monkeypatch):
+    azure = OtherClusters()
+    client = fake_client(azure)
+    monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: client)
+    with pytest.raises(SystemExit) as exit:
+        main(["configs/penguins.yaml", "--compute", compute])
+    assert exit.value.code == f"error: {line}"
+    assert [method for method, *_ in azure.requests] == ["GET"] and azure.code_hashes == []
+
+
 @pytest.mark.parametrize(
     ("presets", "train_args", "image"),
     [

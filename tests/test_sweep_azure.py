@@ -140,6 +140,19 @@ def test_a_submission_puts_the_sweep_job_over_the_fake_transport(monkeypatch, ca
     assert job["computeId"].endswith("/computes/cpu-cluster")
 
 
+def test_trials_of_more_nodes_than_the_cluster_scales_to_are_one_line_before_anything_is_uploaded(monkeypatch):
+    azure = FakeAzureML()
+    client = fake_client(azure)
+    monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: client)
+    with pytest.raises(SystemExit) as exit:
+        main(["configs/penguins.yaml", "--compute", "gpu-cluster", "--sweep", PENGUINS_SWEEP, "--nodes", "5"])
+    assert exit.value.code == (
+        "error: --nodes 5: the cluster gpu-cluster scales to at most 4 nodes; give 4 or fewer, or raise its maximum "
+        "(az ml compute update --name gpu-cluster --max-instances 5)"
+    )
+    assert [method for method, *_ in azure.requests] == ["GET"] and azure.code_hashes == []
+
+
 def sweep_file(tmp_path, **sections):
     data = yaml.safe_load((REPO / PENGUINS_SWEEP).read_text()) | sections
     path = tmp_path / "sweep.yaml"

@@ -54,7 +54,8 @@ class JobOptions(Workspace):
         presets: configs added after the task's, in order, e.g. configs/trainer/gpu.yaml (not ddp*.yaml: the job
             adds those from --nodes, --processes_per_node and --distribution).
         nodes: machines of the training job (its instance count); with processes_per_node > 1 or nodes > 1 it runs
-            DDP.
+            DDP. At most the cluster's maximum, read from the workspace before the upload (not for serverless compute,
+            which has no cluster, nor with dry_run).
         processes_per_node: processes on each machine, one per GPU (process_count_per_instance).
         distribution: how Azure ML starts the processes: `pytorch` (torch.distributed's variables) or `mpi`.
         train_args: more `scripts.train` options, e.g. "--trainer.max_epochs 5" (not devices, num_nodes, strategy).
@@ -74,6 +75,7 @@ class JobOptions(Workspace):
         instance_type: with --compute serverless, the VM size, e.g. Standard_NC4as_T4_v3 (a GPU size for configs
             that run on GPUs); a pipeline's register and score steps run on CPUs: a GPU size leaves theirs to Azure ML.
         dry_run: print the YAML instead of submitting; `az ml job create -f` runs it saved at the repository's root.
+            Offline: the workspace is not asked, so --nodes is not held to the cluster's maximum.
         yaml_file: with dry_run, write the YAML to this file instead, its code path relative to the file's folder
             (scripts.pipeline --components true: a folder of the components' TASK_STEP.yml files).
         stream: follow the submitted job's (or pipeline's) logs and exit with its status (0 when it completed).

@@ -1,5 +1,6 @@
 """Where an Azure ML job goes: the workspace (its ids, the client, the line for a missing login) and the compute (a
-cluster's name, or serverless compute on a VM size that fits the configs), checked before the SDK is imported."""
+cluster's name, or serverless compute on a VM size that fits the configs), checked before the SDK is imported; then,
+once the client is there, the node count against the cluster's maximum."""
 
 from __future__ import annotations
 
@@ -72,6 +73,34 @@ def check_compute(compute: str, instance_type: str | None, configs: list[str], g
             "Standard_NC4as_T4_v3"
         )
     return None if serverless else name
+
+
+def check_cluster_size(client, compute: str | None, nodes: int, option: str = "--nodes", again: str = "submit") -> None:
+    """`nodes` within the maximum of the cluster `compute` (a name or ARM id), read from the workspace: Azure ML takes
+    a job of more nodes than its cluster scales to, and it waits for them for good. Serverless compute (None) has no
+    cluster to ask; a cluster the workspace lacks is left to Azure ML's own refusal, as before; `again` is the
+    command's verb for the line on a missing login."""
+    if compute is None or compute.lower() == SERVERLESS:
+        return
+    from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, ResourceNotFoundError
+
+    name = compute.rsplit("/", 1)[-1]
+    try:
+        cluster = client.compute.get(name)
+    except ResourceNotFoundError:
+        return
+    except ClientAuthenticationError:
+        raise SubmitError(not_signed_in(again)) from None
+    except HttpResponseError as error:
+        message = str(error.message or error).strip().splitlines()[0]
+        raise SubmitError(f"Azure ML refused to read the compute {name}: {message}") from None
+    most = getattr(cluster, "max_instances", None)  # an AmlCompute's; a compute instance or Kubernetes has none
+    if most is not None and nodes > most:
+        fewer = f"give {most} or fewer, or " if most else ""
+        raise SubmitError(
+            f"{option} {nodes}: the cluster {name} scales to at most {most} nodes; {fewer}raise its maximum (az ml "
+            f"compute update --name {name} --max-instances {nodes})"
+        )
 
 
 def check_workspace_ids(subscription_id: str | None, resource_group: str | None, workspace: str | None,
