@@ -21,14 +21,15 @@ def test_prints_every_variant_and_what_lightning_costs_a_step(capsys):
     loop_cost.main(["--data-dir", str(MNIST), "--steps", "15", "--repeats", "2"])
     printed = capsys.readouterr().out
     assert "loop cost: 15 steps of batch 128" in printed and "2 rounds" in printed
-    variants = ("plain loop", "stock Lightning", "+ Lightning's bar, to a file",
+    variants = ("plain loop", "stock Lightning", "template's module, Trainer", "+ Lightning's bar, to a file",
                 "+ template's bar, to a file", "plain loop, MNISTNet")  # fmt: skip
     for variant in variants:
         median, low, high = map(float, re.search(rf"^  {re.escape(variant)} +(\S+)  \((\S+)\.\.(\S+)\)$", printed,
                                                  re.MULTILINE).groups())  # fmt: skip
         assert 0 < low <= median <= high
-    costs = re.findall(r"^  (stock Lightning): ([+-]\d+) µs a step, .* ceiling (\S+)x$", printed, re.MULTILINE)
-    assert [name for name, _, _ in costs] == ["stock Lightning"]
+    costs = re.findall(r"^  (stock Lightning|template's module, Trainer): ([+-]\d+) µs a step, .* ceiling (\S+)x$",
+                       printed, re.MULTILINE)  # fmt: skip
+    assert [name for name, _, _ in costs] == ["stock Lightning", "template's module, Trainer"]
     bars = re.findall(r"^  (Lightning's|template's) bar, to a file: [+-]\d+ µs a step, \S+% of an MNIST step$", printed,
                       re.MULTILINE)  # fmt: skip
     assert bars == ["Lightning's", "template's"]

@@ -7,8 +7,10 @@ plain loop (fetch, the datamodule's scaling, forward, zero_grad, backward, SGD s
 medians of the steps' times, less the plain loop's, are Lightning's fixed cost a step: its hooks, its closure and
 optimizer chain, its progress and logging bookkeeping. The same plain loop on MNISTNet gives a real step's time here,
 and so the ceiling that fixed cost puts on scripts.bench.mnist's template / plain: step / (step + cost).
-Then the same Lightning loop with a progress bar drawing into a file (as in an Azure ML job's log): Lightning's
-TQDM bar as it is by default, drawing at every batch, and as scripts.train sets it (`PROGRESS_BAR_REFRESH`).
+The template's module (its metrics collected at every step) and Trainer (its profiler) around the same net give
+what the template's loop costs. Then the same Lightning loop with a progress bar drawing into a file (as in an
+Azure ML job's log): Lightning's TQDM bar as it is by default, drawing at every batch, and as scripts.train sets it
+(`PROGRESS_BAR_REFRESH`).
 The variants take turns `--repeats` times; each prints its median over the rounds with their spread (min..max).
 """
 
@@ -26,10 +28,11 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import TQDMProgressBar
 
 from datamodules.mnist import MNISTDataModule
+from lightning_modules.classifier import ClassificationModule
 from lightning_modules.mnist_net import MNISTNet
 from scripts.bench.mnist import BATCH, OPTIMIZER, bench_trainer
 from scripts.bench.throughput import BenchParser, count
-from scripts.training.cli import PROGRESS_BAR_REFRESH
+from scripts.training.cli import PROGRESS_BAR_REFRESH, NoProfiler
 
 SKIPPED = 10  # the first steps warm up allocations and caches
 
@@ -90,13 +93,17 @@ class StepEnds(L.Callback):
         self.ends.append(time.perf_counter())
 
 
-def lightning(data_dir: str, steps: int, bar: TQDMProgressBar | None = None) -> float:
-    """Median µs a step of NearFreeModule in scripts.bench.mnist's Trainer; `bar` draws into a temporary file."""
+def lightning(data_dir: str, steps: int, bar: TQDMProgressBar | None = None, template: bool = False) -> float:
+    """Median µs a step of NearFreeModule in scripts.bench.mnist's Trainer; `bar` draws into a temporary file. With
+    `template`, the template's module (ClassificationModule, its metrics collected) around the near-free net, in a
+    Trainer with the template's profiler."""
     torch.manual_seed(0)
     ends = StepEnds()
-    trainer = bench_trainer(steps, ends, *([bar] if bar else []))
+    trainer = bench_trainer(steps, ends, *([bar] if bar else []), profiler=NoProfiler() if template else None)
+    names = MNISTDataModule.class_names
+    module = ClassificationModule(lambda _: NearFreeNet(), names, optimizer=OPTIMIZER) if template else NearFreeModule()
     with tempfile.TemporaryFile("w") as log, contextlib.redirect_stdout(log):  # Lightning's bars write to stdout
-        trainer.fit(NearFreeModule(), datamodule=MNISTDataModule(data_dir=data_dir, batch_size=BATCH))
+        trainer.fit(module, datamodule=MNISTDataModule(data_dir=data_dir, batch_size=BATCH))
     return median_step_us(ends.ends)
 
 
@@ -115,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = {
         "plain loop": lambda: plain(data, NearFreeNet(), args.steps),
         "stock Lightning": lambda: lightning(args.data_dir, args.steps),
+        "template's module, Trainer": lambda: lightning(args.data_dir, args.steps, template=True),
         "+ Lightning's bar, to a file": lambda: lightning(args.data_dir, args.steps, bar=TQDMProgressBar()),
         "+ template's bar, to a file": lambda: lightning(
             args.data_dir, args.steps, bar=TQDMProgressBar(refresh_rate=PROGRESS_BAR_REFRESH)
@@ -131,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, times in results.items():
         print(f"  {name:28s} {medians[name]:8.0f}  ({min(times):.0f}..{max(times):.0f})")
     step = medians["plain loop, MNISTNet"]
-    for name in ["stock Lightning"]:
+    for name in ["stock Lightning", "template's module, Trainer"]:
         cost = medians[name] - medians["plain loop"]
         ceiling = step / (step + cost)
         print(f"  {name}: {cost:+.0f} µs a step, {cost / step:.1%} of an MNIST step; ceiling {ceiling:.2f}x")
