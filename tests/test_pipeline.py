@@ -248,6 +248,11 @@ def test_the_components_are_registered_in_the_workspace(monkeypatch, capsys):
         f"/components/birds_{step}/versions/3" for step in ("train", "evaluate", "register", "score")]  # fmt: skip
 
 
+# The mistakes found by checking the configs through the training CLI, which imports Lightning (~7 s a process): in
+# make test, not in make test-fast.
+LIGHTNING = pytest.mark.slow
+
+
 @pytest.mark.parametrize(
     ("args", "line"),
     [
@@ -256,8 +261,9 @@ def test_the_components_are_registered_in_the_workspace(monkeypatch, capsys):
         (["configs/penguins.yaml", "--compute", "local"], "--compute local: Azure ML's local runs are not supported "
          "for pipelines; give --local true to run it here step after step, or a compute cluster's name"),
         (["configs/penguins.yaml", "--compute", "cpu cluster"], "--compute 'cpu cluster': not a compute's name"),
-        (["configs/penguins.yaml", "--compute", "c", "--score_data", str(PENGUINS), "--experiment", "penguins lr"],
-         "--experiment 'penguins lr': Azure ML takes 1-256 letters, digits, '_' and '-'"),
+        pytest.param(["configs/penguins.yaml", "--compute", "c", "--score_data", str(PENGUINS), "--experiment",
+                      "penguins lr"], "--experiment 'penguins lr': Azure ML takes 1-256 letters, digits, '_' and '-'",
+                     marks=LIGHTNING),
         (["configs/penguins.yaml", "--compute", "c", "--threshold", "1.5"],
          "--threshold 1.5: test_acc is a fraction; give 0 to 1"),
         (["configs/penguins.yaml", "--compute", "c", "--metric", "test_loss", "--threshold", "-1"],
@@ -274,14 +280,17 @@ def test_the_components_are_registered_in_the_workspace(monkeypatch, capsys):
         (["configs/penguins.yaml", "--local", "true", "--dry_run", "true"], "--local true runs the pipeline here"),
         (["configs/penguins.yaml", "--local", "true", "--local_dir", "README.md/runs", "--score_data", str(PENGUINS)],
          "--local_dir README.md/runs: README.md is a file, not a folder; give a folder"),
-        (["configs/penguins.yaml", "--compute", "c", "--data", "configs"], "--data configs: a folder; this task reads"),
-        (["configs/birds.yaml", "--compute", "c", "--data", "configs/birds.yaml"],
-         "--data configs/birds.yaml: a file; this task reads a folder"),
+        pytest.param(["configs/penguins.yaml", "--compute", "c", "--data", "configs"],
+                     "--data configs: a folder; this task reads", marks=LIGHTNING),
+        pytest.param(["configs/birds.yaml", "--compute", "c", "--data", "configs/birds.yaml"],
+                     "--data configs/birds.yaml: a file; this task reads a folder", marks=LIGHTNING),
         (["configs/birds.yaml", "--compute", "c", "--data", "no/such"], "--data no/such: no such file or folder"),
-        (["configs/birds.yaml", "--compute", "c", "--score_data", "strategies"],
-         "--score_data strategies: no image in it"),
-        (["configs/penguins.yaml", "--compute", "c"], "--score_data: give what the score step scores (a CSV"),
-        (["configs/birds.yaml", "--compute", "c", "--data", "azureml:birds"], "--data 'azureml:birds': give a"),
+        pytest.param(["configs/birds.yaml", "--compute", "c", "--score_data", "strategies"],
+                     "--score_data strategies: no image in it", marks=LIGHTNING),
+        pytest.param(["configs/penguins.yaml", "--compute", "c"],
+                     "--score_data: give what the score step scores (a CSV", marks=LIGHTNING),
+        pytest.param(["configs/birds.yaml", "--compute", "c", "--data", "azureml:birds"],
+                     "--data 'azureml:birds': give a", marks=LIGHTNING),
         (["configs/penguins.yaml", "--compute", "c", "--sweep", "configs/sweeps/penguins.yaml", "--timeout", "1h"],
          "--timeout with --sweep"),
         (["configs/penguins.yaml", "--compute", "c", "--dry_run", "true", "--yaml_file", "configs"],
@@ -352,6 +361,7 @@ def test_a_yaml_file_that_is_not_a_jobs_yaml_is_refused_not_written_over(tmp_pat
             assert result.returncode == 0, result.stderr[-2000:]
 
 
+@pytest.mark.slow  # ~15 s of a worker: make test-fast stays under 2 minutes
 def test_a_data_file_whose_name_the_steps_shell_would_split_is_one_line_here_too(tmp_path):
     # Uploaded, the file keeps its name, which ends the path Azure ML writes into the step's command unquoted.
     data = tmp_path / "my data" / "penguins 2024.csv"  # a space in the folder is fine: the upload drops it
