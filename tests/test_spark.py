@@ -590,10 +590,10 @@ def test_spark_udf_scores_penguin_rows_as_predict_with_the_synapse_accuracy(tmp_
     from scripts.spark import main
 
     penguins = models["penguins"]
-    # A column the model does not take travels to the output as it was read: quotes doubled inside a quoted value
-    # (as pandas and Excel write them) and line breaks, which Spark's defaults split into other rows.
+    # A column the model does not take travels to the output as it was read: quotes doubled inside a quoted value, as
+    # pandas and Excel write them (Spark's default, which expects a backslash, kept the quotes and cut at the comma).
     noted = pd.read_csv(penguins.inputs)
-    noted["note"] = [f'bird "{i}", seen\nat dawn' for i in range(len(noted))]
+    noted["note"] = [f'bird "{i}", seen at dawn' for i in range(len(noted))]
     noted.to_csv(tmp_path / "noted.csv", index=False, na_rep="NA")
     main(["score", str(penguins.model), str(tmp_path / "noted.csv"), "--output", str(tmp_path / "out"),
           "--label", "species"])  # fmt: skip

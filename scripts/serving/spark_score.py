@@ -37,9 +37,9 @@ def read_inputs(spark, path: str):
     from pyspark.sql import functions as F
 
     if path.lower().endswith(".csv"):
-        # Quotes doubled inside a quoted value and values that span lines, as pandas, Excel and predict read them
-        # (Spark's defaults: a backslash escapes, a line ends every row). multiLine reads a file in one task.
-        return spark.read.csv(path, header=True, inferSchema=True, nullValue="NA", escape='"', multiLine=True)
+        # A quote doubled inside a quoted value, as pandas and Excel write it (Spark's default escapes with a
+        # backslash). Not multiLine: that reads a file in one task, where Spark splits a large one at line ends.
+        return spark.read.csv(path, header=True, inferSchema=True, nullValue="NA", escape='"')
     from datamodules.preprocessing.images import WINDOWS_FILES
 
     files = spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(path)
