@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from scripts.azure_ml.assets import Asset, AssetError, asset_yaml, build, plan_data, plan_environment
-from scripts.azure_ml.errors import SubmitError
+from scripts.azure_ml.errors import SubmitError, service_line
 from scripts.azure_ml.options import DryRun, run_command
 from scripts.azure_ml.workspace import check_workspace_ids, not_signed_in, workspace_client
 from scripts.azure_ml.yaml_files import check_not_written_over, check_yaml_dir
@@ -63,7 +63,7 @@ def create(assets: list[Asset], options: DryRun) -> str:
     except ClientAuthenticationError:
         raise AssetError(not_signed_in("register")) from None
     except HttpResponseError as error:  # e.g. the version exists with other content: versions are immutable
-        message = str(error.message or error).strip().splitlines()[0]
+        message = service_line(error)
         raise AssetError(f"Azure ML refused {asset.reference}: {message}; give the next --version") from None
     return " ".join(asset.reference for asset in assets)
 

@@ -39,7 +39,7 @@ from typing import Literal
 
 from scripts.azure_ml.assets import default_kind
 from scripts.azure_ml.endpoints import SERVE_ENVIRONMENT, Names
-from scripts.azure_ml.errors import SubmitError
+from scripts.azure_ml.errors import SubmitError, service_line
 from scripts.azure_ml.option_values import parse_reference
 from scripts.azure_ml.options import DryRun, run_command
 from scripts.azure_ml.workspace import (
@@ -182,7 +182,7 @@ def create(client, names: Names, operations: str, endpoint, deployment, finish, 
     except ClientAuthenticationError:
         raise DeployError(not_signed_in("deploy")) from None
     except HttpResponseError as error:
-        message = str(error.message or error).strip().splitlines()[0]
+        message = service_line(error)
         raise DeployError(f"Azure ML refused endpoint {endpoint.name}: {message}") from None
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from scripts.azure_ml.errors import SubmitError
+from scripts.azure_ml.errors import SubmitError, service_line
 from scripts.azure_ml.job_configs import cpu_image_note
 from scripts.azure_ml.options import JobOptions, Workspace, run_command
 from scripts.azure_ml.submission import submit_job
@@ -187,7 +187,7 @@ def create_components(plan, version: str, dry_run: bool, yaml_file: str | None, 
     except ClientAuthenticationError:
         raise SubmitError(not_signed_in("submit")) from None
     except HttpResponseError as error:  # e.g. the version exists with other content: versions are immutable
-        message = str(error.message or error).strip().splitlines()[0]
+        message = service_line(error)
         raise SubmitError(
             f"Azure ML refused component {component.name}:{version}: {message}; give the next --version"
         ) from None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from scripts.azure_ml.errors import SubmitError
+from scripts.azure_ml.errors import SubmitError, service_line
 from scripts.azure_ml.workspace import not_signed_in
 
 
@@ -42,7 +42,7 @@ def submit_job(client, job, code_holders: list, stream: bool) -> str:
             except ClientAuthenticationError:  # an HttpResponseError too: the one line below says to sign in
                 raise
             except HttpResponseError as error:  # e.g. a compute, environment or data asset the workspace lacks
-                message = str(error.message or error).strip().splitlines()[0]
+                message = service_line(error)
                 raise SubmitError(f"Azure ML refused the job: {message}") from None
         print(f"submitted {submitted.name}: {submitted.studio_url}")
         if stream:

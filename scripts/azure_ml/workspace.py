@@ -8,7 +8,7 @@ import json
 import re
 from pathlib import Path
 
-from scripts.azure_ml.errors import SubmitError
+from scripts.azure_ml.errors import SubmitError, service_line
 
 # Serverless compute: no cluster; Azure ML's documented way is a job with no compute, its VM size (if any) in resources.
 SERVERLESS = "serverless"
@@ -92,7 +92,7 @@ def check_cluster_size(client, compute: str | None, nodes: int, option: str = "-
     except ClientAuthenticationError:
         raise SubmitError(not_signed_in(again)) from None
     except HttpResponseError as error:
-        message = str(error.message or error).strip().splitlines()[0]
+        message = service_line(error)
         raise SubmitError(f"Azure ML refused to read the compute {name}: {message}") from None
     most = getattr(cluster, "max_instances", None)  # an AmlCompute's; a compute instance or Kubernetes has none
     if most is not None and nodes > most:
