@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     if any(arg in ("-h", "--help") for arg in argv):
         print(USAGE)
         if argv[:1] == ["fit"]:
-            from scripts.training.cli import cli_main
+            from scripts.train import cli_main
 
             print("scripts.train fit's options:", flush=True)
             sys.argv[1:] = ["fit", "--help"]  # from sys.argv: LightningCLI warns of args given beside it

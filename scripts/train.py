@@ -12,17 +12,19 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
 import threading
+import warnings
 from typing import NoReturn
 
 import torch
 from jsonargparse import ArgumentError
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from scripts.training.cli import TemplateCLI, cli_main
+from scripts.training.cli import TemplateCLI, make_cli
 from scripts.training.run_record import launched
 
 
@@ -133,6 +135,46 @@ def end_process_group() -> None:
     collective."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+class NoAdvertisements(logging.Filter):
+    """Drops Lightning's tips to install its cloud services (litlogger, litmodels), printed on every run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip:")
+
+
+def no_gpu_lookups_without_gpus() -> None:
+    """Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1 when imported, so that asking torch for a GPU cannot start CUDA
+    before a process forks. Torch's Adam asks at every step: with the variable set, on a host without NVIDIA's
+    driver (CPU machines, CI, CPU clusters), each ask looks for libnvidia-ml.so.1 again and fails, a share of a small
+    network's step. Where no GPU is visible there is no CUDA to start: it is unset then."""
+    if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1" and torch.cuda.device_count() == 0:
+        del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
+
+
+def cli_main(args: list[str] | None = None, cli_class: type[TemplateCLI] = TemplateCLI) -> TemplateCLI:
+    no_gpu_lookups_without_gpus()
+    # Lightning's rank-zero messages go to this logger (lightning/pytorch/utilities/rank_zero.py).
+    rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, NoAdvertisements) for f in rank_zero_logger.filters):
+        rank_zero_logger.addFilter(NoAdvertisements())
+    # TransferNet keeps a frozen backbone's BatchNorm in eval mode on purpose; Lightning warns of it.
+    warnings.filterwarnings("ignore", r"Found \d+ module\(s\) in eval mode")
+    # Lightning 2.6.6 on torch 2.14: a deprecation inside Lightning, printed on every run; nothing to do for users.
+    warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # MLflow logs each failed write to its sqlite store with a traceback, then raises it: the CLI reports it, once. (A
+    # filter: MLflow resets its loggers' levels when it is first imported.)
+    store_log = logging.getLogger("mlflow.store.db.utils")
+    if not store_log.filters:
+        store_log.addFilter(lambda record: record.levelno > logging.ERROR)
+    # ClassificationModule's epoch metrics are already reduced over all processes (torchmetrics' compute).
+    warnings.filterwarnings("ignore", r"It is recommended to use `self.log\('\w+', ..., sync_dist=True\)`")
+    # best.ckpt's callback comes first: `ckpt_path="best"` takes it, as Lightning says at length.
+    warnings.filterwarnings("ignore", r".*configured with multiple `ModelCheckpoint`")
+    # ClassificationModule logs train_loss_step every log_every_n_steps global steps, across epochs too.
+    warnings.filterwarnings("ignore", r"The number of training batches .* is smaller than the logging interval")
+    return make_cli(args, cli_class)
 
 
 if __name__ == "__main__":

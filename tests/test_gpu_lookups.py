@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from scripts.training.cli import no_gpu_lookups_without_gpus
+from scripts.train import no_gpu_lookups_without_gpus
 
 VARIABLE = "PYTORCH_NVML_BASED_CUDA_CHECK"
 

@@ -86,7 +86,8 @@ def test_options_that_would_drop_the_module_s_schedule_are_refused(tmp_path, arg
 def test_the_trainer_s_profiler_is_the_one_given_else_none(tmp_path, given):
     from lightning.pytorch.profilers import SimpleProfiler
 
-    from scripts.training.cli import NoProfiler, cli_main
+    from scripts.train import cli_main
+    from scripts.training.cli import NoProfiler
 
     args = ["fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", "1", "--test_after_fit", "false",
             "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path), *given]  # fmt: skip

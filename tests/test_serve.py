@@ -26,7 +26,7 @@ import torch
 from torchvision.io import write_jpeg, write_png
 
 from scripts.serve import main as serve_main
-from scripts.training.cli import cli_main
+from scripts.train import cli_main
 from tests.conftest import MNIST, REPO, bird_folders, free_port, needs_mnist, run_module
 
 SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"

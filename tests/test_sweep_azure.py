@@ -63,8 +63,8 @@ def test_the_dry_run_yaml_is_a_sweep_job_of_the_files_space_objective_policy_and
 
 @pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")  # pytest's own arguments are in sys.argv
 def test_a_trials_command_with_its_values_is_one_the_training_cli_accepts(tmp_path, capsys):
+    from scripts.train import cli_main
     from scripts.training.checkpoints import flatten
-    from scripts.training.cli import cli_main
 
     job, _ = dry_run_job(tmp_path, "configs/penguins.yaml", compute="cpu-cluster", sweep=PENGUINS_SWEEP)
     drawn = {

@@ -112,7 +112,7 @@ def resolved_config(configs: list[str], train_args: str = "") -> dict:
     Lightning (a few seconds)."""
     from jsonargparse import ArgumentError
 
-    from scripts.training.cli import cli_main
+    from scripts.train import cli_main
     from scripts.training.cli_errors import config_error_line
 
     args = ["fit", *(item for config in configs for item in ("--config", config)), *shlex.split(train_args)]

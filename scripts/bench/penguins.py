@@ -33,7 +33,8 @@ from datamodules.penguins import PenguinDataModule
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.penguin_net import PenguinNet
 from scripts.bench.throughput import BenchParser, count
-from scripts.training.cli import NoProfiler, TemplateCLI, cli_main
+from scripts.train import cli_main
+from scripts.training.cli import NoProfiler, TemplateCLI
 
 BATCH = 20
 

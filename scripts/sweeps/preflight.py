@@ -26,8 +26,8 @@ def check_options(sweep: Sweep, configs: list[str] | None = None) -> dict:
     config, flattened, which check_metric's short fit follows where it must."""
     from jsonargparse import ArgumentError
 
+    from scripts.train import cli_main
     from scripts.training.checkpoints import flatten
-    from scripts.training.cli import cli_main
     from scripts.training.cli_errors import config_error_line
 
     configs = list(configs or sweep.configs)

@@ -12,7 +12,6 @@ names), `--register_model`, `--model_dir` and `--metrics_file` (model_outputs.py
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 import tempfile
@@ -356,13 +355,6 @@ def rank_zero_print(line: str) -> None:
     print(line)
 
 
-class NoAdvertisements(logging.Filter):
-    """Drops Lightning's tips to install its cloud services (litlogger, litmodels), printed on every run."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("💡 Tip:")
-
-
 def requested_subcommand(args) -> str | None:
     """The subcommand in a command line (its first word that is not an option or the path after -c/--config)."""
     if not isinstance(args, list | tuple):
@@ -374,39 +366,6 @@ def requested_subcommand(args) -> str | None:
         elif not str(word).startswith("-"):
             return str(word)
     return None
-
-
-def no_gpu_lookups_without_gpus() -> None:
-    """Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1 when imported, so that asking torch for a GPU cannot start CUDA
-    before a process forks. Torch's Adam asks at every step: with the variable set, on a host without NVIDIA's
-    driver (CPU machines, CI, CPU clusters), each ask looks for libnvidia-ml.so.1 again and fails, a share of a small
-    network's step. Where no GPU is visible there is no CUDA to start: it is unset then."""
-    if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1" and torch.cuda.device_count() == 0:
-        del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
-
-
-def cli_main(args: list[str] | None = None, cli_class: type[TemplateCLI] = TemplateCLI) -> TemplateCLI:
-    no_gpu_lookups_without_gpus()
-    # Lightning's rank-zero messages go to this logger (lightning/pytorch/utilities/rank_zero.py).
-    rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    if not any(isinstance(f, NoAdvertisements) for f in rank_zero_logger.filters):
-        rank_zero_logger.addFilter(NoAdvertisements())
-    # TransferNet keeps a frozen backbone's BatchNorm in eval mode on purpose; Lightning warns of it.
-    warnings.filterwarnings("ignore", r"Found \d+ module\(s\) in eval mode")
-    # Lightning 2.6.6 on torch 2.14: a deprecation inside Lightning, printed on every run; nothing to do for users.
-    warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
-    # MLflow logs each failed write to its sqlite store with a traceback, then raises it: the CLI reports it, once. (A
-    # filter: MLflow resets its loggers' levels when it is first imported.)
-    store_log = logging.getLogger("mlflow.store.db.utils")
-    if not store_log.filters:
-        store_log.addFilter(lambda record: record.levelno > logging.ERROR)
-    # ClassificationModule's epoch metrics are already reduced over all processes (torchmetrics' compute).
-    warnings.filterwarnings("ignore", r"It is recommended to use `self.log\('\w+', ..., sync_dist=True\)`")
-    # best.ckpt's callback comes first: `ckpt_path="best"` takes it, as Lightning says at length.
-    warnings.filterwarnings("ignore", r".*configured with multiple `ModelCheckpoint`")
-    # ClassificationModule logs train_loss_step every log_every_n_steps global steps, across epochs too.
-    warnings.filterwarnings("ignore", r"The number of training batches .* is smaller than the logging interval")
-    return make_cli(args, cli_class)
 
 
 def make_cli(args: list[str] | None, cli_class: type[TemplateCLI]) -> TemplateCLI:

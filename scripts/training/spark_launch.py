@@ -85,7 +85,8 @@ def resolve_trainer(args: list[str]) -> Namespace:
 
     from jsonargparse import ArgumentError
 
-    from scripts.training.cli import TemplateCLI, cli_main
+    from scripts.train import cli_main
+    from scripts.training.cli import TemplateCLI
     from scripts.training.cli_errors import config_error_line, user_errors
 
     class Parsed(Exception):
