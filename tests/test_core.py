@@ -2,7 +2,9 @@
 `__init__` files not counted) and none of the extras' (several processes, Azure ML, serving, sweeps, Spark, Horovod,
 a tracking server), and runs in a process where the extras' packages cannot be imported: what an environment with
 the core dependencies alone (pyproject's `dependencies`) can run. The probes run in such an environment, .venv-core
-(`make core-env`; .ci/run builds it), where the extras' packages are not installed at all.
+(`make core-env`; .ci/run builds it), where the extras' packages are not installed at all. A task's fit, test and
+predict run one after the other in one such interpreter (each fresh one costs seconds of imports): the modules
+counted after each command are all it and those before it loaded, so each command's own are no more.
 
 make core-env && .venv/bin/python -m pytest -q tests/test_core.py
 """
@@ -31,28 +33,38 @@ NOT_CORE = (
     "scripts.training.model_outputs", "scripts.training.cli_errors", "scripts.training.spark_cluster",
     "strategies.", "scripts.serving.", "scripts.azure_ml.", "scripts.sweeps.", "scripts.bench.",
 )  # fmt: skip
-# Runs scripts.train as `python -m` does, with the extras' packages absent, and writes the project's
-# modules loaded at exit (its own file included: __main__) to the file named first.
+# Runs scripts.train as `python -m` does, with the extras' packages absent, once for each command (a JSON list of
+# argument lists; `{best}` stands for the one file the glob pattern given last finds when that command starts), one
+# after the other in this one interpreter (each fresh one costs seconds of imports). After each it writes the
+# project's modules loaded so far (its own file included: __main__) to the report file named first: the fit's,
+# then the fit's and the test's together, and so on, so that each command's own are at most as many.
 PROBE = """
-import atexit, json, os, runpy, sys
-report, extras = sys.argv[1], json.loads(sys.argv[2])
+import glob, json, os, runpy, sys
+report, extras, commands, best = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
 root = os.getcwd()
 for name in extras:  # as if not installed: `import` raises ModuleNotFoundError, importlib.util.find_spec gives None
     sys.modules[name] = None
 
-def write():
-    loaded = {
+def loaded():
+    return sorted({
         "scripts.train" if name in ("__main__", "__mp_main__") else name
         for name, module in list(sys.modules.items())
         if (getattr(module, "__file__", None) or "").startswith(root + os.sep)
         and os.sep + ".venv" not in module.__file__ and not module.__file__.endswith("__init__.py")
-    }
-    with open(report, "w") as out:
-        json.dump(sorted(loaded), out)
+    })
 
-atexit.register(write)
-sys.argv = ["scripts.train", *sys.argv[3:]]
-runpy.run_module("scripts.train", run_name="__main__", alter_sys=True)
+reports, environment = [], dict(os.environ)
+for args in commands:
+    os.environ.clear()  # each command sees the environment it was given, not what the one before set
+    os.environ.update(environment)
+    if "{best}" in args:
+        (found,) = glob.glob(best)
+        args = [found if arg == "{best}" else arg for arg in args]
+    sys.argv = ["scripts.train", *args]
+    runpy.run_module("scripts.train", run_name="__main__", alter_sys=True)
+    reports.append(loaded())
+    with open(report, "w") as out:
+        json.dump(reports, out)
 """
 
 
@@ -64,13 +76,11 @@ def core_python() -> str:
     return str(CORE_PYTHON)
 
 
-def loaded_by(tmp_path: Path, *args: str) -> list[str]:
-    """The project's modules a `python -m scripts.train ARGS` loads, run in the core environment."""
-    report = tmp_path / f"modules-{len(list(tmp_path.glob('modules-*')))}.json"
-    command = [core_python(), "-c", PROBE, str(report), json.dumps(EXTRAS), *args]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(report.read_text())
+def probe(tmp_path: Path, commands: list[list[str]], best: str = "") -> subprocess.CompletedProcess:
+    """`python -m scripts.train ARGS` for each of `commands`, in turn, in one interpreter of the core environment."""
+    arguments = [str(tmp_path / "modules.json"), json.dumps(EXTRAS), json.dumps(commands), best]
+    return subprocess.run([core_python(), "-c", PROBE, *arguments], cwd=REPO, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
 
 
 def check(modules: list[str]) -> None:
@@ -82,11 +92,14 @@ def fit_test_predict(tmp_path: Path, config: list[str], predict: str) -> None:
     outputs = tmp_path / "outputs"
     tiny = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2",
             "--trainer.limit_test_batches", "2", "--trainer.default_root_dir", str(outputs)]  # fmt: skip
-    check(loaded_by(tmp_path, "fit", *config, *tiny))
-    (best,) = outputs.glob("*/*/checkpoints/best.ckpt")
-    check(loaded_by(tmp_path, "test", *config, *tiny, "--ckpt_path", str(best)))
-    predicting = ["--ckpt_path", str(best), "--data.init_args.predict_path", predict]
-    check(loaded_by(tmp_path, "predict", *config, *predicting))
+    commands = [["fit", *config, *tiny], ["test", *config, *tiny, "--ckpt_path", "{best}"],
+                ["predict", *config, "--ckpt_path", "{best}", "--data.init_args.predict_path", predict]]  # fmt: skip
+    result = probe(tmp_path, commands, str(outputs / "*" / "*" / "checkpoints" / "best.ckpt"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    reports = json.loads((tmp_path / "modules.json").read_text())
+    assert len(reports) == 3 and "input,class,probability" in result.stdout.splitlines()  # predict's CSV
+    for modules in reports:
+        check(modules)
 
 
 def test_penguins(tmp_path):
@@ -127,10 +140,10 @@ def test_table(tmp_path):
 
 def test_the_extras_are_refused_in_the_probe(tmp_path):
     """The probe's blocker works: a command that needs an extra fails in it (here, registering a model needs ONNX)."""
-    report = tmp_path / "modules.json"
     code = PROBE.replace("runpy.run_module", "import onnx; runpy.run_module")
-    result = subprocess.run([sys.executable, "-c", code, str(report), json.dumps(EXTRAS), "--help"], cwd=REPO,
-                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    arguments = [str(tmp_path / "modules.json"), json.dumps(EXTRAS), json.dumps([["--help"]]), ""]
+    result = subprocess.run([sys.executable, "-c", code, *arguments], cwd=REPO, capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
     assert result.returncode != 0 and "import of onnx halted; None in sys.modules" in result.stderr
 
 
