@@ -8,8 +8,9 @@ datamodule's class and its data options (those named `*_dir`, `*_path` or `*_fil
 relative paths read from the current folder, as make runs). Options other than `--config` and `--data.*` are passed
 over (make hands every verb's ARGS here: `--port 5002`, `--output model.onnx`), but `--trainer.default_root_dir`,
 which says where the runs are. Prints the checkpoint's path; one line on stderr names it. No run of that data is an
-error listing the runs there are to choose from (CKPT=...). YAML and the standard library only, but the datamodule's
-own module is imported for the defaults of options neither the config nor ARGS give.
+error listing the runs there are to choose from (CKPT=...). YAML and the standard library only: the defaults of
+options neither the config nor ARGS give are read from the datamodule's source, and its module is imported only
+where one of them is not a literal.
 """
 
 from __future__ import annotations
@@ -77,8 +78,13 @@ def given(args: list[str]) -> tuple[str | None, dict, str]:
 
 
 def defaults(class_path: str) -> dict:
-    """The datamodule's own defaults of its data options, read from its signature."""
+    """The datamodule's own defaults of its data options, read from its signature: in its source where they are
+    literals (importing a datamodule imports torch and Lightning, seconds of every `make predict`'s start), else from
+    the imported class."""
     module, _, name = class_path.rpartition(".")
+    found = literal_defaults(module, name)
+    if found is not None:
+        return found
     try:
         cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as error:
@@ -88,6 +94,37 @@ def defaults(class_path: str) -> dict:
         for key, parameter in inspect.signature(cls.__init__).parameters.items()
         if is_data_option(key) and parameter.default is not inspect.Parameter.empty
     }
+
+
+def literal_defaults(module: str, name: str) -> dict | None:
+    """The defaults of the data options of class `name`'s own __init__ in `module`'s source, or None where that source,
+    that __init__ or one of those defaults is not there as a literal."""
+    import ast
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module)
+        tree = ast.parse(Path(spec.origin).read_text())
+    except (ImportError, ValueError, AttributeError, TypeError, OSError, SyntaxError):
+        return None
+    classes = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name]
+    inits = [node for node in (classes[-1].body if classes else []) if isinstance(node, ast.FunctionDef)]
+    inits = [node for node in inits if node.name == "__init__"]
+    if not inits:
+        return None
+    arguments = inits[-1].args
+    positional = arguments.posonlyargs + arguments.args
+    pairs = [*zip(positional[len(positional) - len(arguments.defaults) :], arguments.defaults),
+             *zip(arguments.kwonlyargs, arguments.kw_defaults)]  # fmt: skip
+    found = {}
+    for argument, default in pairs:
+        if default is None or not is_data_option(argument.arg):
+            continue
+        try:
+            found[argument.arg] = ast.literal_eval(default)
+        except (ValueError, TypeError, SyntaxError):
+            return None
+    return found
 
 
 def same_path(value):

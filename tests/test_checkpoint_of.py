@@ -207,3 +207,43 @@ def test_make_predict_refuses_grey_digits_for_a_checkpoint_of_colour_photos_in_o
         "data?); give it images like its training data, or give --ckpt_path a checkpoint trained on pictures like "
         "these (make predict takes the newest trained on the config's data_dir)"
     )
+
+
+@pytest.mark.parametrize(
+    "class_path",
+    ["datamodules.penguins.PenguinDataModule", "datamodules.mnist.MNISTDataModule",
+     "datamodules.image_folder.ImageFolderDataModule", "datamodules.table.TableDataModule"],
+)  # fmt: skip
+def test_the_defaults_read_from_the_source_are_those_of_the_imported_signature(class_path):
+    """Read from the source, without importing the datamodule (torch, Lightning: seconds of every `make predict`)."""
+    import importlib
+    import inspect
+
+    from scripts.checkpoint_of import is_data_option, literal_defaults
+
+    module, _, name = class_path.rpartition(".")
+    signature = inspect.signature(getattr(importlib.import_module(module), name).__init__)
+    expected = {key: parameter.default for key, parameter in signature.parameters.items()
+                if is_data_option(key) and parameter.default is not inspect.Parameter.empty}  # fmt: skip
+    assert literal_defaults(module, name) == expected
+
+
+def test_a_default_that_is_no_literal_is_read_from_the_imported_class(tmp_path):
+    (tmp_path / "own_data.py").write_text(
+        "import os\nDATA = os.path.join('data', 'own')\n\n\nclass OwnData:\n"
+        "    def __init__(self, data_dir: str = DATA, label: str = 'kind') -> None:\n        pass\n"
+    )
+    config = tmp_path / "own.yaml"
+    config.write_text(yaml.safe_dump({"data": {"class_path": "own_data.OwnData"}}))
+    best = fake_run(tmp_path / "outputs", "r1", {"class_path": "own_data.OwnData",
+                                                 "init_args": {"data_dir": "data/own", "label": "kind"}})  # fmt: skip
+    os.utime(best, (time.time() - 60, time.time() - 60))
+    # Newer, of the same label but other data: taken if the default data_dir, which is no literal, were left out.
+    fake_run(tmp_path / "outputs", "r2", {"class_path": "own_data.OwnData",
+                                          "init_args": {"data_dir": "other", "label": "kind"}})  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-m", "scripts.checkpoint_of", "--config", str(config),
+                             "--trainer.default_root_dir", str(tmp_path / "outputs")], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(best)
