@@ -108,8 +108,8 @@ def literal_defaults(module: str, name: str) -> dict | None:
     except (ImportError, ValueError, AttributeError, TypeError, OSError, SyntaxError):
         return None
     classes = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name]
-    inits = [node for node in (classes[-1].body if classes else []) if isinstance(node, ast.FunctionDef)]
-    inits = [node for node in inits if node.name == "__init__"]
+    body = classes[-1].body if classes else []
+    inits = [node for node in body if isinstance(node, ast.FunctionDef) and node.name == "__init__"]
     if not inits:
         return None
     arguments = inits[-1].args

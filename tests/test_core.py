@@ -76,11 +76,16 @@ def core_python() -> str:
     return str(CORE_PYTHON)
 
 
-def probe(tmp_path: Path, commands: list[list[str]], best: str = "") -> subprocess.CompletedProcess:
-    """`python -m scripts.train ARGS` for each of `commands`, in turn, in one interpreter of the core environment."""
-    arguments = [str(tmp_path / "modules.json"), json.dumps(EXTRAS), json.dumps(commands), best]
-    return subprocess.run([core_python(), "-c", PROBE, *arguments], cwd=REPO, capture_output=True, text=True,
-                          timeout=900)  # fmt: skip
+def probe(
+    tmp_path: Path, commands: list[list[str]], best: str = "", python: str | None = None, code: str = PROBE
+) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    """`python -m scripts.train ARGS` for each of `commands`, in turn, in one interpreter (of the core environment
+    unless `python` is given): its result, and the modules loaded after each command that ended."""
+    report = tmp_path / "modules.json"
+    arguments = [str(report), json.dumps(EXTRAS), json.dumps(commands), best]
+    result = subprocess.run([python or core_python(), "-c", code, *arguments], cwd=REPO, capture_output=True,
+                            text=True, timeout=900)  # fmt: skip
+    return result, json.loads(report.read_text()) if report.is_file() else []
 
 
 def check(modules: list[str]) -> None:
@@ -94,9 +99,8 @@ def fit_test_predict(tmp_path: Path, config: list[str], predict: str) -> None:
             "--trainer.limit_test_batches", "2", "--trainer.default_root_dir", str(outputs)]  # fmt: skip
     commands = [["fit", *config, *tiny], ["test", *config, *tiny, "--ckpt_path", "{best}"],
                 ["predict", *config, "--ckpt_path", "{best}", "--data.init_args.predict_path", predict]]  # fmt: skip
-    result = probe(tmp_path, commands, str(outputs / "*" / "*" / "checkpoints" / "best.ckpt"))
+    result, reports = probe(tmp_path, commands, str(outputs / "*" / "*" / "checkpoints" / "best.ckpt"))
     assert result.returncode == 0, result.stderr[-3000:]
-    reports = json.loads((tmp_path / "modules.json").read_text())
     assert len(reports) == 3 and "input,class,probability" in result.stdout.splitlines()  # predict's CSV
     for modules in reports:
         check(modules)
@@ -141,9 +145,7 @@ def test_table(tmp_path):
 def test_the_extras_are_refused_in_the_probe(tmp_path):
     """The probe's blocker works: a command that needs an extra fails in it (here, registering a model needs ONNX)."""
     code = PROBE.replace("runpy.run_module", "import onnx; runpy.run_module")
-    arguments = [str(tmp_path / "modules.json"), json.dumps(EXTRAS), json.dumps([["--help"]]), ""]
-    result = subprocess.run([sys.executable, "-c", code, *arguments], cwd=REPO, capture_output=True, text=True,
-                            timeout=600)  # fmt: skip
+    result, _ = probe(tmp_path, [["--help"]], python=sys.executable, code=code)
     assert result.returncode != 0 and "import of onnx halted; None in sys.modules" in result.stderr
 
 
