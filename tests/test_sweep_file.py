@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from scripts.sweep import main
-from scripts.sweeps.space import load_sweep
-from tests.conftest import REPO
+from scripts.sweeps.space import SweepError, load_sweep
+from tests.conftest import REPO, run_module
 
 LR = "model.optimizer.init_args.lr"
 GOOD = {
@@ -190,10 +190,7 @@ def test_trials_that_validate_every_few_epochs_are_not_refused(tmp_path):
 def test_an_objective_the_module_does_not_log_is_one_line_before_any_trial(tmp_path):
     path = write(tmp_path, changed(objective={"metric": "val_accuracy", "goal": "maximize"}))
     outputs = tmp_path / "outputs"
-    result = subprocess.run(
-        [sys.executable, "-m", "scripts.sweep", str(path), "--outputs", str(outputs)],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    result = run_module("scripts.sweep", str(path), "--outputs", str(outputs), timeout=300)
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
         f"error: {path}: objective.metric val_accuracy is not a metric the fit logs by each validation's end; give "
@@ -212,7 +209,6 @@ def test_the_objective_check_validates_though_the_trials_validate_every_few_epoc
 
 def test_the_objective_check_takes_the_batches_an_integer_val_check_interval_needs(tmp_path):
     from scripts.sweeps.preflight import check_metric, check_options
-    from scripts.sweeps.space import SweepError
 
     # A penguin epoch has 12 batches of 20: validating every 3 is a valid sweep (refused as 'above 2 batches' before).
     sweep = load_sweep(str(write(tmp_path, changed(fixed={"trainer.val_check_interval": 3}))))
@@ -393,6 +389,32 @@ def test_a_study_started_before_configs_were_fingerprinted_by_contents_resumes(t
     open_study(load_sweep(str(path)), "penguins-study", connect(url), folder)
     stored = optuna.load_study(study_name="penguins-study", storage=url).user_attrs["sweep_file"]
     assert "contents" in json.loads(stored)  # and from now on checked
+
+
+def test_sweep_processes_opening_one_new_sqlite_study_at_the_same_moment_all_open_it(tmp_path):
+    """Two sweep processes started together on a new study (its README use): Optuna creates the tables unguarded, so
+    all but one failed with "table studies already exists" before the database was opened one at a time. Threads of
+    one process race as processes do (each its own engine and connection)."""
+    import threading
+
+    from scripts.sweeps.study import connect
+
+    def open_it(url: str, together: threading.Barrier, failed: list[str]) -> None:
+        together.wait()
+        try:
+            connect(url)
+        except SweepError as error:
+            failed.append(str(error))
+
+    for attempt in range(3):
+        together, failed = threading.Barrier(4), []
+        args = (f"sqlite:///{tmp_path}/optuna-{attempt}.db", together, failed)
+        threads = [threading.Thread(target=open_it, args=args) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert failed == []
 
 
 HEAVY = ("torch", "lightning", "mlflow", "optuna", "sqlalchemy")

@@ -7,6 +7,7 @@ its best finished trial.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from pathlib import Path
@@ -47,11 +48,20 @@ def make_sampler(sweep: Sweep, seed: int):
 
 
 def connect(storage_url: str):
-    """The study database (with the sweep processes' heartbeat), or one line saying why it cannot be opened."""
+    """The study database (with the sweep processes' heartbeat), or one line saying why it cannot be opened.
+
+    A sqlite database is opened by one process at a time: Optuna creates a new one's tables and stamps their version
+    unguarded, and a second sweep process started at the same moment on the same new study fails ("UNIQUE constraint
+    failed: alembic_version.version_num")."""
+    from filelock import FileLock
+
     from scripts.sweeps.trial import open_storage
 
+    database = Path(storage_url.removeprefix("sqlite:///")) if storage_url.startswith("sqlite:///") else None
+    one_at_a_time = FileLock(f"{database}.lock") if database and database.parent.is_dir() else contextlib.nullcontext()
     try:
-        return open_storage(storage_url, heartbeat=True)
+        with one_at_a_time:
+            return open_storage(storage_url, heartbeat=True)
     except Exception as error:  # no such server, no driver for its scheme (postgresql needs psycopg2), a bad URL
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise SweepError(f"--storage {storage_url}: cannot open the study's database ({first})") from None
