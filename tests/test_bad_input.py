@@ -814,11 +814,10 @@ def full_disk(tmp_path):
 
 def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(full_disk, tmp_path):
     disk, fill = full_disk
-    fit = [sys.executable, "-m", "scripts.train", "fit", "--config", "configs/penguins.yaml",
-           "--trainer.max_epochs", "2", "--test_after_fit", "false"]  # fmt: skip
+    fit = ["fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", "2", "--test_after_fit", "false"]
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*fit, *args], cwd=REPO, capture_output=True, text=True, timeout=600)
+        return warm_launcher.run("scripts.train", [*fit, *args], REPO)
 
     # The MLflow store's disk fills between a fit and its resume.
     store, checkpoints = disk / "outputs", tmp_path / "checkpoints"

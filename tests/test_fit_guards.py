@@ -8,9 +8,8 @@ and what a fit stopped by SIGTERM says.
 from __future__ import annotations
 
 import http.server
+import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ import torch
 from datamodules.base import copy_ids
 from datamodules.errors import DataError
 from datamodules.penguins import FEATURES, PenguinDataModule
+from tests import warm_launcher
 from tests.conftest import REPO, run_module
 
 
@@ -70,14 +70,13 @@ def test_a_constant_penguin_column_is_named_at_fit(tmp_path):
 
 
 def fit(folder: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "scripts.train", "fit", "--config", "configs/penguins.yaml", "--checkpoint_dir",
-            str(folder / "checkpoints"), "--trainer.default_root_dir", str(folder / "outputs"), *args]  # fmt: skip
+    return ["fit", "--config", "configs/penguins.yaml", "--checkpoint_dir", str(folder / "checkpoints"),
+            "--trainer.default_root_dir", str(folder / "outputs"), *args]  # fmt: skip
 
 
-def started(folder: Path, *args: str) -> subprocess.Popen:
-    """A long fit, once its first epoch's last.ckpt is written."""
-    process = subprocess.Popen(fit(folder, "--trainer.max_epochs", "100000", *args), cwd=REPO,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+def started(folder: Path, *args: str) -> warm_launcher.Command:
+    """A long fit (forked from the warm launcher), once its first epoch's last.ckpt is written."""
+    process = warm_launcher.start("scripts.train", fit(folder, "--trainer.max_epochs", "100000", *args), REPO)
     deadline = time.monotonic() + 300
     while not (folder / "checkpoints" / "last.ckpt").exists():
         assert process.poll() is None and time.monotonic() < deadline, "the fit wrote no last.ckpt"
@@ -89,7 +88,7 @@ def started(folder: Path, *args: str) -> subprocess.Popen:
 def test_a_second_fit_in_a_busy_checkpoint_dir_is_one_line_and_a_killed_one_leaves_no_lock(tmp_path):
     first = started(tmp_path)
     try:
-        second = run_module("scripts.train", *fit(tmp_path)[3:], "--trainer.max_epochs", "100000")  # the same command
+        second = run_module("scripts.train", *fit(tmp_path), "--trainer.max_epochs", "100000")  # the same command
         assert second.returncode == 1 and "Traceback" not in second.stderr
         assert second.stderr.strip().splitlines()[-1] == (
             f"error: --checkpoint_dir {tmp_path / 'checkpoints'}: another fit is writing there (it holds "
@@ -98,7 +97,7 @@ def test_a_second_fit_in_a_busy_checkpoint_dir_is_one_line_and_a_killed_one_leav
     finally:
         first.kill()
         first.communicate()
-    again = run_module("scripts.train", *fit(tmp_path)[3:], "--trainer.max_epochs", "100000", "--trainer.max_time",
+    again = run_module("scripts.train", *fit(tmp_path), "--trainer.max_epochs", "100000", "--trainer.max_time",
                        "00:00:00:02")  # fmt: skip
     assert again.returncode == 0, again.stderr[-2000:]
     assert f"resuming from {tmp_path / 'checkpoints' / 'last.ckpt'}" in again.stdout
@@ -133,9 +132,7 @@ def test_a_tracking_server_that_answers_500_is_one_line_and_leaves_nothing(tmp_p
     threading.Thread(target=server.serve_forever, daemon=True).start()
     uri = f"http://127.0.0.1:{server.server_port}"
     try:
-        import os
-
-        result = run_module("scripts.train", *fit(tmp_path)[3:], env={**os.environ, "MLFLOW_TRACKING_URI": uri})
+        result = run_module("scripts.train", *fit(tmp_path), env={**os.environ, "MLFLOW_TRACKING_URI": uri})
     finally:
         server.shutdown()
         server.server_close()
@@ -160,9 +157,9 @@ def test_a_resume_from_data_moved_elsewhere_goes_on_in_the_same_run(tmp_path):
     penguins_twice(tmp_path).rename(first)
     moved.parent.mkdir()
     shutil.copy(first, moved)
-    args = fit(tmp_path, "--data.init_args.csv_path", str(first), "--trainer.max_epochs", "1")[3:]
+    args = fit(tmp_path, "--data.init_args.csv_path", str(first), "--trainer.max_epochs", "1")
     assert run_module("scripts.train", *args).returncode == 0
-    args = fit(tmp_path, "--data.init_args.csv_path", str(moved), "--trainer.max_epochs", "2")[3:]
+    args = fit(tmp_path, "--data.init_args.csv_path", str(moved), "--trainer.max_epochs", "2")
     result = run_module("scripts.train", *args)
     assert result.returncode == 0, result.stderr[-2000:]
     client = MlflowClient(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from tests import warm_launcher
 from tests.conftest import REPO, free_port, run_module
 
 
@@ -184,7 +185,7 @@ class OutageProxy:
                 target.sendall(data)
 
 
-def wait_for(path: Path, process: subprocess.Popen, timeout_s: float = 300) -> None:
+def wait_for(path: Path, process: warm_launcher.Command, timeout_s: float = 300) -> None:
     deadline = time.monotonic() + timeout_s
     while not path.exists():
         assert process.poll() is None, process.communicate()[1][-3000:]
@@ -192,16 +193,17 @@ def wait_for(path: Path, process: subprocess.Popen, timeout_s: float = 300) -> N
         time.sleep(0.1)
 
 
-def held_fit(url: str, tmp_path: Path, epochs: int, held_at: list[int]) -> subprocess.Popen:
-    """A penguin fit tracking to `url` that stops at the end of each epoch of `held_at` until the test says go."""
+def held_fit(url: str, tmp_path: Path, epochs: int, held_at: list[int]) -> warm_launcher.Command:
+    """A penguin fit tracking to `url` (forked from the warm launcher) that stops at the end of each epoch of
+    `held_at` until the test says go."""
     env = {**os.environ, "MLFLOW_TRACKING_URI": url}
     env.pop("MLFLOW_RUN_ID", None)
     callbacks = f"[{{class_path: tests.stopping.WaitAt, init_args: {{folder: {tmp_path}, epochs: {held_at}}}}}]"
-    command = [sys.executable, "-m", "scripts.train", "fit", "--config", "configs/penguins.yaml",
-               "--trainer.max_epochs", str(epochs), "--trainer.callbacks", callbacks,
-               "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path / "outputs"),
-               "--trainer.logger.init_args.experiment_name", tmp_path.name]  # fmt: skip
-    return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = ["fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", str(epochs),
+            "--trainer.callbacks", callbacks, "--trainer.enable_progress_bar", "false",
+            "--trainer.default_root_dir", str(tmp_path / "outputs"),
+            "--trainer.logger.init_args.experiment_name", tmp_path.name]  # fmt: skip
+    return warm_launcher.start("scripts.train", args, REPO, env)
 
 
 @pytest.mark.slow
@@ -229,7 +231,7 @@ def test_a_tracking_outage_mid_fit_costs_training_no_wait_and_no_metric(mlflow_s
     assert run.info.status == "FINISHED"
 
 
-def sigterm(fit: subprocess.Popen, bound_s: float) -> tuple[str, float]:
+def sigterm(fit: warm_launcher.Command, bound_s: float) -> tuple[str, float]:
     """SIGTERM to the fit; its stderr and the seconds it took to end. A fit still running after `bound_s` is sent
     SIGUSR1 (tests.stopping.WaitAt writes every thread's stack to stderr then): the failure shows where it waited."""
     fit.send_signal(signal.SIGTERM)

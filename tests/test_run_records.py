@@ -4,15 +4,13 @@ ended as KILLED by the next run; a start that failed before measuring anything l
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
 from mlflow import MlflowClient
 from mlflow.entities import ViewType
 
+from tests import warm_launcher
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -49,10 +47,9 @@ def test_a_start_that_fails_before_measuring_anything_leaves_no_run_and_no_folde
 
 def test_a_run_killed_with_sigkill_is_ended_as_killed_by_the_next_run(train_cli, tmp_path):
     outputs = tmp_path / "outputs"
-    command = [sys.executable, "-m", "scripts.train", "fit", "--config", "configs/penguins.yaml",
-               "--trainer.max_epochs", "100000", "--trainer.default_root_dir", str(outputs),
-               "--trainer.logger.init_args.flush_every_s", "0"]  # fmt: skip
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args = ["fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", "100000",
+            "--trainer.default_root_dir", str(outputs), "--trainer.logger.init_args.flush_every_s", "0"]  # fmt: skip
+    process = warm_launcher.start("scripts.train", args, REPO)
     try:
         deadline = time.monotonic() + 120
         # config.yaml is written once the store exists (opening it here earlier would race the fit creating it).
@@ -60,7 +57,7 @@ def test_a_run_killed_with_sigkill_is_ended_as_killed_by_the_next_run(train_cli,
             assert time.monotonic() < deadline and process.poll() is None, "the fit never logged a metric"
             time.sleep(1)
     finally:
-        os.kill(process.pid, signal.SIGKILL)
+        process.kill()
         process.wait()
     (killed,) = runs(outputs)
     assert killed.info.status == "RUNNING"  # nothing of the dead process could end it

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
+from tests import warm_launcher
 from tests.conftest import REPO, run_module
 
 pytestmark = pytest.mark.slow  # every test here trains
@@ -47,6 +47,11 @@ def clean_env() -> dict:
 
 def run_sweep(path: Path, outputs: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return run_module("scripts.sweep", str(path), "--outputs", str(outputs), *args, env=env or clean_env())
+
+
+def started_sweep(path: Path, outputs: Path) -> warm_launcher.Command:
+    """The sweep's process, forked from the warm launcher; returns at once (its pid, signals, communicate)."""
+    return warm_launcher.start("scripts.sweep", [str(path), "--outputs", str(outputs)], REPO, clean_env())
 
 
 def load(outputs: Path, name: str) -> optuna.Study:
@@ -126,8 +131,7 @@ def test_the_same_command_resumes_a_stopped_sweep_and_runs_the_stopped_trial_aga
 ):
     path = sweep_file(tmp_path, budget={"trials": 2}, fixed={"trainer.max_epochs": 40})
     outputs = tmp_path / "outputs"
-    command = [sys.executable, "-m", "scripts.sweep", str(path), "--outputs", str(outputs)]
-    driver = subprocess.Popen(command, cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, text=True)
+    driver = started_sweep(path, outputs)
     last = outputs / "sweeps" / "penguins-test" / "trial-0" / "checkpoints" / "last.ckpt"
     wait_for(last.is_file)  # trial 0 has trained an epoch
     driver.send_signal(stop_signal)
@@ -165,11 +169,7 @@ def test_the_same_command_resumes_a_stopped_sweep_and_runs_the_stopped_trial_aga
 def test_two_processes_on_one_study_share_its_trials(tmp_path):
     path = sweep_file(tmp_path, budget={"trials": 4}, fixed={"trainer.max_epochs": 3})
     outputs = tmp_path / "outputs"
-    command = [sys.executable, "-m", "scripts.sweep", str(path), "--outputs", str(outputs)]
-    first, second = (
-        subprocess.Popen(command, cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for _ in range(2)
-    )
+    first, second = (started_sweep(path, outputs) for _ in range(2))
     outs = [process.communicate(timeout=600) for process in (first, second)]
     assert [first.returncode, second.returncode] == [0, 0], outs
     study = load(outputs, "penguins-test")
@@ -257,10 +257,9 @@ def test_a_process_that_ends_while_another_runs_a_trial_writes_best_yaml_from_th
         fixed={"trainer.max_epochs": 2},
     )  # fmt: skip
     outputs = tmp_path / "outputs"
-    command = [sys.executable, "-m", "scripts.sweep", str(path), "--outputs", str(outputs)]
 
-    def start() -> subprocess.Popen:
-        return subprocess.Popen(command, cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, text=True)
+    def start() -> warm_launcher.Command:
+        return started_sweep(path, outputs)
 
     def running(number: int) -> bool:
         try:
