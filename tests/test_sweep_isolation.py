@@ -142,6 +142,41 @@ def test_the_launcher_runs_each_child_as_python_m_would_in_a_process_of_its_own(
         launcher.close()
 
 
+def test_a_sweep_forks_its_launcher_from_itself_and_a_launcher_that_died_is_started_fresh(tmp_path):
+    """A sweep's process (one thread, the launcher's environment but MLflow's run variables) imports what the launcher
+    preloads and forks it, instead of a second interpreter importing them again; once it runs threads (after a
+    launcher died) the next launcher is `python -m scripts.sweeps.launcher`. Each gives its trials their own session,
+    environment and exit status, the preloaded libraries imported."""
+    (tmp_path / "probe.py").write_text(
+        "import os, sys\n"
+        "print(os.getppid(), os.getsid(0) == os.getpid(), 'torch' in sys.modules, os.environ['PROBE'])\n"
+        "sys.exit(int(os.environ['PROBE']))\n"
+    )
+    (tmp_path / "driver.py").write_text(
+        "import os, signal\n"
+        "from pathlib import Path\n"
+        "from scripts.sweeps.launcher import Launcher\n"
+        "launcher = Launcher({key: value for key, value in os.environ.items() if key != 'MLFLOW_RUN_ID'})\n"
+        "for number in (3, 4):\n"
+        "    log = Path(f'probe-{number}.log')\n"
+        "    child = launcher.start(number, 'probe', [], {**os.environ, 'PROBE': str(number)}, log)\n"
+        "    status = child.wait(timeout=120)\n"
+        "    print(type(launcher.process).__name__, launcher.process.pid, status, log.read_text().strip())\n"
+        "    os.kill(launcher.process.pid, signal.SIGKILL)\n"
+        "    launcher.process.wait()\n"
+    )
+    # A fresh interpreter, as a sweep is, whose MLflow run variable its launcher does not take.
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_RUN_ID": "the sweep's own"}
+    result = subprocess.run([sys.executable, "driver.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    forked, fresh = [line.split() for line in result.stdout.splitlines()]
+    assert forked[0] == "ForkedLauncher" and fresh[0] == "Popen", result.stdout
+    for (_, launcher_pid, status, parent, own_session, preloaded, probe), number in zip((forked, fresh), ("3", "4")):
+        assert parent == launcher_pid and status == probe == number
+        assert own_session == preloaded == "True"
+
+
 def test_a_trial_parses_its_command_as_if_nothing_were_parsed_before_though_its_launcher_parsed_the_sweeps(tmp_path):
     # The launcher parses a trial's command with the sweep's first values before it forks (scripts.sweep's
     # parsed_ahead): jsonargparse keeps the parsers of the classes named. A trial's own command, other classes and

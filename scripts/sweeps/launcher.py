@@ -10,14 +10,15 @@ as the interpreter ends (atexit handlers, an uncaught exception's exit status 1,
 dies of a signal (a segfault, an abort, the OOM killer) or hangs takes nothing else down.
 
 Why a launcher process and not a fork of the sweep itself: by the time trials start, the sweep has trained (its
-check of the objective), holds sqlite connections (the study, the MLflow store) and runs threads (Optuna's heartbeat,
-parallel trials); a fork carries all of that into the child, half-done. The launcher is started before any of it, by
-the sweep, in a session of its own (a Ctrl-C in the terminal reaches the sweep, which stops the trials itself). It
-imports libraries and the project's training modules and parses a trial's command as the CLI does (jsonargparse then
-keeps the parsers of the classes it names), opens no connection or store and starts no Python thread; the only
-threads it has when it forks are the idle pools of numpy's and SciPy's OpenBLAS and pyarrow's jemalloc, which their
-libraries re-create in a child (pthread_atfork). A trial's fit then does everything else itself, as in a fresh
-process: its MLflow run, the study's storage, torch's thread pool, the seeds.
+check of the objective), holds sqlite connections (the study, the MLflow store) and runs threads (Optuna's
+heartbeat, parallel trials); a fork carries all of that into the child, half-done. The launcher is started before
+any of it, by the sweep, in a session of its own (a Ctrl-C in the terminal reaches the sweep, which stops the trials
+itself): forked from the sweep once it has imported PRELOAD (scripts/sweeps/launcher_fork.py), else as `python -m
+scripts.sweeps.launcher`. It imports libraries and the project's training modules and parses a trial's command as
+the CLI does (jsonargparse then keeps the parsers of the classes it names), opens no connection or store and starts
+no Python thread; the only threads it has when it forks are the idle pools of numpy's and SciPy's OpenBLAS and
+pyarrow's jemalloc, which their libraries re-create in a child (pthread_atfork). A trial's fit then does everything
+else itself, as in a fresh process: its MLflow run, the study's storage, torch's thread pool, the seeds.
 
 Protocol, JSON lines: the sweep writes {"id", "module", "args", "cwd", "env", "log"}; the launcher answers {"id",
 "pid"} at the fork and {"id", "status"} (os.waitstatus_to_exitcode's: -6 for SIGABRT) when the child has ended. When
@@ -150,14 +151,13 @@ class Launcher:
         self.start_process()
 
     def start_process(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "scripts.sweeps.launcher",
-                *self.modules,
-                *(["--", *self.command] if self.command else []),
-            ],
+        """The launcher: the first forked from this process where a fork is as good (scripts.sweeps.launcher_fork),
+        else, and after one died, `python -m scripts.sweeps.launcher`."""
+        from scripts.sweeps.launcher_fork import fork_launcher
+
+        argv = [*self.modules, *(["--", *self.command] if self.command else [])]
+        self.process = (fork_launcher(self.env, argv) if self.process is None else None) or subprocess.Popen(
+            [sys.executable, "-m", "scripts.sweeps.launcher", *argv],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
