@@ -156,7 +156,8 @@ class Launcher:
         from scripts.sweeps.launcher_fork import fork_launcher
 
         argv = [*self.modules, *(["--", *self.command] if self.command else [])]
-        self.process = (fork_launcher(self.env, argv) if self.process is None else None) or subprocess.Popen(
+        forked = fork_launcher(self.env, PRELOAD, lambda: main(argv)) if self.process is None else None
+        self.process = forked or subprocess.Popen(
             [sys.executable, "-m", "scripts.sweeps.launcher", *argv],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -375,6 +376,12 @@ def run_module_and_exit(module: str) -> NoReturn:
     os._exit(status & 0xFF)
 
 
-if __name__ == "__main__":
-    if (child_request := serve(sys.argv[1:])) is not None:
+def main(argv: list[str]) -> None:
+    """The launcher process (`python -m scripts.sweeps.launcher MODULES -- COMMAND`, or forked by the sweep): serves
+    until the sweep closes its stdin; in each forked child, that child's trial."""
+    if (child_request := serve(argv)) is not None:
         run_child(child_request)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -2,7 +2,7 @@
 imports what the launcher preloads (it needs torch and Lightning for its own checks anyway) and forks before it does
 anything else, so the launcher does not import them a second time (~5 s of CPU a sweep: docs/measured.md).
 
-    python -m scripts.sweep configs/sweeps/penguins.yaml    # scripts.sweeps.launcher.Launcher calls fork_launcher
+    python -m scripts.sweep configs/sweeps/penguins.yaml    # its Launcher (scripts/sweeps/launcher.py) forks it
 
 Forking is only as good as a fresh `python -m scripts.sweeps.launcher` while this process runs one thread and has
 opened nothing (no study, no store: the launcher's own rule, see scripts/sweeps/launcher.py), and while the launcher's
@@ -21,6 +21,8 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
+from typing import NoReturn
 
 # What the sweep removes from its trials' environment (scripts.sweep): read when a run starts, not at an import.
 RUN_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID")
@@ -62,15 +64,14 @@ def can_fork(env: dict[str, str]) -> bool:
     return threading.active_count() == 1 and differs <= set(RUN_VARIABLES)
 
 
-def fork_launcher(env: dict[str, str], argv: list[str]) -> ForkedLauncher | None:
-    """The launcher (`python -m scripts.sweeps.launcher ARGV` with `env`) as a fork of this process after it has
-    imported the launcher's PRELOAD, in a session of its own; None where a fork would not be that (can_fork)."""
-    from scripts.sweeps import launcher
-
+def fork_launcher(env: dict[str, str], preload: tuple[str, ...], serve: Callable[[], None]) -> ForkedLauncher | None:
+    """The launcher as a fork of this process after it has imported `preload`, in a session of its own, `serve`
+    running in it (scripts.sweeps.launcher's main: what `python -m scripts.sweeps.launcher` with `env` runs); None
+    where a fork would not be that launcher (can_fork)."""
     if not can_fork(env):
         return None
     before = dict(os.environ)
-    for name in launcher.PRELOAD:
+    for name in preload:
         importlib.import_module(name)
     if threading.active_count() > 1:  # an import started a thread
         return None
@@ -84,17 +85,15 @@ def fork_launcher(env: dict[str, str], argv: list[str]) -> ForkedLauncher | None
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        serve_in_child(env, argv, pipes)
+        serve_in_child(env, pipes, serve)
     for theirs in (pipes[0][0], pipes[1][1], pipes[2][1]):
         os.close(theirs)
     return ForkedLauncher(pid, pipes[0][1], pipes[1][0], pipes[2][0])
 
 
-def serve_in_child(env: dict[str, str], argv: list[str], pipes: list[tuple[int, int]]) -> None:
-    """The launcher in the forked child: its standard streams the pipes, nothing else of the sweep's open, the
-    environment `env`; serves until the sweep closes its stdin, forking trials. Never returns into the sweep's code."""
-    from scripts.sweeps import launcher
-
+def serve_in_child(env: dict[str, str], pipes: list[tuple[int, int]], serve: Callable[[], None]) -> NoReturn:
+    """`serve` in the forked child: its standard streams the pipes, nothing else of the sweep's open, the environment
+    `env`. Never returns into the sweep's code."""
     status = 1
     try:
         os.setsid()  # as Popen(start_new_session=True): a Ctrl-C in the terminal reaches the sweep alone
@@ -103,9 +102,7 @@ def serve_in_child(env: dict[str, str], argv: list[str], pipes: list[tuple[int, 
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
         os.environ.clear()
         os.environ.update(env)
-        request = launcher.serve(argv)
-        if request is not None:
-            launcher.run_child(request)  # a trial: ends the process itself
+        serve()
         status = 0
     except BaseException:
         traceback.print_exc()
