@@ -231,6 +231,8 @@ def test_a_new_deployment_keeps_the_endpoints_auth_mode_unless_one_is_given(monk
 def test_deploy_with_the_scoring_script_uploads_this_folder_and_builds_the_serving_environment(monkeypatch, capsys):
     from azure.ai.ml._utils._asset_utils import get_content_hash, get_ignore_file
 
+    from scripts.azure_ml.code_snapshot import code_snapshot
+
     azure = FakeEndpoints()
     client = fake_client(azure)
     monkeypatch.setattr("scripts.deploy.workspace_client", lambda *ids: client)
@@ -239,8 +241,10 @@ def test_deploy_with_the_scoring_script_uploads_this_folder_and_builds_the_servi
     properties = deployment["properties"]
     assert properties["codeConfiguration"]["scoringScript"] == "scripts/score.py"
     assert properties["codeConfiguration"]["codeId"].startswith(f"{WORKSPACE}/codes/")
-    # The code snapshot asked for is this folder's, as the SDK's own walk of it would hash it.
-    assert azure.code_hashes == [get_content_hash(REPO, get_ignore_file(REPO))]
+    # The code snapshot asked for is this folder's: its snapshot's hash, which tests/test_code_snapshot.py shows is
+    # the SDK's own hash of the folder (that walk reads .venv's every file: ~11 s of CPU).
+    with code_snapshot(REPO) as code:
+        assert azure.code_hashes == [get_content_hash(code, get_ignore_file(code))]
     assert properties["environmentVariables"] == {"WORKER_COUNT": "1"}
     (environment,) = azure.sent("PUT", r"/environments/")
     conda = yaml.safe_load(environment["properties"]["condaFile"])
