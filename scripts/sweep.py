@@ -28,6 +28,7 @@ import warnings
 from pathlib import Path
 
 from scripts.sweeps.launcher import Launcher, available, config_modules
+from scripts.sweeps.launcher_fork import RUN_VARIABLES
 from scripts.sweeps.preflight import check_metric, check_options
 from scripts.sweeps.records import experiment_id, parent_run, tag_best, tracking_store
 from scripts.sweeps.runner import RUN_ID, Runner, TrialFailed, format_value, short_names, trials_counted
@@ -80,8 +81,9 @@ def sweep(
             if not folder.is_dir():
                 raise SweepError(f"--outputs {outputs}: {folder} is a file, not a folder; give a folder")
             break
-    # Started first: its imports run while this process checks the file. The trial's own variables are not its own.
-    env = {key: value for key, value in os.environ.items() if key not in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID")}
+    # Started before this process opens the study or a store, so that it can be a fork of this process (its imports
+    # then this process's too: the checks below need them). A trial's run variables are the trial's own.
+    env = {key: value for key, value in os.environ.items() if key not in RUN_VARIABLES}
     launcher = Launcher(env, config_modules(list(spec.configs)), parsed_ahead(spec)) if available() else None
     try:
         return run_study(spec, sweep_file, study_name, storage, n_jobs, outputs, launcher)

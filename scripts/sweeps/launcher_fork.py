@@ -24,7 +24,7 @@ import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
-# What the sweep removes from its trials' environment (scripts.sweep): read when a run starts, not at an import.
+# What the sweep keeps from its launcher (scripts.sweep): MLflow reads them when a run starts, not at an import.
 RUN_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID")
 
 
