@@ -3,19 +3,16 @@ sqlite store outputs/mlflow.db, made safely by processes started together: `set_
 the configs name: Lightning's, sending metrics in batches instead of per call, epoch metrics at step = epoch, and
 keeping the store to runs that measured something.
 
-Lightning's MLFlowLogger makes one `log_batch` call per `log_metrics`: a few of them per epoch.
-Each costs milliseconds of SQLAlchemy on the local sqlite store and a network round trip on a tracking
-server or inside Azure ML. This one keeps the metrics and sends them at most every `flush_every_s`
-seconds and when the run ends (also when it fails or is interrupted: Lightning calls `finalize`
-then), 1,000 per request, MLflow's limit. Those still unsent when a checkpoint is written travel in
-it (to a local store; a server is sent them first) and a fit resumed from it sends them: a fit
-killed outright (SIGKILL, a lost node) loses no metric of the epochs its last.ckpt holds.
-
-To a tracking server (`synchronous: false`, what scripts.train sets for one) a thread of its own
-(tracking_server.py's Sender) sends them, in order,
-and keeps what the server does not take to send it again when the server is back: an outage costs training no more
-than the wait of a checkpoint for the first failed request (at most CHECKPOINT_WAIT_S), and SIGTERM ends a fit within
-seconds. What is still unsent when the process ends is said lost in one line on stderr.
+Lightning's MLFlowLogger makes one `log_batch` call per `log_metrics`, a few per epoch, each milliseconds of
+SQLAlchemy on the local store and a network round trip on a server or in Azure ML. This one sends them at most every
+`flush_every_s` seconds and when the run ends (also when it fails or is interrupted: Lightning calls `finalize` then),
+1,000 per request, MLflow's limit. Those still unsent when a checkpoint is written travel in it (to a local store; a
+server is sent them first) and a fit resumed from it sends them: a fit killed outright (SIGKILL, a lost node) loses no
+metric of the epochs its last.ckpt holds. To a tracking server (`synchronous: false`, what scripts.train sets for one)
+a thread of its own (tracking_server.py's Sender) sends them, in order, and keeps what the server does not take to send
+it again when the server is back: an outage costs training no more than the wait of a checkpoint for the first failed
+request (at most CHECKPOINT_WAIT_S), and SIGTERM ends a fit within seconds. What is still unsent when the process ends
+is said lost in one line on stderr.
 
     python -m scripts.train fit --config configs/penguins.yaml --trainer.logger.init_args.flush_every_s 0
 """
@@ -52,14 +49,14 @@ class BufferedMLFlowLogger(MLFlowLogger):
         flush_every_s: most seconds between sends; 0 sends every call, as Lightning's logger does. What is unsent
             when a checkpoint is written travels in it (scripts/training/cli.py TrackConfig), so a fit resumed from
             it loses no metric.
-        epoch_as_step: metrics whose step Lightning picks (it adds their `epoch` then: every
-            `self.log` flush) are logged at step = epoch, so curves of runs with other batch sizes or
-            process counts line up; a metric sent with its own step (ClassificationModule's
-            `train_loss_step`) keeps it. False: Lightning's optimizer step, and `epoch` as a metric.
-            A step-level `self.log(..., on_step=True)` would share its epoch's step: send those directly.
-        *args, **kwargs: Lightning's `MLFlowLogger` (experiment_name, tracking_uri, run_id, ...); `log_model`
-            true uploads the newest best.ckpt and last.ckpt as the run's artifacts `best/` and `last/` when the
-            run ends or fails (Lightning's logger would upload those of one checkpoint callback only).
+        epoch_as_step: metrics whose step Lightning picks (it adds their `epoch` then: every `self.log` flush) are
+            logged at step = epoch, so curves of runs with other batch sizes or process counts line up; a metric sent
+            with its own step (ClassificationModule's `train_loss_step`) keeps it. False: Lightning's optimizer step,
+            and `epoch` as a metric. A step-level `self.log(..., on_step=True)` would share its epoch's step: send
+            those directly.
+        *args, **kwargs: Lightning's `MLFlowLogger` (experiment_name, tracking_uri, run_id, ...); `log_model` true
+            uploads the newest best.ckpt and last.ckpt as the run's artifacts `best/` and `last/` when the run ends
+            or fails (Lightning's logger would upload those of one checkpoint callback only).
 
     Runs it creates carry the host and process id as tags. When it creates a run, runs of this experiment still
     RUNNING whose process on this host is gone (killed with SIGKILL, a lost machine) are ended as KILLED. A run it
@@ -311,15 +308,14 @@ def set_up_tracking(args, outputs: Path, subcommand: str, first_process: bool) -
     if args.run_id is None and args.run_name is None:
         # MLflow draws names from `random`, which the seed fixes: every run of a config would be named alike.
         args.run_name = f"{subcommand}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}"
-    scheme = urlparse(args.tracking_uri).scheme
-    if scheme == "sqlite":
+    if urlparse(args.tracking_uri).scheme == "sqlite":
         open_sqlite_store(args.tracking_uri)
-    if scheme != "sqlite":
-        from scripts.training.tracking_server import HTTP_LIMITS
+        return
+    from scripts.training.tracking_server import HTTP_LIMITS
 
-        for name, value in HTTP_LIMITS.items():  # also in the processes started from this one
-            os.environ.setdefault(name, value)
-    if args.synchronous is None and scheme != "sqlite":
+    for name, value in HTTP_LIMITS.items():  # also in the processes started from this one
+        os.environ.setdefault(name, value)
+    if args.synchronous is None:
         # A server (or Azure ML's tracking) costs a network round trip per logged batch of metrics: queue them
         # instead; ending the run drains the queue. Local sqlite stays synchronous: there the queue's threads only
         # add GIL contention.
@@ -350,17 +346,14 @@ def is_mlflow_logger(logger) -> bool:
     return isinstance(logger_class, type) and issubclass(logger_class, MLFlowLogger)
 
 
-# Memory-backed scratch space where Linux has it: a new store is built there (see create_sqlite_store).
+# Memory-backed scratch space where Linux has it: sqlite syncs each of MLflow's migrations to disk (store_template).
 SCRATCH = Path("/dev/shm")
 
 
 def open_sqlite_store(tracking_uri: str) -> None:
-    """Opens (and, if new, creates) the sqlite MLflow store before anything else does, one process at a time.
-
-    Processes started together (torchrun, mpirun, horovodrun) each build the logger, whose MLflow client creates the
-    tables of a new store; two at once collide ("duplicate column name"). MLflow keeps the store open per URI,
-    so the logger's client then finds it ready.
-    """
+    """Opens (and, if new, creates) the sqlite MLflow store before anything else does, one process at a time: processes
+    started together (torchrun, mpirun, horovodrun) each build the logger, whose MLflow client makes the tables of a
+    new store, and two at once collide. MLflow keeps the store open per URI: the logger's client finds it ready."""
     from filelock import FileLock
     from mlflow import MlflowClient
 
@@ -373,24 +366,41 @@ def open_sqlite_store(tracking_uri: str) -> None:
 
 
 def create_sqlite_store(path: Path) -> None:
-    """A new, empty MLflow store at `path`, made by MLflow's own migrations in memory-backed scratch space and then
-    copied: sqlite syncs every migration to disk, a few hundred syncs, seconds on a cloud VM's disk (docs/measured.md).
-    The copy is what MLflow would have written at `path`: nothing in it names the file (the Default experiment's
-    artifact location comes from the working directory). Where there is no such space, MLflow makes it in place."""
-    import shutil
-    import tempfile
+    """A new, empty MLflow store at `path`: a copy of the one MLflow's migrations make (~0.9 s of CPU a store:
+    docs/measured.md), less its Default experiment, which MLflow adds to the copy when it opens it, as to a store it
+    makes in place (its artifact location comes from the working directory). Without a template, MLflow's own way."""
+    import sqlite3
 
     from mlflow import MlflowClient
 
-    if SCRATCH.is_dir() and os.access(SCRATCH, os.W_OK):
-        partial_copy = path.with_name(f".{path.name}.new")
-        try:
-            with tempfile.TemporaryDirectory(dir=SCRATCH, prefix="mlflow-store-") as folder:
-                scratch = Path(folder) / "mlflow.db"
-                MlflowClient(f"sqlite:///{scratch}").search_experiments(max_results=1)
-                shutil.copyfile(scratch, partial_copy)
-                os.replace(partial_copy, path)  # never a half-copied store, whatever stops this process
-                return
-        except OSError:  # a full disk here or there (a container's /dev/shm is 64 MB): MLflow's own way, and its error
-            partial_copy.unlink(missing_ok=True)
-    MlflowClient(f"sqlite:///{path}").search_experiments(max_results=1)
+    partial_copy = path.with_name(f".{path.name}.new")
+    try:
+        partial_copy.write_bytes(store_template().read_bytes())
+        os.replace(partial_copy, path)  # never a half-copied store, whatever stops this process
+    except (OSError, RuntimeError, sqlite3.Error):  # a full disk, no home folder, an MLflow of other tables
+        partial_copy.unlink(missing_ok=True)
+        MlflowClient(f"sqlite:///{path}").search_experiments(max_results=1)  # and its error
+
+
+def store_template() -> Path:
+    """~/.cache/lightning-template/mlflow-<version>.db: what this MLflow makes as a store, less the Default experiment;
+    made if it is not there yet (by several processes at once: each writes a whole one)."""
+    import sqlite3
+    import tempfile
+
+    import mlflow
+
+    template = Path.home() / ".cache" / "lightning-template" / f"mlflow-{mlflow.__version__}.db"
+    if template.is_file():
+        return template
+    template.parent.mkdir(parents=True, exist_ok=True)
+    scratch = SCRATCH if SCRATCH.is_dir() and os.access(SCRATCH, os.W_OK) else template.parent
+    with tempfile.TemporaryDirectory(dir=scratch, prefix="mlflow-store-") as folder:
+        made = Path(folder) / "mlflow.db"
+        mlflow.MlflowClient(f"sqlite:///{made}").search_experiments(max_results=1)
+        with contextlib.closing(sqlite3.connect(made)) as store, store:
+            store.execute("DELETE FROM experiments")  # the Default one, made from this working directory
+        partial = template.with_name(f".{template.name}.{os.getpid()}")
+        partial.write_bytes(made.read_bytes())
+        os.replace(partial, template)
+    return template
