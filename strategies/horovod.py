@@ -12,6 +12,7 @@ The learning rate is left as configured: `--model.scale_lr_by_world_size true` s
 
 from __future__ import annotations
 
+import os
 from contextlib import ExitStack
 from typing import Any
 
@@ -21,6 +22,7 @@ from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from strategies.launch_check import launched_processes
 from strategies.mpi_environment import LaunchError
 
 
@@ -89,6 +91,15 @@ class HorovodStrategy(ParallelStrategy):
         return {"num_replicas": self.world_size, "rank": self.global_rank}
 
     def setup_environment(self) -> None:
+        started = launched_processes()
+        if started != self.world_size:  # each process a world of its own would train alone, into the same outputs
+            why = (
+                "HOROVOD_CONTROLLER=gloo joins processes only under `horovodrun --gloo`, which starts gloo's "
+                "rendezvous; unset it (and HOROVOD_CPU_OPERATIONS) under mpirun"
+                if os.environ.get("HOROVOD_CONTROLLER", "").lower() == "gloo"
+                else "start them all with one launcher (horovodrun or mpirun) and one Horovod"
+            )
+            raise LaunchError(f"the launcher started {started} processes but Horovod joined {self.world_size}: {why}")
         devices = len(self.parallel_devices)
         if devices != self.hvd.local_size():
             raise LaunchError(

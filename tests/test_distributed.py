@@ -187,6 +187,26 @@ def test_horovod_with_other_devices_than_processes_is_one_line(tmp_path):
     )
 
 
+def test_processes_horovod_does_not_join_are_refused_not_trained_apart(tmp_path):
+    """HOROVOD_CONTROLLER=gloo under plain mpirun: Horovod's gloo finds no rendezvous and makes each process a world
+    of one, which with --trainer.devices 1 would train alone, two fits into one outputs folder."""
+    needs_horovod()
+    if shutil.which("mpirun") is None:
+        pytest.skip("needs Open MPI's mpirun (apt-get install openmpi-bin; .ci/run installs it)")
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"}  # fmt: skip
+    launcher = ["mpirun", "-np", "2", "-H", "localhost:2", "-x", "HOROVOD_CONTROLLER", "-x", "HOROVOD_CPU_OPERATIONS"]
+    result = run_module("scripts.train", *penguin_fit(tmp_path, *HOROVOD, "--trainer.devices", "1"), env=env,
+                        launcher=launcher)  # fmt: skip
+    assert result.returncode != 0
+    line = (
+        "error: the launcher started 2 processes but Horovod joined 1: HOROVOD_CONTROLLER=gloo joins processes only "
+        "under `horovodrun --gloo`, which starts gloo's rendezvous; unset it (and HOROVOD_CPU_OPERATIONS) under mpirun"
+    )
+    assert line in result.stderr.splitlines(), result.stderr[-3000:]  # the first to say it; mpirun stops the other
+    assert "Traceback" not in result.stderr and not list(tmp_path.glob("*/*/checkpoints"))
+
+
 def test_birds_dataloaders_are_sharded_by_lightning_under_ddp(tmp_path):
     """Birds read a folder through DataLoaders (Lightning gives them a DistributedSampler), not in-memory batches."""
     data = bird_folders(tmp_path / "data", count=8)
