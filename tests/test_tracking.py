@@ -155,10 +155,10 @@ def contents(store: Path) -> dict:
     return {"schema": schema, "rows": rows}
 
 
-@pytest.mark.parametrize("where", ["memory", "no-memory", "no-cache", "full-disk"])
+@pytest.mark.parametrize("where", ["template-from-elsewhere", "template-from-the-first", "no-cache", "full-disk"])
 def test_a_new_store_is_what_mlflow_makes_in_place_wherever_it_is_built(tmp_path, monkeypatch, where):
-    """A new store is a copy of a template this MLflow made once in ~/.cache (in /dev/shm, or where there is none in
-    the cache itself); with no cache, or no room for the copy, MLflow makes it in place. Every way, the store is the
+    """A new store is a copy of a template this MLflow made once in ~/.cache (by a fit elsewhere, or by the first
+    store); with no cache, or no room for the copy, MLflow makes it in place. Every way, the store is the
     one MLflow makes in place: the same tables and rows, the Default experiment's artifact location from the working
     directory. This fails if MLflow's tables change under the template's one edit (its Default experiment taken out)."""
     from scripts.training import tracking
@@ -167,13 +167,11 @@ def test_a_new_store_is_what_mlflow_makes_in_place_wherever_it_is_built(tmp_path
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
     template = home / ".cache" / "lightning-template" / f"mlflow-{mlflow.__version__}.db"
-    if where == "memory":  # the template made from another working directory, as by a fit of another project
+    if where == "template-from-elsewhere":  # made from another working directory, as by a fit of another project
         elsewhere = tmp_path / "elsewhere"
         elsewhere.mkdir()
         monkeypatch.chdir(elsewhere)
         tracking.store_template()
-    if where == "no-memory":  # the template made by the first store
-        monkeypatch.setattr(tracking, "SCRATCH", tmp_path / "no-such-folder")
     if where == "no-cache":
         (home / ".cache").write_text("a file where the cache folder would be")
     if where == "full-disk":  # the template is there; the copy stops half-written
@@ -196,12 +194,12 @@ def test_a_new_store_is_what_mlflow_makes_in_place_wherever_it_is_built(tmp_path
         assert contents(made) == contents(reference)
         (default,) = MlflowClient(f"sqlite:///{made}").search_experiments()
         assert default.artifact_location.startswith(str(tmp_path / "mlruns"))
-        if where in ("memory", "no-memory"):  # made once, then copied
+        if where.startswith("template"):  # made once, then copied
             made_once = template.stat()
             assert [path.name for path in template.parent.iterdir()] == [template.name]
         else:
             assert template.exists() == (where == "full-disk")
-    if where in ("memory", "no-memory"):
+    if where.startswith("template"):
         assert template.stat().st_ino == made_once.st_ino and contents(template)["rows"]["experiments"] == []
     client = MlflowClient(f"sqlite:///{made}")
     run = client.create_run(client.create_experiment("penguins"))

@@ -346,10 +346,6 @@ def is_mlflow_logger(logger) -> bool:
     return isinstance(logger_class, type) and issubclass(logger_class, MLFlowLogger)
 
 
-# Memory-backed scratch space where Linux has it: sqlite syncs each of MLflow's migrations to disk (store_template).
-SCRATCH = Path("/dev/shm")
-
-
 def open_sqlite_store(tracking_uri: str) -> None:
     """Opens (and, if new, creates) the sqlite MLflow store before anything else does, one process at a time: processes
     started together (torchrun, mpirun, horovodrun) each build the logger, whose MLflow client makes the tables of a
@@ -394,13 +390,12 @@ def store_template() -> Path:
     if template.is_file():
         return template
     template.parent.mkdir(parents=True, exist_ok=True)
-    scratch = SCRATCH if SCRATCH.is_dir() and os.access(SCRATCH, os.W_OK) else template.parent
-    with tempfile.TemporaryDirectory(dir=scratch, prefix="mlflow-store-") as folder:
+    with tempfile.TemporaryDirectory(
+        dir=template.parent, prefix=".mlflow-store-"
+    ) as folder:  # removed whatever happens
         made = Path(folder) / "mlflow.db"
         mlflow.MlflowClient(f"sqlite:///{made}").search_experiments(max_results=1)
         with contextlib.closing(sqlite3.connect(made)) as store, store:
             store.execute("DELETE FROM experiments")  # the Default one, made from this working directory
-        partial = template.with_name(f".{template.name}.{os.getpid()}")
-        partial.write_bytes(made.read_bytes())
-        os.replace(partial, template)
+        os.replace(made, template)  # whole, whoever else makes one at the same moment
     return template
