@@ -74,11 +74,13 @@ def test_torchrun_starts_the_same_command_with_one_run_one_set_of_files_one_repo
 MPI = ["--config", "configs/trainer/ddp_mpi.yaml", "--trainer.accelerator", "cpu"]
 
 
-def mpirun(*args: str):
+def mpirun(*args: str, forward: dict[str, str] | None = None):
+    """`mpirun -np 2 python -m scripts.train ARGS`, with `forward`'s variables set in every process (`-x`)."""
     if shutil.which("mpirun") is None:
         pytest.skip("needs Open MPI's mpirun (apt-get install openmpi-bin; .ci/run installs it)")
-    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}  # CI runs as root
-    return run_module("scripts.train", *args, env=env, launcher=["mpirun", "--oversubscribe", "-np", "2"])
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", **(forward or {})}
+    exported = [option for name in forward or {} for option in ("-x", name)]
+    return run_module("scripts.train", *args, env=env, launcher=["mpirun", "--oversubscribe", "-np", "2", *exported])
 
 
 def test_mpirun_processes_find_each_other_and_train_as_one(tmp_path, one_process):
@@ -191,13 +193,8 @@ def test_processes_horovod_does_not_join_are_refused_not_trained_apart(tmp_path)
     """HOROVOD_CONTROLLER=gloo under plain mpirun: Horovod's gloo finds no rendezvous and makes each process a world
     of one, which with --trainer.devices 1 would train alone, two fits into one outputs folder."""
     needs_horovod()
-    if shutil.which("mpirun") is None:
-        pytest.skip("needs Open MPI's mpirun (apt-get install openmpi-bin; .ci/run installs it)")
-    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"}  # fmt: skip
-    launcher = ["mpirun", "-np", "2", "-H", "localhost:2", "-x", "HOROVOD_CONTROLLER", "-x", "HOROVOD_CPU_OPERATIONS"]
-    result = run_module("scripts.train", *penguin_fit(tmp_path, *HOROVOD, "--trainer.devices", "1"), env=env,
-                        launcher=launcher)  # fmt: skip
+    gloo = {"HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"}
+    result = mpirun(*penguin_fit(tmp_path, *HOROVOD, "--trainer.devices", "1"), forward=gloo)
     assert result.returncode != 0
     line = (
         "error: the launcher started 2 processes but Horovod joined 1: HOROVOD_CONTROLLER=gloo joins processes only "

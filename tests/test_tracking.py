@@ -146,7 +146,7 @@ def contents(store: Path) -> dict:
         schema = sorted([(kind, name, sorted(line.strip(" ,") for line in (sql or "").splitlines()))
                          for kind, name, sql in listed], key=repr)  # fmt: skip
         rows = {}
-        for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
+        for table in [name for kind, name, _ in listed if kind == "table"]:
             cursor = db.execute(f'SELECT * FROM "{table}"')
             columns = [column[0] for column in cursor.description]
             times = {"creation_time", "last_update_time"} if table == "experiments" else set()
