@@ -180,7 +180,7 @@ format: $(VENV)/installed ## ruff format and fix in place
 	$(VENV)/bin/ruff check --fix .
 
 # The project's modules compiled before a test run, which starts over a thousand processes that import them: where
-# PYTHONDONTWRITEBYTECODE is set, Python writes no .pyc and each process would compile them again (40-130 ms each).
+# PYTHONDONTWRITEBYTECODE is set, Python writes no .pyc and each process would compile them again (docs/measured.md).
 COMPILE_PROJECT = $(PY) -m compileall -q -j 0 scripts datamodules lightning_modules strategies tests
 
 test: $(VENV)/installed ## lint, then every test (the slow ones too)

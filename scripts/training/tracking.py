@@ -362,10 +362,10 @@ def open_sqlite_store(tracking_uri: str) -> None:
 
 
 def create_sqlite_store(path: Path) -> None:
-    """A new, empty MLflow store at `path`: a copy of the one MLflow's migrations make (they cost ~0.6 s of CPU a fit
-    in a new folder: docs/measured.md), less its Default experiment, which MLflow adds to the copy when it opens it, as
-    to a store it makes in place (its artifact location comes from the working directory). Without a template,
-    MLflow's own way."""
+    """A new, empty MLflow store at `path`: a copy of the one MLflow's migrations make (running them costs every fit in
+    a new folder: docs/measured.md), less its Default experiment, which MLflow adds to the copy when it opens it, as to
+    a store it makes in place (its artifact location comes from the working directory). Without a template, MLflow's
+    own way."""
     import sqlite3
 
     from mlflow import MlflowClient
