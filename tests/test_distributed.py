@@ -123,7 +123,7 @@ def horovodrun(*args: str, python: tuple[str, ...] = ("-m", "scripts.train")):
 def test_horovod_processes_accumulating_two_batches_of_5_train_as_one_of_20_with_one_run_and_one_report(
     tmp_path, one_process
 ):
-    """Horovod's optimizer steps every second batch, as Lightning's accumulate_grad_batches asks: 2 processes x 2
+    """Lightning accumulates two backwards (each averaged over the processes at once) before a step: 2 processes x 2
     batches of 5 take, step for step, what one process of 20 does. (Without accumulation: the test under mpirun.)"""
     outputs = tmp_path / "outputs"
     args = ["--trainer.devices", "2", "--data.init_args.batch_size", "5", "--trainer.accumulate_grad_batches", "2"]
