@@ -207,10 +207,12 @@ def serve() -> None:
     forks = FORKS
     requests, answers = forks.take_pipes()
     del sys.path[0]  # this file's folder: the child's own path comes first (run_child)
+    gc.disable()  # no collections while the preloaded libraries' objects are made (scripts/train.py)
     for name in PRELOAD:
         importlib.import_module(name)
     forks.leave_finalizers_to_teardown()
     gc.freeze()  # what the children share stays out of their collections
+    gc.enable()
     request = forks.fork_on_request(requests, answers)
     if request is not None:
         run_child(request, forks)

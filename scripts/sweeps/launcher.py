@@ -256,6 +256,7 @@ def serve(argv: list[str]) -> dict | None:
     child per request; returns in the child (its request), None at the end."""
     requests, answers = take_pipes()
     modules, command = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    gc.disable()  # no collections while the preloaded libraries' objects are made (scripts/train.py)
     for name in PRELOAD:
         importlib.import_module(name)
     for name in modules:  # a config's own class that fails to import fails its trial, with its message, not this
@@ -267,6 +268,7 @@ def serve(argv: list[str]) -> dict | None:
         parse_only(command)
     leave_finalizers_to_teardown()
     gc.freeze()  # what the children share stays out of their collections, at their exit too
+    gc.enable()
     return fork_on_request(requests, answers)
 
 

@@ -14,6 +14,7 @@ interpreter as before.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import os
 import signal
@@ -71,8 +72,11 @@ def fork_launcher(env: dict[str, str], preload: tuple[str, ...], serve: Callable
     if not can_fork(env):
         return None
     before = dict(os.environ)
+    gc.disable()  # their objects live as long as the sweep: no collections while they are made (scripts/train.py)
     for name in preload:
         importlib.import_module(name)
+    gc.freeze()
+    gc.enable()
     if threading.active_count() > 1:  # an import started a thread
         return None
     # What the imports set in the environment (torch's and Lightning's defaults, MLflow's session) they would set in
