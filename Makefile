@@ -23,6 +23,9 @@ RUN ?=
 MLFLOW_PORT ?= 5000
 MLFLOW_STORE ?= outputs/mlflow.db
 MLFLOW_JOBS ?= false
+# Server processes of `make mlflow-ui`: one answers one person's browser. MLflow's default, 4, starts four, each
+# importing MLflow: 2.5x the CPU to start (docs/measured.md) and four times the memory.
+MLFLOW_WORKERS ?= 1
 MNIST_DIR ?= data/mnist
 COMPUTE ?=
 PROCESSES ?= 2
@@ -169,7 +172,8 @@ mlflow-ui: $(VENV)/installed ## the MLflow UI over outputs/mlflow.db on http://1
 	@# MLflow's server imports a module Starlette deprecates, once per worker: nothing the user can act on.
 	@# MLFLOW_JOBS=true starts MLflow's job runner too (seven more processes, for its GenAI jobs; no run here needs it).
 	PYTHONWARNINGS='ignore:starlette.middleware.wsgi is deprecated' MLFLOW_SERVER_ENABLE_JOB_EXECUTION=$(MLFLOW_JOBS) \
-		$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(MLFLOW_STORE) --host 127.0.0.1 --port $(MLFLOW_PORT)
+		$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(MLFLOW_STORE) --host 127.0.0.1 --port $(MLFLOW_PORT) \
+		--workers $(MLFLOW_WORKERS)
 
 lint: $(VENV)/installed ## ruff
 	$(VENV)/bin/ruff check .
