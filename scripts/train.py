@@ -22,10 +22,10 @@ import warnings
 from typing import NoReturn
 
 # Every process of a fit starts here (each rank, each pipeline step, each restart). Importing torch and Lightning
-# makes ~700k objects that live as long as the process: Python's collections walked them again and again while they
-# were made, and again at every full collection after (~1.2 s of a penguin fit's 7.7 s of CPU, docs/measured.md).
-# So none while importing, and what was imported stays out of later collections. Only when run: an import of this
-# module elsewhere (a notebook, a Spark task) leaves that process's collector as it was.
+# makes hundreds of thousands of objects that live as long as the process: Python's collections walked them again
+# and again while they were made, and again at every full collection after (docs/measured.md has the cost). So none
+# while importing, and what was imported stays out of later collections. Only when run: an import of this module
+# elsewhere (a notebook, a Spark task) leaves that process's collector as it was.
 if __name__ == "__main__":
     gc.disable()
 
