@@ -24,7 +24,7 @@ MLFLOW_PORT ?= 5000
 MLFLOW_STORE ?= outputs/mlflow.db
 MLFLOW_JOBS ?= false
 # Server processes of `make mlflow-ui`: one answers one person's browser. MLflow's default, 4, starts four, each
-# importing MLflow: more CPU to start and four times the memory (docs/measured.md).
+# importing MLflow: more CPU to start and more memory (docs/measured.md).
 MLFLOW_WORKERS ?= 1
 MNIST_DIR ?= data/mnist
 COMPUTE ?=
