@@ -25,7 +25,8 @@ from typing import NoReturn
 # makes hundreds of thousands of objects that live as long as the process: Python's collections walked them again
 # and again while they were made, and again at every full collection after (docs/measured.md has the cost). So none
 # while importing, and what was imported stays out of later collections. Only when run: an import of this module
-# elsewhere (a notebook, a Spark task) leaves that process's collector as it was.
+# elsewhere (a notebook, a test) leaves that process's collector as it was; a Spark task, whose process is its fit's,
+# does the same around its import (scripts/training/spark_task.py).
 if __name__ == "__main__":
     gc.disable()
 
