@@ -117,9 +117,13 @@ def test_a_sweep_prunes_a_slow_learner_fails_a_diverging_one_and_writes_a_config
     assert parent.data.metrics["best_val_loss"] == pytest.approx(best.value)
 
 
-def wait_for(condition, timeout_s: float = 300) -> None:
+def wait_for(condition, process: warm_launcher.Command, timeout_s: float = 300) -> None:
+    """Until `condition()` holds while the sweep `process` runs; a sweep that ends first fails with its output."""
     deadline = time.monotonic() + timeout_s
     while not condition():
+        if process.poll() is not None:
+            out, err = process.communicate()
+            raise AssertionError(f"the sweep ended (exit {process.returncode}) first:\n{out[-2000:]}\n{err[-2000:]}")
         if time.monotonic() > deadline:
             raise TimeoutError("condition not met in time")
         time.sleep(0.5)
@@ -133,7 +137,7 @@ def test_the_same_command_resumes_a_stopped_sweep_and_runs_the_stopped_trial_aga
     outputs = tmp_path / "outputs"
     driver = started_sweep(path, outputs)
     last = outputs / "sweeps" / "penguins-test" / "trial-0" / "checkpoints" / "last.ckpt"
-    wait_for(last.is_file)  # trial 0 has trained an epoch
+    wait_for(last.is_file, driver)  # trial 0 has trained an epoch
     driver.send_signal(stop_signal)
     out, _ = driver.communicate(timeout=120)
     assert driver.returncode == (143 if stop_signal == signal.SIGTERM else -9), out
@@ -266,12 +270,14 @@ def test_a_process_that_ends_while_another_runs_a_trial_writes_best_yaml_from_th
             trials = load(outputs, "penguins-test").trials
         except Exception:  # no study yet
             return False
+        if len(trials) > number and trials[number].state.is_finished():  # it cannot have run to its hold
+            raise AssertionError(f"trial {number} ended {trials[number].state.name}: {trials[number].user_attrs}")
         return len(trials) > number and trials[number].state.name == "RUNNING"
 
     first = start()
-    wait_for(lambda: running(0))
+    wait_for(lambda: running(0), first)
     second = start()
-    wait_for(lambda: running(1))
+    wait_for(lambda: running(1), second)
     Path(holds["7"]).touch()
     out, _ = first.communicate(timeout=300)
     assert first.returncode == 0, out

@@ -417,6 +417,36 @@ def test_sweep_processes_opening_one_new_sqlite_study_at_the_same_moment_all_ope
         assert failed == []
 
 
+def test_a_sweep_opens_a_new_sqlite_study_that_another_program_creates_at_the_same_moment(tmp_path):
+    """A program that opens the database without the sweeps' lock (optuna-dashboard, optuna.load_study in a notebook
+    or a test watching the sweep) while a sweep starts creates the same tables unguarded; the sweep waits for it and
+    opens the study, whether or not that program survives the race."""
+    import threading
+
+    import optuna
+
+    from scripts.sweeps.study import connect
+
+    def open_it(url: str, together: threading.Barrier, failed: list[str], sweep: bool) -> None:
+        together.wait()
+        try:
+            connect(url) if sweep else optuna.storages.RDBStorage(url)
+        except SweepError as error:
+            failed.append(str(error))
+        except Exception:  # the other program's own race, not the sweep's
+            pass
+
+    for attempt in range(4):
+        together, failed = threading.Barrier(4), []
+        url = f"sqlite:///{tmp_path}/optuna-{attempt}.db"
+        threads = [threading.Thread(target=open_it, args=(url, together, failed, i == 0)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert failed == []
+
+
 HEAVY = ("torch", "lightning", "mlflow", "optuna", "sqlalchemy")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,21 +51,28 @@ def make_sampler(sweep: Sweep, seed: int):
 def connect(storage_url: str):
     """The study database (with the sweep processes' heartbeat), or one line saying why it cannot be opened.
 
-    A sqlite database is opened by one process at a time: Optuna creates a new one's tables and stamps their version
-    unguarded, and a second sweep process started at the same moment on the same new study fails ("UNIQUE constraint
-    failed: alembic_version.version_num")."""
+    A sqlite database is opened by one sweep process at a time: Optuna creates a new one's tables and stamps their
+    version unguarded, and a second sweep process started at the same moment on the same new study fails ("UNIQUE
+    constraint failed: alembic_version.version_num"). A program that takes no such lock (optuna-dashboard,
+    optuna.load_study) may still be creating them: the sweep opens the database again until that one is done."""
     from filelock import FileLock
 
     from scripts.sweeps.trial import open_storage
 
     database = Path(storage_url.removeprefix("sqlite:///")) if storage_url.startswith("sqlite:///") else None
     one_at_a_time = FileLock(f"{database}.lock") if database and database.parent.is_dir() else contextlib.nullcontext()
-    try:
-        with one_at_a_time:
-            return open_storage(storage_url, heartbeat=True)
-    except Exception as error:  # no such server, no driver for its scheme (postgresql needs psycopg2), a bad URL
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise SweepError(f"--storage {storage_url}: cannot open the study's database ({first})") from None
+    deadline = time.monotonic() + 60  # as long as sqlite waits for a lock (open_storage)
+    while True:
+        try:
+            with one_at_a_time:
+                return open_storage(storage_url, heartbeat=True)
+        except Exception as error:  # no such server, no driver for its scheme (postgresql needs psycopg2), a bad URL
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            created_meanwhile = any(words in first for words in ("already exists", "UNIQUE constraint failed"))
+            if database and created_meanwhile and time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
+            raise SweepError(f"--storage {storage_url}: cannot open the study's database ({first})") from None
 
 
 def database_of(url: str) -> str:
