@@ -393,8 +393,8 @@ def test_a_study_started_before_configs_were_fingerprinted_by_contents_resumes(t
 
 def test_sweep_processes_opening_one_new_sqlite_study_at_the_same_moment_all_open_it(tmp_path):
     """Two sweep processes started together on a new study (its README use): Optuna creates the tables unguarded, so
-    all but one failed with "table studies already exists" before the database was opened one at a time. Threads of
-    one process race as processes do (each its own engine and connection)."""
+    all but one would fail with "table studies already exists" unless each opened it again until the tables are
+    there. Threads of one process race as processes do (each its own engine and connection)."""
     import threading
 
     from scripts.sweeps.study import connect

@@ -7,7 +7,6 @@ its best finished trial.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import time
@@ -51,25 +50,20 @@ def make_sampler(sweep: Sweep, seed: int):
 def connect(storage_url: str):
     """The study database (with the sweep processes' heartbeat), or one line saying why it cannot be opened.
 
-    A sqlite database is opened by one sweep process at a time: Optuna creates a new one's tables and stamps their
-    version unguarded, and a second sweep process started at the same moment on the same new study fails ("UNIQUE
-    constraint failed: alembic_version.version_num"). A program that takes no such lock (optuna-dashboard,
-    optuna.load_study) may still be creating them: the sweep opens the database again until that one is done."""
-    from filelock import FileLock
-
+    Optuna creates a new sqlite database's tables and stamps their version unguarded: another opener at the same
+    moment (a second sweep process on the same new study, optuna-dashboard, optuna.load_study) makes this one fail
+    ("table studies already exists", "UNIQUE constraint failed: alembic_version.version_num"). The tables are then
+    there, or nearly: the sweep opens the database again until they are."""
     from scripts.sweeps.trial import open_storage
 
-    database = Path(storage_url.removeprefix("sqlite:///")) if storage_url.startswith("sqlite:///") else None
-    one_at_a_time = FileLock(f"{database}.lock") if database and database.parent.is_dir() else contextlib.nullcontext()
     deadline = time.monotonic() + 60  # as long as sqlite waits for a lock (open_storage)
     while True:
         try:
-            with one_at_a_time:
-                return open_storage(storage_url, heartbeat=True)
+            return open_storage(storage_url, heartbeat=True)
         except Exception as error:  # no such server, no driver for its scheme (postgresql needs psycopg2), a bad URL
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             created_meanwhile = any(words in first for words in ("already exists", "UNIQUE constraint failed"))
-            if database and created_meanwhile and time.monotonic() < deadline:
+            if storage_url.startswith("sqlite") and created_meanwhile and time.monotonic() < deadline:
                 time.sleep(0.1)
                 continue
             raise SweepError(f"--storage {storage_url}: cannot open the study's database ({first})") from None
