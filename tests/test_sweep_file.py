@@ -418,7 +418,7 @@ def test_sweep_processes_opening_one_new_sqlite_study_at_the_same_moment_all_ope
 
 
 def test_a_sweep_opens_a_new_sqlite_study_that_another_program_creates_at_the_same_moment(tmp_path):
-    """A program that opens the database without the sweeps' lock (optuna-dashboard, optuna.load_study in a notebook
+    """Another program that opens the database (optuna-dashboard, optuna.load_study in a notebook
     or a test watching the sweep) while a sweep starts creates the same tables unguarded; the sweep waits for it and
     opens the study, whether or not that program survives the race."""
     import threading
