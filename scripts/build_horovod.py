@@ -11,7 +11,7 @@ CUDA kernels, no NCCL). `--gpu` builds those too, with a CUDA toolkit it assembl
 CUDA version torch was built for (nvcc, nvvm, the runtime and CCCL headers; NCCL is torch's own wheel), compute
 capabilities 7.5 to 9.0 (CUDA 13 has none below 7.5). Needs cmake, g++ >= 10 and Open MPI's headers
 (apt-get install cmake g++ libopenmpi-dev). The wheel is kept in ~/.cache/lightning-template/ and reused
-while torch and the fixes stay the same. strategies/horovod.Dockerfile runs this file as a plain script in
+while torch and the fixes stay the same. strategies/horovod/Dockerfile runs this file as a plain script in
 Azure ML's image build: it imports nothing of this repository.
 """
 

@@ -112,7 +112,7 @@ def pipeline(
     if note:  # as scripts.submit's: GPUs look meant, and the steps get the CPU image
         print(note, file=sys.stderr)
     if plan.sweep is not None and plan.job.launch == "mpi" and not plan.job.horovod and not local:
-        print(  # Horovod's image sets the variable itself (strategies/horovod.Dockerfile)
+        print(  # Horovod's image sets the variable itself (strategies/horovod/Dockerfile)
             "note: a pipeline's sweep trials take no environment variables, so under --distribution mpi Open MPI "
             "kills a cancelled or preempted trial 1 s after its SIGTERM, before it saves last.ckpt; --distribution "
             "pytorch stops it at a batch's end",

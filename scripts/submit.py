@@ -25,7 +25,7 @@ read-write: a job on low-priority nodes that Azure ML preempts and restarts resu
 Several processes add configs/trainer/ddp.yaml with distribution `pytorch` (Azure ML starts one process per device
 with torch.distributed's variables) or configs/trainer/ddp_mpi.yaml with `mpi` (mpirun), and the devices and nodes
 to match. A Horovod config
-(configs/trainer/horovod.yaml) runs under `mpi` on the image strategies/horovod.Dockerfile builds. The YAML of
+(configs/trainer/horovod.yaml) runs under `mpi` on the image strategies/horovod/Dockerfile builds. The YAML of
 `--dry_run` also runs as `az ml job create -f`. The workspace is config.json (the studio's "Download
 config file", found here or above) unless --subscription_id, --resource_group and --workspace name it.
 Needs azure-ai-ml (pyproject's `azure` extra, which `make install` installs).

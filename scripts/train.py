@@ -26,7 +26,7 @@ from typing import NoReturn
 # and again while they were made, and again at every full collection after (docs/measured.md has the cost). So none
 # while importing, and what was imported stays out of later collections. Only when run: an import of this module
 # elsewhere (a notebook, a test) leaves that process's collector as it was; a Spark task, whose process is its fit's,
-# does the same around its import (scripts/training/spark_task.py).
+# does the same around its import (scripts/spark/task.py).
 if __name__ == "__main__":
     gc.disable()
 

@@ -283,3 +283,12 @@ def assert_same_training(one: dict, two: dict) -> None:
     assert one["state_dict"].keys() == two["state_dict"].keys()
     for name, weights in one["state_dict"].items():
         assert torch.allclose(weights, two["state_dict"][name], atol=1e-5), name
+
+
+def mpirun(*args: str, forward: dict[str, str] | None = None):
+    """`mpirun -np 2 python -m scripts.train ARGS`, with `forward`'s variables set in every process (`-x`)."""
+    if shutil.which("mpirun") is None:
+        pytest.skip("needs Open MPI's mpirun (apt-get install openmpi-bin; .ci/run installs it)")
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", **(forward or {})}
+    exported = [option for name in forward or {} for option in ("-x", name)]
+    return run_module("scripts.train", *args, env=env, launcher=["mpirun", "--oversubscribe", "-np", "2", *exported])

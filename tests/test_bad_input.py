@@ -586,7 +586,7 @@ CASES = [
     Submit("submit-horovod-without-mpi", [*SUBMIT, "--presets", "[configs/trainer/horovod.yaml]", "--nodes", "2"],
          "error: Horovod's processes are started by mpirun: add --distribution mpi"),
     Submit("submit-horovod-image", [*SUBMIT, "--presets+", "configs/trainer/horovod.yaml", "--image", "x"],
-         "error: --image: Horovod jobs run on the image strategies/horovod.Dockerfile builds; edit its FROM"),
+         "error: --image: Horovod jobs run on the image strategies/horovod/Dockerfile builds; edit its FROM"),
     Submit("submit-ddp-mpi-preset", [*SUBMIT, "--presets+", "configs/trainer/ddp_mpi.yaml"],
          "error: --presets configs/trainer/ddp_mpi.yaml: submit adds it itself; give --nodes, "
          "--processes_per_node and --distribution"),

@@ -88,7 +88,7 @@ def test_a_documented_command_parses(where, module, args):
         split_score_options(args[1:])
         return
     if module == "scripts.spark":  # its own two options, then scripts.train fit's
-        from scripts.training.spark_launch import split_options
+        from scripts.spark.launch import split_options
 
         _, _, rest = split_options(args)
         module, args = "scripts.train", ["fit", *rest]
@@ -110,7 +110,10 @@ def test_a_renamed_option_fails_the_parse():
     assert status == 1 and "--computer" in output
 
 
-COMMAND_MODULES = sorted(f"scripts.{path.stem}" for path in (REPO / "scripts").glob("*.py") if path.stem != "__init__")
+COMMAND_MODULES = sorted(
+    [f"scripts.{path.stem}" for path in (REPO / "scripts").glob("*.py") if path.stem != "__init__"]
+    + [f"scripts.{path.parent.name}" for path in (REPO / "scripts").glob("*/__main__.py")]  # a package run with -m
+)
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])

@@ -117,12 +117,17 @@ def test_the_training_path_reaches_neither_the_scoring_script_nor_export():
 
 
 def test_scripts_holds_only_commands_at_its_top_and_one_line_packages_below():
+    """A command is a module (scripts/<verb>.py) or, where it has modules of its own, a package run with -m
+    (scripts/<verb>/__main__.py, its __init__ the command's main and public functions)."""
+    commands = {path.parent.name for path in (REPO / "scripts").glob("*/__main__.py")}
     top = {path.stem for path in (REPO / "scripts").glob("*.py")} - {"__init__"}
-    assert top == COMMANDS
+    assert top | commands == COMMANDS and not top & commands
     for stem in top:
         text = (REPO / "scripts" / f"{stem}.py").read_text()
         assert "def main(" in text and 'if __name__ == "__main__":' in text, stem
-    packages = [path.parent for path in (REPO / "scripts").glob("*/__init__.py")]
+    for name in commands:
+        assert "def main(" in (REPO / "scripts" / name / "__init__.py").read_text(), name
+    packages = [path.parent for path in (REPO / "scripts").glob("*/__init__.py") if path.parent.name not in commands]
     assert {package.name for package in packages} == {"training", "serving", "sweeps", "azure_ml", "bench"}
     for package in packages:
         tree = ast.parse((package / "__init__.py").read_text())

@@ -387,7 +387,7 @@ def test_predict_refuses_a_table_without_the_checkpoints_columns_in_one_line_and
 
 @pytest.mark.slow
 def test_mlflow_models_serve_answers_the_users_rows_as_predict(three_classes):
-    from tests.test_pyfunc import SERVE, MlflowServer
+    from tests.serving.test_pyfunc import SERVE, MlflowServer
 
     if not (SERVE / "mlflow").is_file():
         pytest.skip("needs .venv-serve: `make serve-env` (.ci/run builds it)")
@@ -411,7 +411,7 @@ def test_mlflow_models_serve_answers_the_users_rows_as_predict(three_classes):
 @pytest.mark.skipif(shutil.which("java") is None, reason="needs Java 17 for Spark (CI has it)")
 def test_spark_udf_answers_the_users_rows_as_predict(three_classes, tmp_path):
     rows = tmp_path / "rows.csv"
-    NEW_ROWS.to_csv(rows, index=False, na_rep="NA")  # Spark reads NA as null (scripts/serving/spark_score.py)
+    NEW_ROWS.to_csv(rows, index=False, na_rep="NA")  # Spark reads NA as null (scripts/spark/score.py)
     done = run_module("scripts.spark", "score", three_classes["folder"] / "model", rows, "--output", tmp_path / "out",
                       "--master", "local[1]", env=own_tmpdir(tmp_path))  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -76,7 +76,7 @@ def test_every_push_runs_test_fast_and_the_schedule_the_whole_suite():
 def test_the_docs_workflow_runs_test_files_that_exist():
     (command,) = [text for text in steps("docs.yml", "check") if "pytest" in text]
     files = [word for word in command.split() if word.startswith("tests/")]
-    assert "tests/test_documented_commands.py" in files and "tests/test_submit.py" in files
+    assert "tests/test_documented_commands.py" in files and "tests/azure/test_submit.py" in files
     assert all((REPO / name).is_file() for name in files), files
 
 

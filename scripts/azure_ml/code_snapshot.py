@@ -8,7 +8,7 @@ azure-ai-ml lists a code folder by walking every file in it, links followed, and
 .gitignore), several times a submission: with .venv's files inside the repository that takes seconds (docs/measured.md).
 This walk skips an ignored folder whole, so it reads only the files that are uploaded. The copy holds the same files
 under the same paths with the same bytes, so its content hash, by which Azure ML finds a snapshot it already has, is the
-folder's own (tests/test_code_snapshot.py compares the two with the SDK's hash).
+folder's own (tests/azure/test_code_snapshot.py compares the two with the SDK's hash).
 
 What is left out is more than the SDK leaves out: what .amlignore leaves out, and also what .gitignore does (the SDK
 reads only .amlignore when there is one, so a file a user keeps out of git would reach the workspace), and always

@@ -1,5 +1,5 @@
 """The images Azure ML jobs, pipeline steps and image deployments run on: Azure ML's Open MPI images (its CUDA one for
-GPUs), and Horovod's, built from strategies/horovod*.Dockerfile in a build context of its own.
+GPUs), and Horovod's, built from strategies/horovod/*Dockerfile in a build context of its own.
 
     python -m scripts.submit configs/penguins.yaml --presets+ configs/trainer/horovod.yaml --compute cpu-cluster \\
         --processes_per_node 2 --distribution mpi --dry_run true
@@ -16,8 +16,8 @@ BASE_IMAGE = "mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04:latest"  # Open
 # brings its own CUDA 13 runtime and NCCL (the image's CUDA 11.8 toolkit is not used): the node needs an NVIDIA driver
 # R580 or newer and a GPU of compute capability 7.5 or more (T4, A10, A100, H100; not V100, see the README).
 GPU_IMAGE = "mcr.microsoft.com/azureml/openmpi4.1.0-cuda11.8-cudnn8-ubuntu22.04:latest"
-HOROVOD_DOCKERFILE = Path("strategies/horovod.Dockerfile")
-HOROVOD_GPU_DOCKERFILE = Path("strategies/horovod_gpu.Dockerfile")  # Horovod with CUDA and NCCL, on GPU_IMAGE
+HOROVOD_DOCKERFILE = Path("strategies/horovod/Dockerfile")
+HOROVOD_GPU_DOCKERFILE = Path("strategies/horovod/gpu.Dockerfile")  # Horovod with CUDA and NCCL, on GPU_IMAGE
 HOROVOD_CONTEXT = Path("outputs/horovod-image")  # the Dockerfile and the files it COPYs, what Azure ML builds from
 
 

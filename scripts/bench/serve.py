@@ -164,8 +164,8 @@ def spark_scoring(models: dict[str, Path], folder: Path, rows: int, rounds: int,
     import pandas as pd
 
     from scripts.score import Model, score_files
-    from scripts.serving.spark_score import score
-    from scripts.spark import LocalSpark
+    from scripts.spark.score import score
+    from scripts.spark.session import LocalSpark
 
     csv = folder / "penguins.csv"
     pd.DataFrame([PENGUIN] * rows).to_csv(csv, index=False)

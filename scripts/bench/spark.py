@@ -50,7 +50,7 @@ def spark_session_running(outputs: Path, epochs: int, master: str) -> list[str]:
     (fit, *args) = fit_args(outputs, epochs)
     program = (
         "import sys, time\n"
-        "from scripts.spark import LocalSpark, fit_on_spark\n"
+        "from scripts.spark import fit_on_spark\nfrom scripts.spark.session import LocalSpark\n"
         f"local = LocalSpark({master!r})\n"
         "started = time.perf_counter()\n"
         f"fit_on_spark({[fit, '--num_processes', '2', *args]!r}, spark=local.session)\n"

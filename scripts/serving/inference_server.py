@@ -6,7 +6,7 @@
 Runs in the serving environment (.venv-serve, `make serve-env`); `make serve` / `python -m scripts.serve` start it.
 Every option but --host is azmlinfsrv's own. azmlinfsrv binds 0.0.0.0, every interface, as it should inside a
 container; on a laptop that would serve the model, without any key, to the whole network. It has no option for the
-address, so this sets the module constant it binds to (DEFAULT_HOST; tests/test_serve.py checks that the server
+address, so this sets the module constant it binds to (DEFAULT_HOST; tests/serving/test_serve.py checks that the server
 listens where asked) and then runs azmlinfsrv exactly as its console script does.
 """
 

@@ -276,7 +276,7 @@ def leave_finalizers_to_teardown() -> None:
     """The finalizers registered so far (the preloaded libraries': torch.library's operator registrations, each
     undone at exit) belong to the interpreter's teardown, which a child skips (run_module_and_exit); at its
     exit a child runs the exit handlers and finalizers registered in it, its own (weakref.finalize._registry: CPython's,
-    tests/test_sweep_isolation.py checks it)."""
+    tests/sweeps/test_sweep_isolation.py checks it)."""
     for finalizer in list(weakref.finalize._registry):
         finalizer.atexit = False
 
@@ -350,7 +350,7 @@ def run_module_and_exit(module: str) -> NoReturn:
     It skips what comes after, the interpreter's teardown: freeing every object would write to every page of the
     launcher's imports, copying them into the child first (docs/measured.md has what that costs a trial).
     Python runs exit handlers and joins threads through threading._shutdown and atexit._run_exitfuncs, which are what
-    this calls (CPython's own, tests/test_sweep_isolation.py checks they are there)."""
+    this calls (CPython's own, tests/sweeps/test_sweep_isolation.py checks they are there)."""
     import atexit
     import runpy
 
