@@ -9,6 +9,7 @@ data; loss, metrics, the optimizer, the lr schedule and prediction live here onc
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from functools import partial
@@ -105,23 +106,18 @@ class ClassificationModule(L.LightningModule):
             self.network.to(memory_format=torch.channels_last)  # moves to the GPU keep this order
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
-        # Steps only collect their predicted classes and losses; the torchmetrics metrics get one
-        # update per epoch, then compute (which syncs them across processes) and are logged once.
-        # On a CPU a torchmetrics update or a `self.log` call costs more than a whole penguin training step
-        # (docs/measured.md); per step neither runs.
-        num_classes = len(self.class_names)
-        # compute() syncs the metrics over processes through the Trainer's strategy (DDP's torch.distributed,
-        # Horovod's allgather alike) rather than torchmetrics' own torch.distributed calls.
-        sync = {"dist_sync_fn": self.gather_from_processes, "distributed_available_fn": self._distributed}
+        # torchmetrics objects, updated every step and logged with self.log: Lightning computes them at the epoch's end
+        # (which syncs them over the processes) and resets them. Synced through the Trainer's strategy (DDP's
+        # torch.distributed and Horovod's allgather alike) rather than torchmetrics' own torch.distributed calls.
+        sync = {"dist_sync_fn": self.gather_from_processes, "distributed_available_fn": self.distributed}
         self.metrics = nn.ModuleDict()  # keyed by the names they are logged under
         for split in ("train", "val", "test"):
-            self.metrics[f"{split}_loss"] = MeanMetric(**sync)
-            self.metrics[f"{split}_acc"] = MulticlassAccuracy(num_classes, average="micro", validate_args=False, **sync)
-        self.collected: dict[str, dict[str, list]] = {}
+            # NaN and inf losses are kept in the mean: a diverged epoch shows as one (check_finite).
+            self.metrics[f"{split}_loss"] = MeanMetric(nan_strategy="disable", **sync)
+            self.metrics[f"{split}_acc"] = MulticlassAccuracy(len(self.class_names), average="micro", **sync)
         self.train_epoch_metrics: dict | None = None  # the newest epoch's, with its epoch and step
-        self.epoch_started = self.epoch_seconds = (
-            0.0  # train_samples_per_sec's clock: the epoch's start to its last batch
-        )
+        self.samples = 0  # trained on this epoch by this process
+        self.epoch_started = self.epoch_seconds = 0.0  # train_samples_per_sec's clock: epoch start to last batch
         # One input's shape, kept in checkpoints: serving a checkpoint exports the network for it without its data.
         self.input_shape: tuple[int, ...] | None = None
 
@@ -142,17 +138,7 @@ class ClassificationModule(L.LightningModule):
                 if parameter.dim() == 4 and parameter.shape[1] == 1:
                     parameter.data = parameter.data.clone(memory_format=torch.contiguous_format)
 
-    def __setattr__(self, name: str, value) -> None:
-        # Lightning sets an attribute of the module around each hook it calls, ~40 times a training step, and
-        # nn.Module.__setattr__ checks each against the parameters, buffers and submodules: ~1% of an MNIST step on
-        # a CPU (docs/measured.md). A plain attribute that is neither tensor nor module takes the short way, to the
-        # same end: nn.Module's own would have stored it in __dict__ too.
-        if name in self.__dict__ and not isinstance(value, (torch.Tensor, nn.Module)):
-            object.__setattr__(self, name, value)
-        else:
-            super().__setattr__(name, value)
-
-    def _distributed(self) -> bool:
+    def distributed(self) -> bool:
         try:
             return self.trainer.world_size > 1
         except RuntimeError:  # not attached to a Trainer (metrics computed by hand): nothing to sync with
@@ -181,7 +167,7 @@ class ClassificationModule(L.LightningModule):
         return self.network(inputs)
 
     def _step(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """The batch's loss and logits; its predicted classes, labels and loss collected for the epoch's metrics."""
+        """The batch's loss and logits; the split's loss and accuracy updated and logged for its epoch."""
         inputs, labels = batch
         if self.input_shape is None:  # the first batch: a network made for other inputs is one line, not a traceback
             try:
@@ -196,15 +182,16 @@ class ClassificationModule(L.LightningModule):
         else:
             logits = self(inputs)
         loss = F.cross_entropy(logits, labels)
-        collected = self.collected.setdefault(split, {"classes": [], "labels": [], "losses": [], "sizes": []})
-        collected["classes"].append(logits.detach().argmax(dim=1))
-        collected["labels"].append(labels)
-        collected["losses"].append(loss.detach())
-        collected["sizes"].append(len(labels))
+        loss_metric, accuracy = self.metrics[f"{split}_loss"], self.metrics[f"{split}_acc"]
+        loss_metric.update(loss.detach(), len(labels))  # weighted by the batch's size: the mean over samples
+        accuracy.update(logits.detach(), labels)
+        self.log(f"{split}_loss", loss_metric, on_step=False, on_epoch=True, prog_bar=True)
+        self.log(f"{split}_acc", accuracy, on_step=False, on_epoch=True, prog_bar=True)
         return loss, logits
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss, _ = self._step(batch, "train")
+        self.samples += len(batch[1])
         every = self.trainer.log_every_n_steps  # 0: no step-level curve, as in Lightning
         if self.loggers and every and (self.global_step + 1) % every == 0:
             # The step-level curve, every log_every_n_steps optimizer steps, to every logger directly.
@@ -225,28 +212,8 @@ class ClassificationModule(L.LightningModule):
         probabilities, indices = F.softmax(self(batch[0]), dim=1).max(dim=1)
         return [(self.class_names[i], p) for i, p in zip(indices.tolist(), probabilities.tolist())]
 
-    def _epoch_metrics(self, split: str) -> dict[str, float] | None:
-        """`<split>_loss` (mean over samples) and `<split>_acc` of the epoch, over all processes."""
-        collected = self.collected.pop(split, None)
-        if collected is None and not self._distributed():
-            return None
-        loss, accuracy = self.metrics[f"{split}_loss"], self.metrics[f"{split}_acc"]
-        if collected is not None:  # else this process's evaluation shard was empty; it still takes part in the sync
-            sizes = torch.tensor(collected["sizes"], dtype=torch.float32, device=self.device)
-            loss.update(torch.stack(collected["losses"]), sizes)
-            accuracy.update(torch.cat(collected["classes"]), torch.cat(collected["labels"]))
-        values = {f"{split}_loss": loss.compute().item(), f"{split}_acc": accuracy.compute().item()}
-        loss.reset()
-        accuracy.reset()
-        return values
-
-    def _log_epoch(self, split: str) -> None:
-        values = self._epoch_metrics(split)
-        if values is not None:
-            self.log_dict(values, prog_bar=True)
-
     def on_train_epoch_start(self) -> None:
-        self.epoch_started = time.perf_counter()
+        self.samples, self.epoch_started = 0, time.perf_counter()
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
         if batch_idx == self.trainer.num_training_batches - 1:  # validation, which may follow, is not counted
@@ -256,34 +223,26 @@ class ClassificationModule(L.LightningModule):
 
     # Lightning's tracking hands epoch metrics over with their epoch: BufferedMLFlowLogger logs them at step = epoch.
     def on_train_epoch_end(self) -> None:
-        self.check_finite()  # before the loss metric, which would leave NaN losses out of its mean
-        samples = sum(self.collected.get("train", {}).get("sizes", [])) * self.trainer.world_size  # equal shares
-        values = self._epoch_metrics("train")
-        if values is not None:
-            if samples and self.epoch_seconds > 0:  # the samples every process trained on, per second (images/s)
-                values["train_samples_per_sec"] = samples / self.epoch_seconds
-            self.log_dict(values, prog_bar=True)
-            self.train_epoch_metrics = {"epoch": self.current_epoch, "step": self.global_step - 1, "values": values}
-
-    def check_finite(self) -> None:
-        """Stops a fit whose loss or weights are no longer finite. Called at the epoch's end before its checkpoints
-        (ModelCheckpoint runs after the module's hook): no checkpoint of a NaN network is written, best.ckpt and
-        last.ckpt keep the last finite epoch. The loss goes to the loggers first, so the run shows it (as FAILED).
-        Every process decides together: one whose shard alone met a NaN stops them all."""
-        collected = self.collected.get("train")
-        losses = torch.stack(collected["losses"]) if collected else torch.zeros(1, device=self.device)
-        loss_finite = bool(losses.isfinite().all())
-        weights_finite = bool(torch.stack([p.detach().isfinite().all() for p in self.parameters()]).all())
-        if self.trainer.strategy.reduce_boolean_decision(loss_finite and weights_finite, all=True):
+        if not self.samples:  # no training step this epoch
             return
-        loss = losses[~losses.isfinite()][0].item() if not loss_finite else float("nan")
+        # compute() syncs the processes once; Lightning's own compute at the epoch's end reads the cached value.
+        values = {name: self.metrics[name].compute().item() for name in ("train_loss", "train_acc")}
+        self.check_finite(values["train_loss"])  # before the epoch's checkpoints (the callbacks' hook comes after)
+        if self.epoch_seconds > 0:  # the samples every process trained on (equal shares), per second
+            values["train_samples_per_sec"] = self.samples * self.trainer.world_size / self.epoch_seconds
+            self.log("train_samples_per_sec", values["train_samples_per_sec"], prog_bar=True)
+        self.train_epoch_metrics = {"epoch": self.current_epoch, "step": self.global_step - 1, "values": values}
+
+    def check_finite(self, loss: float) -> None:
+        """Stops a fit whose epoch loss (over every process) or weights are no longer finite. Called at the epoch's end
+        before its checkpoints: no checkpoint of a NaN network is written, best.ckpt and last.ckpt keep the last finite
+        epoch. The loss goes to the loggers first, so the run shows it (as FAILED)."""
+        weights_finite = bool(torch.stack([p.detach().isfinite().all() for p in self.parameters()]).all())
+        if math.isfinite(loss) and weights_finite:
+            return
         for logger in self.loggers:
             logger.log_metrics({"train_loss": loss, "epoch": self.current_epoch}, step=self.global_step)
-        what = (
-            f"train_loss is {loss}" if not loss_finite
-            else "the weights are no longer finite numbers" if not weights_finite
-            else "another process met a loss that is not finite"
-        )  # fmt: skip
+        what = f"train_loss is {loss}" if not math.isfinite(loss) else "the weights are no longer finite numbers"
         raise DivergedError(
             f"training diverged at epoch {self.current_epoch}: {what}; no checkpoint of it is written (best.ckpt "
             "and last.ckpt keep the last finite epoch, if any); lower model.optimizer.init_args.lr or check the data"
@@ -307,12 +266,6 @@ class ClassificationModule(L.LightningModule):
             record = self.train_epoch_metrics
             for logger in self.loggers:
                 logger.log_metrics({**record["values"], "epoch": record["epoch"]}, step=record["step"])
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_epoch("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._log_epoch("test")
 
     def configure_optimizers(self):
         trainable = [p for p in self.parameters() if p.requires_grad]  # frozen backbones stay out

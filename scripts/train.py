@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import signal
@@ -21,25 +20,12 @@ import threading
 import warnings
 from typing import NoReturn
 
-# Every process of a fit starts here (each rank, each pipeline step, each restart). Importing torch and Lightning
-# makes hundreds of thousands of objects that live as long as the process: Python's collections walked them again
-# and again while they were made, and again at every full collection after (docs/measured.md has the cost). So none
-# while importing, and what was imported stays out of later collections. Only when run: an import of this module
-# elsewhere (a notebook, a test) leaves that process's collector as it was; a Spark task, whose process is its fit's,
-# does the same around its import (scripts/spark/task.py).
-if __name__ == "__main__":
-    gc.disable()
+import torch
+from jsonargparse import ArgumentError
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-import torch  # noqa: E402
-from jsonargparse import ArgumentError  # noqa: E402
-from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E402
-
-from scripts.training.cli import TemplateCLI, make_cli  # noqa: E402
-from scripts.training.run_record import launched  # noqa: E402
-
-if __name__ == "__main__":
-    gc.freeze()
-    gc.enable()
+from scripts.training.cli import TemplateCLI, make_cli
+from scripts.training.run_record import launched
 
 
 def main(args: list[str] | None = None) -> TemplateCLI:

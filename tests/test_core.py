@@ -30,8 +30,8 @@ EXTRAS = ("azure.ai.ml", "onnx", "onnxruntime", "onnxscript", "optuna", "pyspark
 NOT_CORE = (
     "scripts.training.several_processes", "scripts.training.same_start", "scripts.training.sigterm",
     "scripts.training.early_stops", "scripts.training.peer_errors", "scripts.training.tracking_server",
-    "scripts.training.model_outputs", "scripts.training.cli_errors", "scripts.spark.cluster",
-    "strategies.", "scripts.serving.", "scripts.azure_ml.", "scripts.sweeps.", "scripts.bench.",
+    "scripts.training.extras", "scripts.training.cli_errors", "scripts.training.asset_names", "strategies.",
+    "scripts.serving.", "scripts.azure_ml.", "scripts.sweeps.", "scripts.spark.", "scripts.bench.",
 )  # fmt: skip
 # Runs scripts.train as `python -m` does, with the extras' packages absent, once for each command (a JSON list of
 # argument lists; `{best}` stands for the one file the glob pattern given last finds when that command starts), one

@@ -1,7 +1,7 @@
 """The learning-rate options mean what they say, read off the lr Lightning's LearningRateMonitor logs at every step:
 the module's warm-up and decay, `model.lr_scheduler` in their place, and LightningCLI's own `--optimizer` and
 `--lr_scheduler` refused in one line naming the module's (they would replace its configure_optimizers). And
-`--trainer.profiler`: Lightning's profiler when given, else the template's NoProfiler (no profiling, at less cost).
+`--trainer.profiler`: the profiler given, else Lightning's default (PassThroughProfiler: no profiling).
 
 .venv/bin/python -m pytest -q tests/test_lr_options.py
 """
@@ -84,10 +84,9 @@ def test_options_that_would_drop_the_module_s_schedule_are_refused(tmp_path, arg
 
 @pytest.mark.parametrize("given", [[], ["--trainer.profiler", "simple"]], ids=["none", "simple"])
 def test_the_trainer_s_profiler_is_the_one_given_else_none(tmp_path, given):
-    from lightning.pytorch.profilers import SimpleProfiler
+    from lightning.pytorch.profilers import PassThroughProfiler, SimpleProfiler
 
     from scripts.train import cli_main
-    from scripts.training.cli import NoProfiler
 
     args = ["fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs", "1", "--test_after_fit", "false",
             "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path), *given]  # fmt: skip
@@ -95,4 +94,4 @@ def test_the_trainer_s_profiler_is_the_one_given_else_none(tmp_path, given):
     if given:  # Lightning's, timing the fit
         assert isinstance(profiler, SimpleProfiler) and "run_training_epoch" in profiler.recorded_durations
     else:
-        assert type(profiler) is NoProfiler
+        assert type(profiler) is PassThroughProfiler

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import sqlite3
 import threading
 import time
-from pathlib import Path
 
 import lightning as L
-import mlflow
 import pytest
 import torch
 from mlflow import MlflowClient
@@ -136,75 +132,6 @@ def test_a_failing_run_still_sends_what_it_logged(store, tmp_path):
         trainer.fit(FailsInThirdEpoch())
     assert history(store, logger, "train_metric") == [(0, 0.0), (1, 1.0)]
     assert MlflowClient(store).get_run(logger.run_id).info.status == "FAILED"
-
-
-def contents(store: Path) -> dict:
-    """A sqlite store's schema and every table's rows, less the Default experiment's times (when it was made). A
-    table's lines are compared in any order: MLflow's migrations order a table's constraints differently each time."""
-    with contextlib.closing(sqlite3.connect(store)) as db:
-        listed = db.execute("SELECT type, name, sql FROM sqlite_master").fetchall()
-        schema = sorted([(kind, name, sorted(line.strip(" ,") for line in (sql or "").splitlines()))
-                         for kind, name, sql in listed], key=repr)  # fmt: skip
-        rows = {}
-        for table in [name for kind, name, _ in listed if kind == "table"]:
-            cursor = db.execute(f'SELECT * FROM "{table}"')
-            columns = [column[0] for column in cursor.description]
-            times = {"creation_time", "last_update_time"} if table == "experiments" else set()
-            rows[table] = sorted(([value for name, value in zip(columns, row) if name not in times] for row in cursor),
-                                 key=repr)  # fmt: skip
-    return {"schema": schema, "rows": rows}
-
-
-@pytest.mark.parametrize("where", ["template-from-elsewhere", "template-from-the-first", "no-cache", "full-disk"])
-def test_a_new_store_is_what_mlflow_makes_in_place_wherever_it_is_built(tmp_path, monkeypatch, where):
-    """A new store is a copy of a template this MLflow made once in ~/.cache (by a fit elsewhere, or by the first
-    store); with no cache, or no room for the copy, MLflow makes it in place. Every way, the store is the
-    one MLflow makes in place: the same tables and rows, the Default experiment's artifact location from the working
-    directory. This fails if MLflow's tables change under the template's one edit (its Default experiment taken out)."""
-    from scripts.training import tracking
-
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    template = home / ".cache" / "lightning-template" / f"mlflow-{mlflow.__version__}.db"
-    if where == "template-from-elsewhere":  # made from another working directory, as by a fit of another project
-        elsewhere = tmp_path / "elsewhere"
-        elsewhere.mkdir()
-        monkeypatch.chdir(elsewhere)
-        tracking.store_template()
-    if where == "no-cache":
-        (home / ".cache").write_text("a file where the cache folder would be")
-    if where == "full-disk":  # the template is there; the copy stops half-written
-        tracking.store_template()
-
-        def half_written(path: Path, data: bytes) -> None:
-            with open(path, "wb") as file:
-                file.write(data[:4096])
-            raise OSError(28, "No space left on device")
-
-        monkeypatch.setattr(Path, "write_bytes", half_written)
-    monkeypatch.chdir(tmp_path)
-    reference = tmp_path / "reference" / "mlflow.db"
-    reference.parent.mkdir()
-    MlflowClient(f"sqlite:///{reference}").search_experiments()
-    for made in (tmp_path / "first" / "mlflow.db", tmp_path / "second" / "mlflow.db"):
-        made.parent.mkdir()
-        tracking.open_sqlite_store(f"sqlite:///{made}")
-        assert sorted(path.name for path in made.parent.iterdir()) == ["mlflow.db", "mlflow.db.lock"]  # no partial
-        assert contents(made) == contents(reference)
-        (default,) = MlflowClient(f"sqlite:///{made}").search_experiments()
-        assert default.artifact_location.startswith(str(tmp_path / "mlruns"))
-        if where.startswith("template"):  # made once, then copied
-            made_once = template.stat()
-            assert [path.name for path in template.parent.iterdir()] == [template.name]
-        else:
-            assert template.exists() == (where == "full-disk")
-    if where.startswith("template"):
-        assert template.stat().st_ino == made_once.st_ino and contents(template)["rows"]["experiments"] == []
-    client = MlflowClient(f"sqlite:///{made}")
-    run = client.create_run(client.create_experiment("penguins"))
-    client.log_metric(run.info.run_id, "val_loss", 0.5)
-    assert [m.value for m in client.get_metric_history(run.info.run_id, "val_loss")] == [0.5]
 
 
 def test_a_wait_times_a_call_from_its_start_not_from_the_call_before():

@@ -18,7 +18,7 @@ import yaml
 from scripts.azure_ml.errors import SubmitError
 from scripts.azure_ml.images import BASE_IMAGE, GPU_IMAGE
 from scripts.azure_ml.job_inputs import check_uploaded_name
-from scripts.azure_ml.names import name_problem
+from scripts.training.asset_names import name_problem
 
 # Numbers only, so a team's versions sort and the next one is plain; no leading zero, for Azure ML keeps the
 # text: '01' and '1' would be two versions of one asset.

@@ -20,7 +20,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from scripts.azure_ml.names import name_problem
+from scripts.training.asset_names import name_problem
 
 METRICS_FILE = "metrics.json"  # scripts/azure_ml/components.py's
 LOCAL_STORE = Path("outputs/mlflow.db")  # scripts.train's own store when no MLFLOW_TRACKING_URI is set

@@ -46,7 +46,6 @@ from datamodules.preprocessing.images import MAX_IMAGE_PIXELS
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.transfer_net import TransferNet
 from scripts.bench.throughput import BenchParser, EpochThroughput, count
-from scripts.training.cli import NoProfiler
 
 CLASSES = ("chickens", "turkeys")
 WIDTH, HEIGHT = 500, 375  # the size of the Azure ML tutorial's fowl photos
@@ -135,7 +134,6 @@ def template(root: Path, args: argparse.Namespace, device: torch.device) -> floa
         enable_model_summary=False,
         callbacks=[EpochThroughput()],
         default_root_dir=str(root),
-        profiler=NoProfiler(),  # the template's Trainer's
     )
     trainer.fit(model, datamodule=data)
     return float(trainer.callback_metrics["bench_samples_per_sec"])

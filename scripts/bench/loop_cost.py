@@ -7,7 +7,7 @@ plain loop (fetch, the datamodule's scaling, forward, zero_grad, backward, SGD s
 medians of the steps' times, less the plain loop's, are Lightning's fixed cost a step: its hooks, its closure and
 optimizer chain, its progress and logging bookkeeping. The same plain loop on MNISTNet gives a real step's time here,
 and so the ceiling that fixed cost puts on scripts.bench.mnist's template / plain: step / (step + cost).
-The template's module (its metrics collected at every step) and Trainer (its profiler) around the same net give
+The template's module (its metrics updated and logged at every step) around the same net in the same Trainer gives
 what the template's loop costs. Then the same Lightning loop with a progress bar drawing into a file (as in an
 Azure ML job's log): Lightning's TQDM bar as it is by default, drawing at every batch, and as scripts.train sets it
 (`PROGRESS_BAR_REFRESH`).
@@ -32,7 +32,7 @@ from lightning_modules.classifier import ClassificationModule
 from lightning_modules.mnist_net import MNISTNet
 from scripts.bench.mnist import BATCH, OPTIMIZER, bench_trainer
 from scripts.bench.throughput import BenchParser, count
-from scripts.training.cli import PROGRESS_BAR_REFRESH, NoProfiler
+from scripts.training.cli import PROGRESS_BAR_REFRESH
 
 SKIPPED = 10  # the first steps warm up allocations and caches
 
@@ -95,11 +95,11 @@ class StepEnds(L.Callback):
 
 def lightning(data_dir: str, steps: int, bar: TQDMProgressBar | None = None, template: bool = False) -> float:
     """Median µs a step of NearFreeModule in scripts.bench.mnist's Trainer; `bar` draws into a temporary file. With
-    `template`, the template's module (ClassificationModule, its metrics collected) around the near-free net, in a
-    Trainer with the template's profiler."""
+    `template`, the template's module (ClassificationModule, its metrics updated and logged) around the near-free
+    net."""
     torch.manual_seed(0)
     ends = StepEnds()
-    trainer = bench_trainer(steps, ends, *([bar] if bar else []), profiler=NoProfiler() if template else None)
+    trainer = bench_trainer(steps, ends, *([bar] if bar else []))
     names = MNISTDataModule.class_names
     module = ClassificationModule(lambda _: NearFreeNet(), names, optimizer=OPTIMIZER) if template else NearFreeModule()
     with tempfile.TemporaryFile("w") as log, contextlib.redirect_stdout(log):  # Lightning's bars write to stdout

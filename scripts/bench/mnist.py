@@ -14,7 +14,7 @@
 - bare:     Lightning's own floor: a LightningModule that only returns the loss of MNISTNet, on the same
             MNISTDataModule batches (Lightning's loop and hooks, the datamodule's scaling);
 - template: a Lightning Trainer fitting MNISTDataModule + ClassificationModule + MNISTNet (no
-            logger, checkpoints, progress bar or validation; the template's NoProfiler, scripts/training/cli.py),
+            logger, checkpoints, progress bar or validation),
             timed by EpochThroughput (scripts/bench/throughput.py).
 The datamodule gathers the epoch's permutation once (index_select) and scales each batch in place: ~0.1 ms a step
 less data work than the plain loop's, which offsets part of Lightning's loop.
@@ -57,7 +57,6 @@ from datamodules.mnist import MEAN, STD, MNISTDataModule
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.mnist_net import MNISTNet
 from scripts.bench.throughput import BenchParser, EpochThroughput, count
-from scripts.training.cli import NoProfiler
 
 BATCH = 128
 CPU = torch.device("cpu")
@@ -196,7 +195,7 @@ def bare(data_dir: str, limit: int, accelerator: str = "cpu") -> float:
 def template(data_dir: str, limit: int, accelerator: str = "cpu") -> float:
     torch.manual_seed(0)
     model = ClassificationModule(MNISTNet, MNISTDataModule.class_names, optimizer=OPTIMIZER, channels_last=True)
-    return lightning_rate(model, data_dir, limit, accelerator, profiler=NoProfiler())  # as the template's Trainer
+    return lightning_rate(model, data_dir, limit, accelerator)  # as the template's Trainer
 
 
 VARIANTS = (

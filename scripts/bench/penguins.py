@@ -6,8 +6,7 @@
 - course:   the Microsoft Learn course's loop, DataLoader(num_workers=1), training and testing each epoch;
 - bare Lightning: the penguin net in a LightningModule that computes and logs nothing (Lightning's floor);
 - naive Lightning: a first port of the course to Lightning (DataLoaders, `self.log` per step), no tracking;
-- template: PenguinDataModule + ClassificationModule in a plain Trainer (no logger, checkpoints, callbacks; the
-            template's NoProfiler);
+- template: PenguinDataModule + ClassificationModule in a plain Trainer (no logger, checkpoints, callbacks);
 - make train: the CLI on configs/penguins.yaml, exactly what `make train` runs (MLflow sqlite store,
             best and last checkpoints, throughput, early stopping).
 Every variant trains on the same split and evaluates the validation rows once per epoch. Lightning
@@ -34,7 +33,7 @@ from lightning_modules.classifier import ClassificationModule
 from lightning_modules.penguin_net import PenguinNet
 from scripts.bench.throughput import BenchParser, count
 from scripts.train import cli_main
-from scripts.training.cli import NoProfiler, TemplateCLI
+from scripts.training.cli import TemplateCLI
 
 BATCH = 20
 
@@ -182,7 +181,7 @@ def template(epochs: int) -> float:
     """ClassificationModule on PenguinDataModule in a plain Trainer: no logger, checkpoints or callbacks."""
     torch.manual_seed(0)
     model = ClassificationModule(PenguinNet, PenguinDataModule.class_names)
-    return seconds_per_epoch(model, epochs, {"datamodule": PenguinDataModule()}, profiler=NoProfiler())
+    return seconds_per_epoch(model, epochs, {"datamodule": PenguinDataModule()})
 
 
 class TimedFitCLI(TemplateCLI):

@@ -114,39 +114,49 @@ def fit_on_spark(argv: list[str], spark=None) -> dict:
 def score_on_spark(argv: list[str], spark=None) -> dict:
     """Runs `score MODEL INPUT [--output DIR] [--label COLUMN] [--master MASTER]` (argv without `score`) on `spark`
     or the session this process has or starts; returns {"rows", "accuracy"}. Raises SparkFitError with the line."""
-    from scripts.serving.model_registry import REGISTRY_URIS, RegistryError, use_store
-    from scripts.spark.score import SparkScoreError, check_arguments, score
-
+    registry, scoring = serving_modules()
     model_uri, path, values = split_score_options(argv)
     try:
-        check_arguments(model_uri, path, values.get("--output"))
-        if model_uri.startswith(REGISTRY_URIS):  # found where scripts.serve finds it, before Spark starts
-            use_store(model_uri)
+        scoring.check_arguments(model_uri, path, values.get("--output"))
+        if model_uri.startswith(registry.REGISTRY_URIS):  # found where scripts.serve finds it, before Spark starts
+            registry.use_store(model_uri)
         spark, local = session(spark, values.get("--master"), "local[*]")
         try:
             if local_slots(spark.conf.get("spark.master", "") or "") is None:  # executors elsewhere, not on this disk
                 check_score_paths(spark, path, values.get("--output"))
-            return score(spark, model_uri, path, values.get("--output"), values.get("--label"))
+            return scoring.score(spark, model_uri, path, values.get("--output"), values.get("--label"))
         finally:
             if local:
                 local.stop()
-    except (SparkScoreError, RegistryError) as error:
+    except (scoring.SparkScoreError, registry.RegistryError) as error:
+        raise SparkFitError(str(error)) from None
+
+
+def serving_modules():
+    """The registered model's look-up and Spark's scoring with it: the serving extra's (scripts/spark/score.py goes
+    with it); one line where this checkout dropped it."""
+    from scripts.training.extras import ExtraMissing, load
+
+    try:
+        return load("scripts.serving.model_registry", "serving", "score"), load(
+            "scripts.spark.score", "serving", "score"
+        )
+    except ExtraMissing as error:
         raise SparkFitError(str(error)) from None
 
 
 def split_score_options(argv: list[str]) -> tuple[str, str, dict[str, str]]:
     """(model, input, {option: value}) of score's command line (without `score`); nothing checked on disk."""
-    from scripts.spark.score import SPARK_OPTIONS
-
+    options = serving_modules()[1].SPARK_OPTIONS
     values: dict[str, str] = {}
     positional: list[str] = []
     args = iter(argv)
     for arg in args:
         name, equals, value = arg.partition("=")
-        if name in SPARK_OPTIONS:
+        if name in options:
             values[name] = value if equals else next(args, "")
         elif arg.startswith("--"):
-            raise SparkFitError(f"{name}: score takes {', '.join(SPARK_OPTIONS)} (python -m scripts.spark --help)")
+            raise SparkFitError(f"{name}: score takes {', '.join(options)} (python -m scripts.spark --help)")
         else:
             positional.append(arg)
     if len(positional) != 2:

@@ -7,7 +7,6 @@ driver gives it: the code zipped, the MLflow variables, the fit's relative outpu
 
 from __future__ import annotations
 
-import gc
 import io
 import os
 import sys
@@ -135,11 +134,8 @@ def fit_in_task(workdir: str, args: list[str], environment: dict[str, str], refu
         if refusal:
             sys.exit(refusal)
         os.chdir(workdir)
-        gc.disable()  # this process's fit starts here: no collections while torch and Lightning are imported (train.py)
         from scripts.train import main
 
-        gc.freeze()
-        gc.enable()
         cli = main(["fit", *args])
     except SystemExit as stop:
         if stop.code in (None, 0):

@@ -5,13 +5,12 @@ tested. scripts.train runs it; the sweeps, Spark and the benches build it too.
     python -m scripts.train fit --config configs/penguins.yaml --print_config
 
 A plain fit loads only what it uses: several processes (scripts/training/several_processes.py and the modules it
-names), `--register_model`, `--model_dir` and `--metrics_file` (model_outputs.py), a tracking server
+names), `--register_model` and `--model_dir` (the serving extra's model_outputs.py), a tracking server
 (tracking_server.py) and the networks and datamodules of other tasks load only when the command asks for them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import tempfile
@@ -22,7 +21,6 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from datamodules.base import ClassificationDataModule
@@ -40,7 +38,7 @@ from scripts.training.checkpoints import (
     resume_from,
     saved_run_id,
 )
-from scripts.training.run_record import TrackConfig, first_process, launched
+from scripts.training.run_record import TrackConfig, first_process, launched, write_metrics
 
 PROCESSES_PER_CORE = 4  # the most CPU training processes a core: --trainer.devices' bound
 OUTPUTS = Path("outputs")  # Azure ML uploads ./outputs of every job
@@ -48,18 +46,6 @@ MLFLOW_LOGGER = "scripts.training.tracking.BufferedMLFlowLogger"
 # The bar's redraws, in batches: Lightning's default redraws at every batch, twice, a share of every short step, and
 # into a job's log file a line each time.
 PROGRESS_BAR_REFRESH = 10
-
-
-class NoProfiler(PassThroughProfiler):
-    """Lightning's default, no profiling, for less: the Trainer enters `profiler.profile(name)` ~45 times a training
-    step, each a new generator-made context in PassThroughProfiler, here one null context (~1% of an MNIST step on a
-    CPU, docs/measured.md). The template's Trainer has it unless --trainer.profiler is given."""
-
-    def profile(self, action_name: str) -> contextlib.AbstractContextManager:
-        return NOTHING
-
-
-NOTHING = contextlib.nullcontext()
 
 
 class ConfigError(Exception):
@@ -78,18 +64,11 @@ class TestDataFirst(L.Callback):
 class TemplateCLI(LightningCLI):
     def __init__(self, *positional, args=None, **kwargs) -> None:
         words = sys.argv[1:] if args is None else args
-        self.requested = requested_subcommand(words)
         refuse_lightning_optimizer_options(words)  # the module's own are the template's
         self.same_start = None  # several processes: their one exchange at the start (several_processes.py)
         self.resumes = False
         self.checkpoint_classes: list[str] = []
         super().__init__(*positional, args=args, **kwargs)
-
-    def subcommands(self) -> dict[str, set[str]]:
-        # Only the subcommand being run gets a parser (jsonargparse reads the Trainer's, the module's and the
-        # datamodules' signatures for each). No subcommand, or an unknown one: all four, for the help and the error.
-        every = LightningCLI.subcommands()
-        return {self.requested: every[self.requested]} if self.requested in every else every
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
@@ -160,9 +139,10 @@ class TemplateCLI(LightningCLI):
             if config.get("checkpoint_dir"):
                 self.check_on_rank_zero(check_writable, Path(config.checkpoint_dir), "--checkpoint_dir")
             if config.get("model_dir"):
-                from scripts.training.model_outputs import check_model_dir
+                from scripts.training.extras import load
 
-                self.check_on_rank_zero(check_model_dir, Path(config.model_dir), "--model_dir")
+                outputs = load("scripts.serving.model_outputs", "serving", "--model_dir")
+                self.check_on_rank_zero(outputs.check_model_dir, Path(config.model_dir), "--model_dir")
                 self.check_on_rank_zero(check_writable, Path(config.model_dir), "--model_dir")
             if ours_only(config.get("checkpoint_dir")):  # Lightning warns of it at every start, resumes included
                 warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
@@ -191,8 +171,6 @@ class TemplateCLI(LightningCLI):
         named = list(trainer_config.get("callbacks") or [])
         if trainer_config.get("enable_progress_bar", True) and not any(isinstance(c, ProgressBar) for c in named):
             kwargs["callbacks"] = [*named, TQDMProgressBar(refresh_rate=PROGRESS_BAR_REFRESH)]
-        if trainer_config.get("profiler") is None:
-            kwargs["profiler"] = NoProfiler()
         try:
             trainer = super().instantiate_trainer(**kwargs)
         except ValueError as error:  # the Trainer's own checks of its options (a strategy name that does not exist)
@@ -216,9 +194,10 @@ class TemplateCLI(LightningCLI):
 
     def before_fit(self) -> None:
         if self.config.fit.register_model:  # refused before the fit, not by the registry after it
-            from scripts.training.model_outputs import check_registrable
+            from scripts.training.extras import load
 
-            check_registrable(self.config.fit.register_model, self.trainer, self.datamodule)
+            outputs = load("scripts.serving.model_outputs", "serving", "--register_model")
+            outputs.check_registrable(self.config.fit.register_model, self.trainer, self.datamodule)
         if self.config.fit.test_after_fit:
             self.trainer.callbacks.append(TestDataFirst())
 
@@ -242,10 +221,12 @@ class TemplateCLI(LightningCLI):
             rank_zero_print(f"test_acc: {results['test_acc']:.4f}")  # reduced over all processes
             metrics.update(results)
         config = self.config.fit
-        if config.metrics_file or config.register_model or config.model_dir:
-            from scripts.training.model_outputs import hand_on
+        if config.metrics_file and self.trainer.is_global_zero:
+            write_metrics(metrics, Path(config.metrics_file))
+        if (config.register_model or config.model_dir) and self.trainer.is_global_zero:
+            from scripts.training.extras import load
 
-            hand_on(self, metrics, checkpoint)
+            load("scripts.serving.model_outputs", "serving", "--register_model").hand_on(self, checkpoint)
 
     def check_classes(self) -> None:
         """The data's classes must be the checkpoint's, in its order: else every label would mean another class."""
@@ -264,8 +245,6 @@ class TemplateCLI(LightningCLI):
 
     def after_test(self) -> None:
         if self.config.test.metrics_file and self.trainer.is_global_zero:
-            from scripts.training.model_outputs import write_metrics
-
             write_metrics(dict(self.trainer.callback_metrics), Path(self.config.test.metrics_file))
 
     def before_predict(self) -> None:
@@ -353,19 +332,6 @@ def check_trains(trainer: dict) -> None:
 @rank_zero_only
 def rank_zero_print(line: str) -> None:
     print(line)
-
-
-def requested_subcommand(args) -> str | None:
-    """The subcommand in a command line (its first word that is not an option or the path after -c/--config)."""
-    if not isinstance(args, list | tuple):
-        return None
-    words = iter(args)
-    for word in words:
-        if word in ("-c", "--config"):
-            next(words, None)
-        elif not str(word).startswith("-"):
-            return str(word)
-    return None
 
 
 def make_cli(args: list[str] | None, cli_class: type[TemplateCLI]) -> TemplateCLI:

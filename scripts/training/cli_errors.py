@@ -114,7 +114,8 @@ def user_errors() -> tuple[type[BaseException], ...]:
         ("scripts.training.checkpoints", "CheckpointError"),
         ("scripts.training.cli", "ConfigError"),
         ("scripts.training.tracking_server", "TrackingError"),
-        ("scripts.training.model_outputs", "OutputError"),
+        ("scripts.training.extras", "ExtraMissing"),
+        ("scripts.serving.model_outputs", "OutputError"),
         ("strategies.mpi_environment", "LaunchError"),
     )
     return tuple(getattr(sys.modules[module], name) for module, name in classes if module in sys.modules)

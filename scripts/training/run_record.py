@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import json
 import os
 import re
 import shutil
@@ -157,6 +158,16 @@ def first_process() -> bool:
     from strategies.launch_check import launched_first
 
     return launched_first()
+
+
+def write_metrics(metrics: dict, path: Path) -> None:
+    """The metrics as a JSON object of numbers, written to a temporary name beside `path` and renamed."""
+    values = {name: float(value) for name, value in sorted(metrics.items())}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(values, indent=1) + "\n")
+    part.replace(path)
+    print(f"wrote metrics: {path}")  # by global rank 0 alone (the CLI's after_fit and after_test)
 
 
 # ---- the evaluation report of every test ----

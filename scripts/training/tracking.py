@@ -356,46 +356,4 @@ def open_sqlite_store(tracking_uri: str) -> None:
     path = Path(tracking_uri.removeprefix("sqlite:///"))
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{path}.lock"):
-        if not path.exists():
-            create_sqlite_store(path)
-        MlflowClient(tracking_uri)
-
-
-def create_sqlite_store(path: Path) -> None:
-    """A new, empty MLflow store at `path`: a copy of the one MLflow's migrations make (running them costs every fit in
-    a new folder: docs/measured.md), less its Default experiment, which MLflow adds to the copy when it opens it, as to
-    a store it makes in place (its artifact location comes from the working directory). Without a template, MLflow's
-    own way."""
-    import sqlite3
-
-    from mlflow import MlflowClient
-
-    partial_copy = path.with_name(f".{path.name}.new")
-    try:
-        partial_copy.write_bytes(store_template().read_bytes())
-        os.replace(partial_copy, path)  # never a half-copied store, whatever stops this process
-    except (OSError, RuntimeError, sqlite3.Error):  # a full disk, no home folder, an MLflow of other tables
-        partial_copy.unlink(missing_ok=True)
-        MlflowClient(f"sqlite:///{path}").search_experiments(max_results=1)  # and its error
-
-
-def store_template() -> Path:
-    """~/.cache/lightning-template/mlflow-<version>.db: what this MLflow makes as a store, less the Default experiment;
-    made if it is not there yet (by several processes at once: each writes a whole one)."""
-    import sqlite3
-    import tempfile
-
-    import mlflow
-
-    template = Path.home() / ".cache" / "lightning-template" / f"mlflow-{mlflow.__version__}.db"
-    if template.is_file():
-        return template
-    template.parent.mkdir(parents=True, exist_ok=True)
-    # Made beside it, in a folder removed whatever happens, and moved into place whole.
-    with tempfile.TemporaryDirectory(dir=template.parent, prefix=".mlflow-store-") as folder:
-        made = Path(folder) / "mlflow.db"
-        mlflow.MlflowClient(f"sqlite:///{made}").search_experiments(max_results=1)
-        with contextlib.closing(sqlite3.connect(made)) as store, store:
-            store.execute("DELETE FROM experiments")  # the Default one, made from this working directory
-        os.replace(made, template)  # whoever else makes one at the same moment
-    return template
+        MlflowClient(tracking_uri).search_experiments(max_results=1)  # MLflow makes a new store's tables here

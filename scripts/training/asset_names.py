@@ -1,6 +1,9 @@
 """Azure ML's rule for the names of assets: data, environments and registered models. A module of its own, importing
-nothing, so that training (`scripts.train fit --register_model NAME`) checks a model's name before its fit without
-importing the Azure ML job code."""
+nothing, so that a fit (`scripts.train fit --register_model NAME`, the serving extra) and the Azure ML commands (the
+azure extra) check a name alike, each without the other.
+
+    python -m scripts.train fit --config configs/penguins.yaml --register_model penguins-classifier
+"""
 
 from __future__ import annotations
 

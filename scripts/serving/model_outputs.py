@@ -1,13 +1,12 @@
-"""What a fit hands on besides its checkpoints, when asked: `--metrics_file` (the final metrics as JSON, fit and test),
-`--model_dir` (the best network as an MLflow model in a folder: an Azure ML pipeline's mlflow_model output) and
-`--register_model NAME` (that model logged to the run and registered). scripts.train's CLI loads it only for these:
+"""What a fit hands on besides its checkpoints and metrics, when asked: `--model_dir` (the best network as an MLflow
+model in a folder: an Azure ML pipeline's mlflow_model output) and `--register_model NAME` (that model logged to the
+run and registered). scripts.train's CLI loads it only for these (scripts/training/extras.py):
 
     python -m scripts.train fit --config configs/penguins.yaml --register_model penguins-classifier
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -45,7 +44,7 @@ def check_model_dir(folder: Path, option: str) -> None:
 def check_registrable(name: str, trainer: L.Trainer, datamodule) -> None:
     """Before the fit, what would stop the registry after it: no MLflow logger or checkpoint, a name Azure ML's
     registry refuses, a datamodule that cannot be served."""
-    from scripts.azure_ml.names import name_problem
+    from scripts.training.asset_names import name_problem
 
     if not (isinstance(trainer.logger, MLFlowLogger) and trainer.checkpoint_callback):
         raise OutputError("--register_model needs the MLflow logger and checkpoints; check trainer.logger")
@@ -58,12 +57,10 @@ def check_registrable(name: str, trainer: L.Trainer, datamodule) -> None:
         )
 
 
-def hand_on(cli, metrics: dict, checkpoint: ModelCheckpoint | None) -> None:
-    """After a fit (and its test): the metrics file, the model folder and the registered model the options ask for."""
-    config, trainer = cli.config.fit, cli.trainer
-    if config.metrics_file and trainer.is_global_zero:
-        write_metrics(metrics, Path(config.metrics_file))
-    if not (trainer.is_global_zero and checkpoint is not None and checkpoint.best_model_path):
+def hand_on(cli, checkpoint: ModelCheckpoint | None) -> None:
+    """After a fit (and its test), on global rank 0: the model folder and the registered model the options ask for."""
+    config = cli.config.fit
+    if checkpoint is None or not checkpoint.best_model_path:
         return
     if config.register_model:
         register_best(cli, config.register_model, checkpoint)
@@ -112,13 +109,3 @@ def save_model_in(folder: Path, network, example, class_names: list[str], inputs
             else:
                 path.unlink()
     save_model(network, example, class_names, folder, inputs)
-
-
-def write_metrics(metrics: dict, path: Path) -> None:
-    """The metrics as a JSON object of numbers, written to a temporary name beside `path` and renamed."""
-    values = {name: float(value) for name, value in sorted(metrics.items())}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(path.name + ".part")
-    part.write_text(json.dumps(values, indent=1) + "\n")
-    part.replace(path)
-    print(f"wrote metrics: {path}")  # by global rank 0 alone (the CLI's after_fit and after_test)
