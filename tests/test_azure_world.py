@@ -105,6 +105,7 @@ def test_devices_that_disagree_with_the_processes_azure_started_is_one_line(tmp_
         assert "Traceback" not in process.stderr
 
 
+# extra: serving
 def test_a_model_dir_that_rank_0_refuses_stops_every_process_in_one_line(tmp_path):
     """Rank 0 alone saves the model, so it alone checks --model_dir; the job's other processes must stop with it, not
     wait for it until torch.distributed's timeout (30 minutes). Nothing of the user's is touched."""
@@ -123,6 +124,10 @@ def test_a_model_dir_that_rank_0_refuses_stops_every_process_in_one_line(tmp_pat
     assert not list(folder.glob("outputs/*/*/config.yaml"))
 
 
+# end extra: serving
+
+
+# extra: horovod
 def test_horovod_under_mpirun_with_a_folder_per_process_trains_as_one_tests_and_tracks_one_run(
     tmp_path, azure_tracking, one_process
 ):
@@ -149,6 +154,10 @@ def test_horovod_under_mpirun_with_a_folder_per_process_trains_as_one_tests_and_
     assert_one_finished_run(azure_tracking, run_id)
 
 
+# end extra: horovod
+
+
+# extra: serving
 def test_register_model_against_azure_like_tracking_loads_back_and_predicts_as_the_checkpoint(tmp_path, azure_tracking):
     import mlflow
     import numpy as np
@@ -194,6 +203,9 @@ def test_register_model_against_azure_like_tracking_loads_back_and_predicts_as_t
     answers = registered.predict(rows)  # raw rows in, as a deployment gets them
     assert answers["class"].tolist() == [PenguinDataModule.class_names[i] for i in logits.argmax(1).tolist()]
     assert np.allclose(answers["probability"], torch.softmax(logits, 1).max(1).values.numpy(), atol=1e-5)
+
+
+# end extra: serving
 
 
 def test_two_nodes_resume_from_a_checkpoint_only_the_first_node_has(tmp_path):

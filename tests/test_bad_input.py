@@ -269,8 +269,11 @@ CASES = [
          "error: data.init_args.image_size 0: give 1 to 6324 pixels (the crop's side)"),
     Case("image-size-past-the-pixel-limit", ["fit", *BIRDS, "--data.init_args.image_size", "1000000"],
          "error: data.init_args.image_size 1000000: give 1 to 6324 pixels (the crop's side)"),
+    # extra: sweeps
     Case("sweep-jobs-past-the-cores", ["configs/sweeps/penguins.yaml", "--n_jobs", "1000", "--outputs", "{outputs}"],
          "error: --n_jobs 1000: give 1 to {cores} trials at once (this machine's cores)", module="scripts.sweep"),
+    # end extra: sweeps
+    # extra: bench
     Case("bench-rounds-0", ["--repeats", "0"], "error: argument --repeats: 0: give 1 or more",
          module="scripts.bench.mnist"),
     Case("bench-steps-past-an-epoch", ["--steps", "5000"],
@@ -279,8 +282,11 @@ CASES = [
          module="scripts.bench.birds"),
     Case("bench-epochs-not-a-number", ["--epochs", "many"],
          "error: argument --epochs: 'many' is not a whole number", module="scripts.bench.penguins"),
+    # end extra: bench
+    # extra: serving
     Case("export-opset-the-exporter-cannot-write", ["{penguins_ckpt}", "--opset", "5"],
          "error: --opset 5: give 18 to 28 (what torch and onnx write)", module="scripts.export"),
+    # end extra: serving
     Case("outputs-not-writable", ["fit", "--trainer.default_root_dir", "{user}/notes.txt/outputs"],
          "error: {user}/notes.txt/outputs: cannot write there (Not a directory); give --trainer.default_root_dir a "
          "folder you can write"),
@@ -339,12 +345,14 @@ CASES = [
          "with datamodules.image_folder.ImageFolderDataModule (and 14 more option(s)), and a resume goes on as it "
          "began; give --data.class_path datamodules.image_folder.ImageFolderDataModule, or a new --checkpoint_dir to "
          "train anew"),
+    # extra: serving
     Case("export-missing", ["{user}/nope.ckpt"],
          "error: {user}/nope.ckpt: no such checkpoint file; give the path of a .ckpt (outputs/.../best.ckpt)",
          module="scripts.export"),
     Case("export-not-a-checkpoint", ["{user}/notes.txt"],
          "error: {user}/notes.txt: not a checkpoint this can read (UnpicklingError); give a .ckpt written by "
          "scripts.train fit", module="scripts.export"),
+    # end extra: serving
     # ---- penguins ----
     Case("csv-missing", ["fit", "--data.init_args.csv_path", "{user}/nope.csv"],
          "error: {user}/nope.csv: no such file; give data.init_args.csv_path an existing CSV"),
@@ -556,6 +564,7 @@ CASES = [
     Case("plot-of-no-run", ["0123abc", "--tracking-uri", "sqlite:///{outputs}/mlflow.db"],
          "error: sqlite:///{outputs}/mlflow.db: Run with id=0123abc not found; give a run id of this store (`make "
          "mlflow-ui` lists them), or none for the newest run", module="scripts.plot"),
+    # extra: azure
     # ---- Azure ML submission: each before the Azure SDK is imported ----
     Submit("submit-config-missing", ["configs/nope.yaml", "--compute", "c"],
          "error: configs/nope.yaml: no such config in this folder; give a path like configs/penguins.yaml"),
@@ -583,10 +592,14 @@ CASES = [
          "type=(uri_folder|uri_file|mltable) or mode=(ro_mount|download|direct|eval_mount|eval_download)"),
     Submit("submit-folder-as-file", [*SUBMIT, "--inputs+", "data.init_args.path=configs,type=uri_file"],
          "error: --inputs data.init_args.path=configs,type=uri_file: configs is a folder"),
+    # end extra: azure
+    # extra: azure, horovod
     Submit("submit-horovod-without-mpi", [*SUBMIT, "--presets", "[configs/trainer/horovod.yaml]", "--nodes", "2"],
          "error: Horovod's processes are started by mpirun: add --distribution mpi"),
     Submit("submit-horovod-image", [*SUBMIT, "--presets+", "configs/trainer/horovod.yaml", "--image", "x"],
          "error: --image: Horovod jobs run on the image strategies/horovod/Dockerfile builds; edit its FROM"),
+    # end extra: azure, horovod
+    # extra: azure
     Submit("submit-ddp-mpi-preset", [*SUBMIT, "--presets+", "configs/trainer/ddp_mpi.yaml"],
          "error: --presets configs/trainer/ddp_mpi.yaml: submit adds it itself; give --nodes, "
          "--processes_per_node and --distribution"),
@@ -616,8 +629,12 @@ CASES = [
          "options)"),
     Submit("submit-timeout", [*SUBMIT, "--timeout", "4 hours"],
          "error: --timeout '4 hours': give seconds (3600) or a duration such as 90m, 4h, 1h30m or 2d"),
+    # end extra: azure
+    # extra: azure, sweeps
     Submit("submit-timeout-of-a-sweep", [*SUBMIT, "--sweep", "configs/sweeps/penguins.yaml", "--timeout", "1h"],
          "error: --timeout with --sweep: a sweep's limits are its file's budget.time and budget.trial_time"),
+    # end extra: azure, sweeps
+    # extra: azure
     Submit("submit-shm-size", [*SUBMIT, "--shm_size", "8GB"],
          "error: --shm_size '8GB': give a number and a unit of b, k, m or g, e.g. 8g"),
     Submit("submit-environment-not-registered", [*SUBMIT, "--environment", "lightning-training"],
@@ -634,6 +651,9 @@ CASES = [
     Submit("submit-from-another-folder", [str(REPO / "configs/penguins.yaml"), "--compute", "c"],
          "error: environment.yml is not in this folder: run from the repository's root (the job's code)",
            cwd="{user}", env={"PYTHONPATH": str(REPO)}),
+    # end extra: azure
+    # extra: azure, serving
+    # ---- Azure ML pipelines and deployment, before the Azure SDK is imported ----
     Case("pipeline-serverless-gpus-without-a-gpu-size", ["configs/birds.yaml", "--compute", "serverless",
                                                          "--presets+", "configs/trainer/gpu.yaml"],
          "error: --compute serverless: the configs run on GPUs and serverless picks a CPU VM; give --instance_type a "
@@ -641,12 +661,14 @@ CASES = [
     Case("pipeline-instance-type-of-a-cluster", [*SUBMIT, "--instance_type", "Standard_DS3_v2"],
          "error: --instance_type Standard_DS3_v2: the VM size of serverless compute; the cluster c has its own: leave "
          "it out, or give --compute serverless", module="scripts.pipeline"),
-    # ---- Azure ML deployment, Spark: each before the Azure SDK is imported, or before a JVM starts ----
     Case("deploy-gpu-size-for-the-cpu-environment", ["online", "penguins-classifier:1", "--endpoint", "penguins",
                                                       "--instance_type", "Standard_NC4as_T4_v3", "--dry_run", "true"],
          "error: --instance_type Standard_NC4as_T4_v3: a GPU size, but the model scores on CPUs (ONNX Runtime's CPU "
          "build, in its requirements and scripts/serving/environment.yml); give a CPU size such as Standard_DS3_v2, or "
          "--scoring script --environment a registered serving environment built for GPUs", module="scripts.deploy"),
+    # end extra: azure, serving
+    # extra: spark
+    # ---- Spark, before a JVM starts ----
     Case("spark-master-not-a-url", ["fit", "--config", "configs/penguins.yaml", "--num_processes", "2", "--master",
                                     "local[two]"],
          "error: --master local[two]: not a Spark master URL; give local[N], local-cluster[W,C,M] (W workers of C "
@@ -662,6 +684,8 @@ CASES = [
          "error: Spark did not start on local[1] ([JAVA_GATEWAY_EXITED] Java gateway process exited before sending its "
          "port number); check --master, and Java 17 (`java -version`, JAVA_HOME)",
          module="scripts.spark", env={"JAVA_HOME": "{user}/no-java"}),
+    # end extra: spark
+    # extra: serving
     # ---- batch scoring (python -m scripts.score) with a penguin model made from a checkpoint by scripts.serve ----
     Case("score-empty-csv", ["{penguins_model}", "{user}/empty.csv"],
          "error: {user}/empty.csv is empty: send a CSV whose first line names the columns, one penguin a line",
@@ -681,6 +705,7 @@ CASES = [
                                        "{user}/notes.txt/predictions.csv"],
          "error: --output {user}/notes.txt/predictions.csv: cannot be written here; give a path in a folder you can "
          "write to", module="scripts.score"),
+    # end extra: serving
 ]  # fmt: skip
 
 

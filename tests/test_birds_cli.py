@@ -69,9 +69,11 @@ def test_predict_and_export_need_no_imagenet_weights_once_trained(tmp_path, trai
     )
     assert predict.returncode == 0, predict.stderr[-3000:]
     assert len(predict.stdout[predict.stdout.index("input,class,probability") :].splitlines()) == 3
+    # extra: serving
     export = run_module("scripts.export", checkpoint, "--output", tmp_path / "birds.onnx")
     assert export.returncode == 0, export.stderr[-3000:]
     assert (tmp_path / "birds.onnx").is_file()
+    # end extra: serving
 
 
 @pytest.mark.slow

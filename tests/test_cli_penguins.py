@@ -26,7 +26,8 @@ def fitted(tmp_path_factory):
     outputs = tmp_path_factory.mktemp("penguins") / "outputs"
     result = run_module(
         "scripts.train", "fit", "--config", "configs/penguins.yaml",
-        "--trainer.max_epochs", EPOCHS, "--trainer.default_root_dir", outputs, "--register_model", MODEL,
+        "--trainer.max_epochs", EPOCHS, "--trainer.default_root_dir", outputs,
+        "--register_model", MODEL,  # extra: serving
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     best = Path(re.search(r"best checkpoint: (\S+)", result.stdout).group(1))
@@ -174,6 +175,7 @@ def test_unknown_island_at_predict_time(fitted, train_cli, tmp_path):
     assert str(new) in last and "unknown island 'Atlantis'" in last
 
 
+# extra: serving
 def test_fit_registers_the_best_network_as_a_pyfunc_with_its_class_names_and_program(fitted):
     import mlflow
     import numpy as np
@@ -223,6 +225,7 @@ def test_register_model_without_mlflow_stops_before_training(train_cli):
     )
 
 
+# end extra: serving
 def test_a_fit_that_trains_no_step_is_one_line_and_a_failed_run(train_cli, tmp_path):
     result = train_cli("fit", "--config", "configs/penguins.yaml", "--trainer.limit_train_batches", "0")
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
@@ -233,6 +236,7 @@ def test_a_fit_that_trains_no_step_is_one_line_and_a_failed_run(train_cli, tmp_p
     assert [run.info.status for run in runs] == ["FAILED"]
 
 
+# extra: serving
 def test_a_registry_refusal_after_the_fit_is_one_line_that_keeps_the_fit_and_says_how_to_register_it(
     train_cli, tmp_path
 ):
@@ -265,3 +269,6 @@ def test_a_registry_refusal_after_the_fit_is_one_line_that_keeps_the_fit_and_say
     assert done.returncode == 0, done.stderr[-2000:]
     (version,) = client.search_model_versions(f"name = '{MODEL}'")
     assert version.run_id == run.info.run_id and shlex.split(later)[0].startswith("MLFLOW_TRACKING_URI=")
+
+
+# end extra: serving

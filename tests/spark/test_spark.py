@@ -28,8 +28,8 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import DDP_EPOCHS, REPO, assert_same_training, last_checkpoint, own_tmpdir, penguin_fit, run_module
-from tests.serving.scored_models import scored_models
-from tests.serving.test_own_datamodule import check_answers, fit_fruit
+from tests.serving.scored_models import scored_models  # extra: serving
+from tests.serving.test_own_datamodule import check_answers, fit_fruit  # extra: serving
 
 needs_java = pytest.mark.skipif(
     shutil.which("java") is None, reason="needs Java 17 for Spark (apt-get install openjdk-17-jre-headless; CI has it)"
@@ -578,6 +578,31 @@ def test_a_unity_catalog_registry_takes_three_part_names_from_the_tasks(spark):
     assert environment == {"MLFLOW_REGISTRY_URI": "databricks-uc"}  # handed to the tasks, which have no session
 
 
+def test_a_local_master_past_this_machine_s_cores_or_memory_is_one_line_before_spark_starts(monkeypatch):
+    """--num_processes 1000000 made a local[1000000] master: a Python process per task slot on this machine."""
+    from pyspark.sql import SparkSession
+
+    from scripts.spark import main
+
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setenv("JAVA_HOME", "/none")  # the JVM would not start: Spark is never asked
+    # As a process without a session of its own (an earlier test of this worker may have left one).
+    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    fit = ["fit", "--config", "configs/penguins.yaml"]
+    for args, line in (
+        (["--num_processes", "1000000"], f"--num_processes 1000000: 1000000 task processes on this machine's {cores} "
+                                         f"cores; give at most {4 * cores} (4 a core), or --master of a cluster"),
+        (["--num_processes", "2", "--master", "local[5000]"], "--master local[5000]: 5000 task processes on this"),
+        (["--num_processes", "2", "--master", "local-cluster[2,1,100000000]"],
+         "--master local-cluster[2,1,100000000]: 2 workers of 100000000 MB, more than this machine's"),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit) as stop:
+            main([*fit, *args])
+        assert stop.value.code.startswith(f"error: {line}"), stop.value.code
+
+
+# extra: serving
 # ---- scoring with the registered model: mlflow.pyfunc.spark_udf ----
 
 
@@ -885,30 +910,6 @@ def test_score_mistakes_are_one_line_before_spark_starts(argv, line, monkeypatch
     assert stop.value.code.startswith(f"error: {line}"), stop.value.code
 
 
-def test_a_local_master_past_this_machine_s_cores_or_memory_is_one_line_before_spark_starts(monkeypatch):
-    """--num_processes 1000000 made a local[1000000] master: a Python process per task slot on this machine."""
-    from pyspark.sql import SparkSession
-
-    from scripts.spark import main
-
-    cores = len(os.sched_getaffinity(0))
-    monkeypatch.setenv("JAVA_HOME", "/none")  # the JVM would not start: Spark is never asked
-    # As a process without a session of its own (an earlier test of this worker may have left one).
-    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))
-    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
-    fit = ["fit", "--config", "configs/penguins.yaml"]
-    for args, line in (
-        (["--num_processes", "1000000"], f"--num_processes 1000000: 1000000 task processes on this machine's {cores} "
-                                         f"cores; give at most {4 * cores} (4 a core), or --master of a cluster"),
-        (["--num_processes", "2", "--master", "local[5000]"], "--master local[5000]: 5000 task processes on this"),
-        (["--num_processes", "2", "--master", "local-cluster[2,1,100000000]"],
-         "--master local-cluster[2,1,100000000]: 2 workers of 100000000 MB, more than this machine's"),
-    ):  # fmt: skip
-        with pytest.raises(SystemExit) as stop:
-            main([*fit, *args])
-        assert stop.value.code.startswith(f"error: {line}"), stop.value.code
-
-
 def test_score_finds_a_registered_model_where_serve_finds_it_and_a_missing_one_before_spark(tmp_path, monkeypatch):
     """With MLFLOW_TRACKING_URI unset, models:/ resolved against ./mlflow.db (MLflow's default, made empty) after 80 s
     of Spark, where scripts.serve finds the model in outputs/mlflow.db: both look there, and say so in one line."""
@@ -962,3 +963,6 @@ def test_spark_udf_scores_an_own_datamodules_rows_as_predict(tmp_path, spark):
     _, checkpoint, rows, answers = fit_fruit(tmp_path / "fruit")
     main(["score", str(from_checkpoint(checkpoint, tmp_path / "model")), str(rows), "--output", str(tmp_path / "out")])
     check_answers(written(tmp_path / "out").to_dict("records"), answers)
+
+
+# end extra: serving
