@@ -112,7 +112,8 @@ def constant_backbone(path: Path) -> list[str]:
     return ["--model.network.init_args.weights_path", str(path), "--model.network.init_args.freeze_backbone", "true"]
 
 
-TASKS = {  # task: its config's name in configs/, and what makes its data (given a folder) and arguments
+# configs/<task>.yaml: a function that makes the task's tiny data in a temporary folder and returns the fit's options.
+TASKS = {
     "penguins": lambda folder: [],
     "mnist": lambda folder: mnist_files(folder / "mnist"),
     "mnist_tutorial": lambda folder: mnist_files(folder / "mnist"),
@@ -163,8 +164,8 @@ def make(task: str, folder: Path) -> Path:
     if result.returncode != 0:
         raise SystemExit(f"{task}: the fit failed:\n{result.stderr[-3000:]}")
     best, target = folder / "checkpoints" / "best.ckpt", HERE / f"{task}.ckpt"
-    written = torch.load(best, map_location="cpu", weights_only=False)
     if task in ("birds", "digits_folder"):
+        written = torch.load(best, map_location="cpu", weights_only=False)
         buffer = io.BytesIO()  # as Lightning writes one (scripts/training/checkpoints.py RankZeroCheckpointIO)
         torch.save(shared_storages(written, "network.backbone."), buffer)
         target.write_bytes(buffer.getvalue())
