@@ -23,6 +23,8 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from lightning_modules.checkpoint_fit import check_network_fits
+
 
 class OptimizerError(ValueError):
     """The configured optimizer refused its arguments, or LightningCLI's own optimizer options were given; the message
@@ -257,6 +259,7 @@ class ClassificationModule(L.LightningModule):
             checkpoint["input_shape"] = list(self.input_shape)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        check_network_fits(self, checkpoint)  # one line, not load_state_dict's error, for a network changed since
         self.train_epoch_metrics = checkpoint.get("train_epoch_metrics")
         if checkpoint.get("input_shape"):
             self.input_shape = tuple(checkpoint["input_shape"])

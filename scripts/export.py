@@ -22,6 +22,7 @@ import torch
 
 from datamodules.base import ClassificationDataModule
 from datamodules.errors import DataError
+from lightning_modules.checkpoint_fit import NetworkMismatchError
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.transfer_net import skip_pretrained_weights
 from scripts.serving.mlflow_model import ExportError, test_inputs, write_onnx
@@ -52,7 +53,10 @@ def load(checkpoint: Path) -> tuple[ClassificationModule, ClassificationDataModu
         init_args = dict(network["init_args"])
         skip_pretrained_weights(init_args)
         overrides["network"] = {**network, "init_args": init_args}
-    model = ClassificationModule.load_from_checkpoint(checkpoint, map_location="cpu", **overrides)
+    try:
+        model = ClassificationModule.load_from_checkpoint(checkpoint, map_location="cpu", **overrides)
+    except NetworkMismatchError as error:  # its line names the network; this names the file
+        raise ExportError(f"{checkpoint}: {error}") from None
     # LightningDataModule's own classmethod builds the class the checkpoint names (a subclass's would build itself).
     datamodule = L.LightningDataModule.load_from_checkpoint(checkpoint)
     return model, datamodule

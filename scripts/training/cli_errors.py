@@ -110,6 +110,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
         ("lightning_modules.classifier", "OptimizerError"),
         ("lightning_modules.classifier", "DivergedError"),
         ("lightning_modules.classifier", "InputShapeError"),
+        ("lightning_modules.checkpoint_fit", "NetworkMismatchError"),
         ("lightning_modules.transfer_net", "WeightsError"),
         ("scripts.training.checkpoints", "CheckpointError"),
         ("scripts.training.cli", "ConfigError"),

@@ -1,0 +1,60 @@
+"""Whether a checkpoint's weights fit the network as today's code builds it. A layer renumbered (one inserted into an
+nn.Sequential), renamed or made wider since the checkpoint was trained is one line naming the checkpoint, the
+network's class and the keys and shapes that differ, in place of torch's load_state_dict error over dozens of lines.
+ClassificationModule.on_load_checkpoint runs it, before Lightning (or load_from_checkpoint) loads the weights: at
+validate, test, predict, a resumed fit, export and serve.
+
+    python -m scripts.train test --config configs/penguins.yaml --ckpt_path old.ckpt   # one line if it does not fit
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import lightning as L
+import torch
+from torch.nn.parameter import is_lazy
+
+SHOWN = 3  # keys of each kind the line names; the others are counted
+
+
+class NetworkMismatchError(ValueError):
+    """A checkpoint whose weights the network of today's code cannot take; the message names both."""
+
+
+def named(keys: list[str]) -> str:
+    more = f" and {len(keys) - SHOWN} more" if len(keys) > SHOWN else ""
+    return ", ".join(keys[:SHOWN]) + more
+
+
+def differences(code: Mapping[str, torch.Tensor], saved: Mapping[str, torch.Tensor]) -> list[str]:
+    """What keeps the state dict `saved` from loading into one shaped as `code`: its keys the code lacks, the code's
+    it lacks, and the shapes that differ. A lazy layer's weights (TableNet's first) take any shape until loaded."""
+    missing = [key for key in code if key not in saved]
+    unexpected = [key for key in saved if key not in code]
+    shapes = [
+        f"shape of {key}: checkpoint {list(saved[key].shape)}, code {list(tensor.shape)}"
+        for key, tensor in code.items()
+        if key in saved and not is_lazy(tensor) and saved[key].shape != tensor.shape
+    ]
+    found = [f"missing: {named(missing)}"] if missing else []
+    found += [f"unexpected: {named(unexpected)}"] if unexpected else []
+    return found + shapes[:SHOWN] + ([f"{len(shapes) - SHOWN} more shapes"] if len(shapes) > SHOWN else [])
+
+
+def check_network_fits(module: L.LightningModule, checkpoint: Mapping) -> None:
+    """Raises NetworkMismatchError when `checkpoint`'s state dict would not load into `module` (strictly, as Lightning
+    loads it). Its message starts with the checkpoint's path when a Trainer loads it (load_from_checkpoint's callers
+    name the file themselves)."""
+    found = differences(module.state_dict(keep_vars=True), checkpoint.get("state_dict", {}))
+    if not found or not module.strict_loading:
+        return
+    network = type(getattr(module, "network", module))
+    try:
+        where = f"{module.trainer.ckpt_path}: "
+    except RuntimeError:  # not attached to a Trainer: load_from_checkpoint
+        where = ""
+    raise NetworkMismatchError(
+        f"{where}its network does not fit {network.__module__}.{network.__qualname__} as the code builds it now "
+        f"({'; '.join(found)}); give a checkpoint trained by this version of the code, or the code it was trained with"
+    )
