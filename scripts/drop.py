@@ -48,18 +48,15 @@ def drop_lines(text: str, names: set[str], where: str) -> tuple[str, int]:
         match = MARKER.search(line)
         marked = set(re.split(r"[,\s]+", match[2].strip())) if match else set()
         alone = match is not None and not line[: match.start()].strip()
-        if match and match[1]:  # a block's end
+        inside = any(went for _, went in blocks)
+        if match and alone and match[1]:  # a block's end
             if not blocks or blocks[-1][0] != marked:
                 raise DropError(f"{where}:{number}: `end extra: {match[2]}` closes no block of those extras")
-            _, went = blocks.pop()
-            dropped += went
-            continue
-        inside = any(went for _, went in blocks)
-        if match and alone:  # a block's start
+            blocks.pop()
+        elif match and alone:  # a block's start
             blocks.append((marked, inside or bool(marked & names)))
-            dropped += inside or bool(marked & names)
-            continue
-        if inside or marked & names:
+        went = inside or bool(marked & names) or any(went for _, went in blocks)
+        if went:
             dropped += 1
         else:
             kept.append(line)
@@ -84,7 +81,7 @@ def check_clean(root: Path) -> None:
     if status.stdout.strip():
         first = status.stdout.splitlines()[0][3:]
         raise DropError(
-            f"uncommitted changes ({first} and others): commit or stash them first, so a drop can be undone"
+            f"uncommitted changes ({first} and others): commit or stash them first, so the drop can be undone"
         )
 
 
