@@ -36,7 +36,7 @@ from __future__ import annotations
 import sys
 
 from scripts.azure_ml.assets import default_kind
-from scripts.azure_ml.errors import SubmitError
+from scripts.azure_ml.errors import SubmitError, sweeps_for_azure
 from scripts.azure_ml.job_configs import GPU_ACCELERATORS, accelerator_of, cpu_image_note
 from scripts.azure_ml.jobs import build_job
 from scripts.azure_ml.options import JobOptions, run_command
@@ -83,17 +83,15 @@ def submit(task: str, inputs: list[str] | None = None, **given) -> str:
                 "instance_type": instance_type}  # fmt: skip
     as_yaml = job_yaml
     if sweep:
-        from scripts.sweeps.azure import build_sweep_job, load_for_azure, sweep_yaml, trial_args
-        from scripts.sweeps.space import SweepError
-
+        sweeps = sweeps_for_azure()
         try:
-            spec = load_for_azure(sweep, configs)
-        except SweepError as error:
+            spec = sweeps.load_for_azure(sweep, configs)
+        except sweeps.SweepError as error:
             raise SubmitError(f"--sweep {error}") from None
-        args = " ".join(part for part in (trial_args(spec), train_args) if part)
+        args = " ".join(part for part in (sweeps.trial_args(spec), train_args) if part)
         trial = build_job(configs, compute, nodes, processes_per_node, options.distribution, inputs, args,
                           options.experiment, image, False, checked_args=train_args, **settings)  # fmt: skip
-        job, as_yaml = build_sweep_job(trial, spec, trial.compute, tier), sweep_yaml  # None: serverless
+        job, as_yaml = sweeps.build_sweep_job(trial, spec, trial.compute, tier), sweeps.sweep_yaml  # None: serverless
     else:
         job = build_job(configs, compute, nodes, processes_per_node, options.distribution, inputs, train_args,
                         options.experiment, image, checked_args=train_args, **settings)  # fmt: skip

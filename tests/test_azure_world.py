@@ -1,16 +1,13 @@
 """Jobs run as Azure ML runs them (tests/azure_world.py): nodes that share no disk, exactly Azure ML's launch
-variables for the `pytorch` and `mpi` distributions, DDP and Horovod, and tracking that lacks what Azure ML's lacks.
-Each job must exit 0 in every process, print `test_acc` once and leave one FINISHED MLflow run: the job's own."""
+variables for the `pytorch` and `mpi` distributions, DDP (Horovod: tests/horovod/), and tracking that lacks what
+Azure ML's lacks. Each job must exit 0 in every process, print `test_acc` once and leave one FINISHED MLflow run: the
+job's own."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,8 +15,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from tests.azure_world import LAUNCH_VARIABLES, node_checkouts, run_job, start_job, wait_job
-from tests.conftest import assert_same_training, last_checkpoint
+from tests.azure_world import node_checkouts, run_job, start_job, wait_job
 from tests.preemption import signal_pids, wait_all, wait_for_epoch
 
 pytestmark = pytest.mark.slow
@@ -125,36 +121,6 @@ def test_a_model_dir_that_rank_0_refuses_stops_every_process_in_one_line(tmp_pat
 
 
 # end extra: serving
-
-
-# extra: horovod
-def test_horovod_under_mpirun_with_a_folder_per_process_trains_as_one_tests_and_tracks_one_run(
-    tmp_path, azure_tracking, one_process
-):
-    """Azure ML's `mpi` distribution starts Horovod with plain mpirun, no horovodrun; each process here runs in a
-    folder of its own (one host, so Horovod sees one node of 2: Open MPI cannot make loopback two hosts). 2 processes
-    of batch 10 take, step for step, what one process of 20 does."""
-    if shutil.which("mpirun") is None or importlib.util.find_spec("horovod") is None:
-        pytest.skip("needs Open MPI's mpirun and Horovod (make horovod; .ci/run installs both)")
-    folders = node_checkouts(tmp_path, 2)
-    run_id, tracking = job_run(azure_tracking, "horovod-folders")
-    args = fit("--config", "configs/trainer/horovod.yaml", "--trainer.devices", "2")
-    args += ["--data.init_args.batch_size", "10"]
-    env = {key: value for key, value in os.environ.items() if not LAUNCH_VARIABLES.match(key)}
-    env |= tracking | {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-    command = ["mpirun", "--oversubscribe"]
-    for i, folder in enumerate(folders):
-        command += [*([":"] if i else []), "-np", "1", "-wdir", str(folder), sys.executable, "-m", "scripts.train"]
-        command += args
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    assert len(re.findall(r"test_acc: ", result.stdout)) == 1
-    assert checkpoints(folders[0]) == ["best.ckpt", "last.ckpt"] and checkpoints(folders[1]) == []
-    assert_same_training(one_process, last_checkpoint(folders[0] / "outputs"))
-    assert_one_finished_run(azure_tracking, run_id)
-
-
-# end extra: horovod
 
 
 # extra: serving

@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import CLASSES, bird_folders, run_module, write_images
+from tests.conftest import (
+    CLASSES,
+    bird_folders,
+    run_module,  # extra: serving
+    write_images,
+)
 
 # ---- the CLI ------------------------------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-import sys
+import sys  # extra: serving
 from pathlib import Path
 
 import pytest

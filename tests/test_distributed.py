@@ -251,14 +251,13 @@ def test_sigterm_to_one_process_under_mpirun_ends_every_process_with_143_at_an_e
 
 
 def test_sigterm_to_mpirun_and_its_processes_ends_each_with_143_given_the_jobs_grace(tmp_path):
-    """Azure ML's preemption signals the job's mpirun too: with the grace submit gives `mpi` jobs (MPI_STOP_GRACE),
-    mpirun's own SIGTERM and SIGKILL come after the processes have stopped at a batch, each with 143 (a shell around
-    each process records its status: mpirun reports its own)."""
-    from scripts.azure_ml.jobs import MPI_STOP_GRACE
-
+    """Azure ML's preemption signals the job's mpirun too: with the grace scripts.submit gives `mpi` jobs
+    (scripts/azure_ml/jobs.py MPI_STOP_GRACE), mpirun's own SIGTERM and SIGKILL come after the processes have stopped
+    at a batch, each with 143 (a shell around each process records its status: mpirun reports its own)."""
     if shutil.which("mpirun") is None:
         pytest.skip("needs Open MPI's mpirun (apt-get install openmpi-bin; .ci/run installs it)")
-    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", **MPI_STOP_GRACE}
+    grace = {"OMPI_MCA_odls_base_sigkill_timeout": "10"}  # seconds between mpirun's SIGTERM and its SIGKILL
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", **grace}
     outputs, statuses = tmp_path / "o", tmp_path / "statuses"
     fit = shlex.join([sys.executable, "-m", "scripts.train", *preemptible_fit(outputs, *MPI, "--trainer.devices", "2")])
     command = ["mpirun", "--oversubscribe", "-np", "2", "sh", "-c", f"{fit}; echo $? >> {statuses}"]

@@ -69,6 +69,7 @@ def test_an_older_checkpoint_predicts_through_the_cli(task, tmp_path, capsys, mo
     assert header == "input,class,probability" and len(rows) == 1 and rows[0].split(",")[1] in classes
 
 
+# extra: serving
 @pytest.mark.parametrize("task", TASKS)
 def test_an_older_checkpoint_exports_and_serves_with_its_own_preprocessing(task):
     from scripts.export import load
@@ -81,6 +82,9 @@ def test_an_older_checkpoint_exports_and_serves_with_its_own_preprocessing(task)
         logits = module.network.eval()(batch)
     assert logits.shape == (len(batch), len(module.class_names)) and logits.isfinite().all()
     assert tuple(batch.shape[1:]) == module.input_shape  # what the checkpoint says it was trained on
+
+
+# end extra: serving
 
 
 def test_what_keeps_a_state_dict_from_loading_is_named():
@@ -137,4 +141,4 @@ def test_a_checkpoint_of_another_network_is_one_line_at_predict_resume_and_expor
                         "--trainer.limit_train_batches", *made_with,
                         "--trainer.default_root_dir", tmp_path / "outputs")  # fmt: skip
     assert last_line(resume) == (1, MISMATCH.format(path=last))
-    assert last_line(run_module("scripts.export", other)) == (1, MISMATCH.format(path=other))
+    assert last_line(run_module("scripts.export", other)) == (1, MISMATCH.format(path=other))  # extra: serving

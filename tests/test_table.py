@@ -136,14 +136,27 @@ def test_missing_cells_and_unseen_categories_follow_the_policy():
         preprocessing.serving_batch(state, NEW_ROWS.drop(columns=[COLOUR]), ["a", "b", "c", "d"])
 
 
-def test_integer_labels_sort_by_value_and_parquet_and_an_mltable_read_alike(tmp_path):
-    from scripts.azure_ml.assets import mltable_text
+# An MLTable file as Azure ML's data assets have it (scripts.assets writes one alike): a CSV beside it, read whole.
+MLTABLE = """\
+$schema: https://azuremlschemas.azureedge.net/latest/MLTable.schema.json
+type: mltable
+paths:
+- file: ./t.csv
+transformations:
+- read_delimited:
+    delimiter: ','
+    header: all_files_same_headers
+    encoding: utf8
+    empty_as_string: false
+"""
 
+
+def test_integer_labels_sort_by_value_and_parquet_and_an_mltable_read_alike(tmp_path):
     frame = make_table(120, seed=5, integer_labels=True)
     frame.to_parquet(tmp_path / "t.parquet")
     (tmp_path / "asset").mkdir()
     frame.to_csv(tmp_path / "asset" / "t.csv", index=False)
-    (tmp_path / "asset" / "MLTable").write_text(mltable_text("t.csv", ","))
+    (tmp_path / "asset" / "MLTable").write_text(MLTABLE)
     parquet = TableDataModule(str(tmp_path / "t.parquet"), "species")
     mltable = TableDataModule(str(tmp_path / "asset"), "species")
     assert parquet.class_names == mltable.class_names == ["1", "2", "10"]

@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from scripts.azure_ml.components import TaskComponents, plan_components, value_at
-from scripts.azure_ml.errors import SubmitError
+from scripts.azure_ml.errors import SubmitError, sweeps_for_azure
 from scripts.azure_ml.job_inputs import check_data_paths, check_uploaded_name, is_local
 from scripts.azure_ml.job_plan import PRESETS, Plan, plan_job
 from scripts.azure_ml.option_values import parse_reference
@@ -176,16 +176,14 @@ def plan_pipeline(
         compute = check_compute(compute, instance_type, job.configs, job.gpu) or SERVERLESS
     spec, sweep_args, sweep_inputs = None, "", {}
     if sweep:
-        from scripts.sweeps.azure import load_for_azure, search_space_names, trial_args
-        from scripts.sweeps.space import SweepError
-
+        sweeps = sweeps_for_azure()
         try:
-            spec = load_for_azure(sweep, configs)
-        except SweepError as error:
+            spec = sweeps.load_for_azure(sweep, configs)
+        except sweeps.SweepError as error:
             raise SubmitError(f"--sweep {error}") from None
-        names = search_space_names(spec)
+        names = sweeps.search_space_names(spec)
         # A sweep node searches its component's inputs: the trial's options, each from the input of its name.
-        sweep_args = trial_args(spec).replace("${{search_space.", "${{inputs.")
+        sweep_args = sweeps.trial_args(spec).replace("${{search_space.", "${{inputs.")
         sweep_inputs = {names[p.option]: sweep_input_type(p) for p in spec.params}
     # The configs in the order the job reads them (Horovod's before a GPU preset, which wins: launch_first), the order
     # its image was chosen by.
@@ -283,9 +281,9 @@ def build_pipeline(plan: PipelinePlan):
         train.queue_settings = {"job_tier": job.tier}
     steps = {"train": train}
     if plan.sweep is not None:
-        from scripts.sweeps.azure import sweep_node
-
-        steps["train"] = sweep_node(train, plan.sweep, None if serverless else plan.compute, job.tier)
+        steps["train"] = sweeps_for_azure().sweep_node(
+            train, plan.sweep, None if serverless else plan.compute, job.tier
+        )
         steps["train"].name = "train"
         # The SDK's sweep node copies the component alone: the node's nodes, shared memory and VM size go on the sweep
         # node's resources (its trials'), how their processes start on the trial.

@@ -30,7 +30,6 @@ import sys
 from scripts.spark.cluster import (
     SparkFitError,
     check_fit_inputs,
-    check_score_paths,
     check_slots,
     local_slots,
     registry_environment,
@@ -123,7 +122,7 @@ def score_on_spark(argv: list[str], spark=None) -> dict:
         spark, local = session(spark, values.get("--master"), "local[*]")
         try:
             if local_slots(spark.conf.get("spark.master", "") or "") is None:  # executors elsewhere, not on this disk
-                check_score_paths(spark, path, values.get("--output"))
+                scoring.check_score_paths(spark, path, values.get("--output"))
             return scoring.score(spark, model_uri, path, values.get("--output"), values.get("--label"))
         finally:
             if local:

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 
 class SparkFitError(Exception):
     """A fit on Spark that cannot start or failed; the message is the one line to print."""
+
+
+# A path Spark reads through a file system of its own: dbfs:/..., file:/... (Spark's own spelling of local files),
+# abfss://...; checked there, not on this disk.
+URI = re.compile(r"^[A-Za-z][\w+.-]+:/")
 
 
 @dataclass
@@ -122,8 +125,6 @@ SHARED_PATHS = (
 def fit_inputs(config) -> dict[str, str]:
     """The files and folders of this disk that every task of the fit reads ({option: path}): the datamodule's data
     paths and --ckpt_path, those that exist here (a missing one is the tasks' to fetch, or to name in their error)."""
-    from scripts.spark.score import URI
-
     data = (config.get("data") or {}).get("init_args") or {}
     given = {f"--data.init_args.{name}": data.get(name) for name in DATA_PATHS}
     given["--ckpt_path"] = config.get("ckpt_path")
@@ -170,40 +171,6 @@ def check_fit_inputs(spark, config) -> None:
         raise SparkFitError(
             f"{option} {inputs[option]}: {here} on this machine, {there} on the executor on {host} (the tasks read "
             f"their data where they run); give a path every node reads: {SHARED_PATHS}"
-        )
-
-
-def check_score_paths(spark, path: str, output: str | None) -> None:
-    """Refuses a scoring input or --output of this disk that the executors do not see: Spark reads the input and
-    writes the predictions where its tasks run. The --output's folder (or the nearest one of it there) is asked for by a
-    file put there a moment."""
-    from scripts.spark.score import URI
-
-    def local(given: str) -> str | None:
-        return re.sub(r"^file:(//)?", "", given) if given.startswith("file:") or not URI.match(given) else None
-
-    instead = "give a URI Spark reads (dbfs:/..., abfss://...) or a path every node reads (/Volumes/... on Databricks)"
-    if (given := local(path)) and (unseen := unseen_paths(spark, {"input": given})):
-        _, host, here, there = unseen
-        raise SparkFitError(
-            f"{path}: {here} on this machine, {there} on the executor on {host} (Spark reads it where its tasks run); "
-            f"{instead}"
-        )
-    if not (output and (given := local(output))):
-        return
-    folder = Path(os.path.abspath(given)).parent
-    while not folder.exists() and folder != folder.parent:  # Spark makes the missing folders, so ask of the nearest
-        folder = folder.parent  # one there: the executors would write into their own disks' copies of the rest
-    try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".scripts-spark-score-") as marker:
-            unseen = unseen_paths(spark, {"output": marker.name})
-    except OSError:  # a folder not there or not writable: Spark's own error names it
-        return
-    if unseen:
-        raise SparkFitError(
-            f"--output {output}: the executor on {unseen[1]} does not see this machine's folder {folder} (Spark "
-            "writes the predictions where its tasks run); give a URI Spark writes (dbfs:/..., abfss://...) or a "
-            "folder every node sees (/Volumes/... on Databricks)"
         )
 
 

@@ -15,14 +15,15 @@ class's.
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from pathlib import Path
+
+from scripts.spark.cluster import URI, SparkFitError, unseen_paths
 
 SPARK_OPTIONS = ("--output", "--label", "--master")
 IMAGE_COLUMN = "image"  # the input of the models of images (scripts/serving/pyfunc_model.py)
-# A path Spark reads through a file system of its own: dbfs:/..., file:/... (Spark's own spelling of local files),
-# abfss://...; checked there, not on this disk.
-URI = re.compile(r"^[A-Za-z][\w+.-]+:/")
 FAILED_ROW = re.compile(r"^\s*(\w+(?:\.\w+)*(?:Error|Exception)): (.+)$")
 
 
@@ -231,4 +232,37 @@ def check_arguments(model_uri: str, path: str, output: str | None) -> None:
         raise SparkScoreError(
             f"model {model_uri!r}: give an MLflow model: models:/NAME/VERSION, runs:/RUN_ID/model or a folder with "
             "an MLmodel file"
+        )
+
+
+def check_score_paths(spark, path: str, output: str | None) -> None:
+    """Refuses a scoring input or --output of this disk that the executors do not see: Spark reads the input and
+    writes the predictions where its tasks run. The --output's folder (or the nearest one of it there) is asked for by a
+    file put there a moment."""
+
+    def local(given: str) -> str | None:
+        return re.sub(r"^file:(//)?", "", given) if given.startswith("file:") or not URI.match(given) else None
+
+    instead = "give a URI Spark reads (dbfs:/..., abfss://...) or a path every node reads (/Volumes/... on Databricks)"
+    if (given := local(path)) and (unseen := unseen_paths(spark, {"input": given})):
+        _, host, here, there = unseen
+        raise SparkFitError(
+            f"{path}: {here} on this machine, {there} on the executor on {host} (Spark reads it where its tasks run); "
+            f"{instead}"
+        )
+    if not (output and (given := local(output))):
+        return
+    folder = Path(os.path.abspath(given)).parent
+    while not folder.exists() and folder != folder.parent:  # Spark makes the missing folders, so ask of the nearest
+        folder = folder.parent  # one there: the executors would write into their own disks' copies of the rest
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".scripts-spark-score-") as marker:
+            unseen = unseen_paths(spark, {"output": marker.name})
+    except OSError:  # a folder not there or not writable: Spark's own error names it
+        return
+    if unseen:
+        raise SparkFitError(
+            f"--output {output}: the executor on {unseen[1]} does not see this machine's folder {folder} (Spark "
+            "writes the predictions where its tasks run); give a URI Spark writes (dbfs:/..., abfss://...) or a "
+            "folder every node sees (/Volumes/... on Databricks)"
         )

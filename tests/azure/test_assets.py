@@ -234,3 +234,13 @@ def test_a_mistake_is_one_line_before_the_azure_sdk_is_imported(args, line):
     assert len(messages) == 1 and messages[0].startswith(f"error: {line}"), messages
     imported = [text.rsplit("|", 1)[-1].strip() for text in result.stderr.splitlines() if text.startswith("import")]
     assert not [name for name in imported if name.startswith("azure")]
+
+
+def test_the_mltable_written_is_the_one_the_table_task_is_tested_with():
+    """tests/test_table.py reads an MLTable folder written as this module writes one (the core has no azure code)."""
+    import yaml
+
+    from scripts.azure_ml.assets import mltable_text
+    from tests.test_table import MLTABLE
+
+    assert yaml.safe_load(mltable_text("t.csv", ",")) == yaml.safe_load(MLTABLE)

@@ -222,8 +222,7 @@ def test_a_data_path_of_the_config_or_train_args_the_jobs_code_leaves_out_is_one
 ):
     """A data file or folder named in a preset's YAML, or in --train_args, under .amlignore's data/ (or outside the
     folder): the job would fail after its image is built; the job, its sweep and the pipeline name --inputs (--data)."""
-    from scripts.azure_ml.errors import SubmitError
-    from scripts.azure_ml.pipelines import plan_pipeline
+    from scripts.azure_ml.pipelines import plan_pipeline  # extra: serving
 
     folder = tmp_path / "repo"
     (folder / "configs").mkdir(parents=True)
@@ -241,17 +240,20 @@ def test_a_data_path_of_the_config_or_train_args_the_jobs_code_leaves_out_is_one
     name = option.rsplit(".", 1)[-1]
     (folder / "configs/my_data.yaml").write_text(f"data:\n  init_args:\n    {name}: {path}\n")
     monkeypatch.chdir(folder)
-    sweep = str(REPO / f"configs/sweeps/{task}.yaml")
-    for given in (["--presets+", "configs/my_data.yaml"], [f"--train_args=--{option} {outside}"],
-                  ["--presets+", "configs/my_data.yaml", "--sweep", sweep]):  # fmt: skip
+    givens = [["--presets+", "configs/my_data.yaml"], [f"--train_args=--{option} {outside}"]]
+    sweep = str(REPO / f"configs/sweeps/{task}.yaml")  # extra: sweeps
+    givens.append(["--presets+", "configs/my_data.yaml", "--sweep", sweep])  # extra: sweeps
+    for given in givens:
         named = str(outside) if "--train_args" in given[0] else path
         with pytest.raises(SystemExit) as exit:
             main([f"configs/{task}.yaml", "--compute", "c", "--dry_run", "true", *given])
         line = str(exit.value.code)  # a file in --train_args: named before the training CLI reads the configs
         assert f"{option} {named}: a {kind} here that the job's code leaves out" in line, line
         assert line.endswith(f"so its processes would not find it; give it as an input: --inputs+ {option}={named}")
+    # extra: serving
     with pytest.raises(SubmitError, match=f"give it as an input: --data {path}$"):
         plan_pipeline([f"configs/{task}.yaml", "configs/my_data.yaml"], "c", score_data=str(outside))
+    # end extra: serving
     assert capsys.readouterr().out == ""
     text = submit(f"configs/{task}.yaml", compute="c", presets=["configs/my_data.yaml"], inputs=[f"{option}={path}"],
                   dry_run=True)  # fmt: skip

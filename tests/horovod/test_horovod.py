@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
+from tests.azure_world import LAUNCH_VARIABLES, node_checkouts
 from tests.conftest import (
     DDP_EPOCHS,
     MNIST,
@@ -30,6 +32,7 @@ from tests.conftest import (
     needs_mnist,
     penguin_fit,
 )
+from tests.test_azure_world import assert_one_finished_run, checkpoints, fit, job_run
 
 pytestmark = pytest.mark.slow
 
@@ -156,3 +159,29 @@ def test_horovod_trains_mnist_s_channels_last_network(tmp_path):
     assert checkpoint["global_step"] == 4
     weights = [w for w in checkpoint["state_dict"].values() if w.dim() == 4 and w.shape[1] > 1]
     assert weights and all(w.is_contiguous(memory_format=torch.channels_last) for w in weights)  # trained as it is
+
+
+def test_horovod_under_mpirun_with_a_folder_per_process_trains_as_one_tests_and_tracks_one_run(
+    tmp_path, azure_tracking, one_process
+):
+    """Azure ML's `mpi` distribution starts Horovod with plain mpirun, no horovodrun; each process here runs in a
+    folder of its own (one host, so Horovod sees one node of 2: Open MPI cannot make loopback two hosts). 2 processes
+    of batch 10 take, step for step, what one process of 20 does."""
+    if shutil.which("mpirun") is None or importlib.util.find_spec("horovod") is None:
+        pytest.skip("needs Open MPI's mpirun and Horovod (make horovod; .ci/run installs both)")
+    folders = node_checkouts(tmp_path, 2)
+    run_id, tracking = job_run(azure_tracking, "horovod-folders")
+    args = fit("--config", "configs/trainer/horovod.yaml", "--trainer.devices", "2")
+    args += ["--data.init_args.batch_size", "10"]
+    env = {key: value for key, value in os.environ.items() if not LAUNCH_VARIABLES.match(key)}
+    env |= tracking | {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    command = ["mpirun", "--oversubscribe"]
+    for i, folder in enumerate(folders):
+        command += [*([":"] if i else []), "-np", "1", "-wdir", str(folder), sys.executable, "-m", "scripts.train"]
+        command += args
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert len(re.findall(r"test_acc: ", result.stdout)) == 1
+    assert checkpoints(folders[0]) == ["best.ckpt", "last.ckpt"] and checkpoints(folders[1]) == []
+    assert_same_training(one_process, last_checkpoint(folders[0] / "outputs"))
+    assert_one_finished_run(azure_tracking, run_id)

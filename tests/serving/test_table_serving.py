@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import shutil  # extra: spark
 import subprocess
 
 import numpy as np
@@ -17,7 +17,11 @@ import pandas as pd
 import pytest
 
 from scripts import score  # before a model's own code (its copy of scripts/) is loaded into this process
-from tests.conftest import REPO, own_tmpdir, run_module
+from tests.conftest import (
+    REPO,
+    own_tmpdir,  # extra: spark
+    run_module,
+)
 from tests.test_table import COLOUR, LENGTH, NEW_ROWS, WEIGHT, fit_table, make_table
 
 

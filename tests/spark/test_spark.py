@@ -10,7 +10,7 @@ Horovod tutorial computes (MulticlassClassificationEvaluator); a row the model r
 
 from __future__ import annotations
 
-import csv
+import csv  # extra: serving
 import os
 import pickle
 import re
@@ -23,7 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import lightning as L
-import pandas as pd
+import pandas as pd  # extra: serving
 import pytest
 from mlflow import MlflowClient
 
@@ -818,7 +818,8 @@ def test_a_scoring_input_or_output_the_executors_do_not_see_is_one_line(tmp_path
     in the fit's test."""
     import socket
 
-    from scripts.spark.cluster import SparkFitError, check_score_paths
+    from scripts.spark.cluster import SparkFitError
+    from scripts.spark.score import check_score_paths
 
     rows = tmp_path / "new.csv"
     rows.write_text("island\nDream\n")  # 13 bytes
