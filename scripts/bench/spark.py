@@ -25,7 +25,7 @@ from pathlib import Path
 
 from scripts.bench.throughput import BenchParser, count
 
-REPOSITORY = Path(__file__).resolve().parents[1]
+REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout: scripts.train runs from there
 
 
 def fit_args(outputs: Path, epochs: int) -> list[str]:
