@@ -142,10 +142,10 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 # --no-loadscope-reorder): an xdist worker takes the next file when it is nearly done with its own, so a long file
 # started last would leave the other core idle at the end.
 LONGEST_FIRST = (
-    "test_distributed.py", "test_mnist.py", "test_spark.py", "test_sweep.py", "test_azure_world.py", "test_pipeline.py",
-    "test_bad_input.py", "test_stop_and_resume.py", "test_sweep_isolation.py", "test_serve.py", "test_mlflow_server.py",
-    "test_pyfunc.py", "test_cli_penguins.py", "test_export.py", "test_score.py", "test_batch_score.py",
-    "test_own_datamodule.py",
+    "test_distributed.py", "test_mnist.py", "test_spark.py", "test_bench_spark.py", "test_sweep.py",
+    "test_azure_world.py", "test_pipeline.py", "test_bad_input.py", "test_stop_and_resume.py",
+    "test_sweep_isolation.py", "test_serve.py", "test_bench_serve.py", "test_mlflow_server.py", "test_pyfunc.py",
+    "test_cli_penguins.py", "test_export.py", "test_score.py", "test_batch_score.py", "test_own_datamodule.py",
 )  # fmt: skip
 
 

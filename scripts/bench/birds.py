@@ -19,7 +19,8 @@ Over a temporary folder of synthetic photo-like JPEGs (500x375, `train/` and `va
   in `--num-workers` DataLoader workers, normalised on the device;
 - synthetic: the same network in a plain loop over one random batch kept on the device (the ceiling).
 Both train with SGD at `--precision` (bf16-mixed: autocast to bfloat16). Each variant runs `--repeats`
-times, interleaved, and keeps its best rate: a busy machine only ever slows a run down. Every epoch's first
+times, interleaved, each run's rate printed as it is measured (`round 1, loader alone: ...: 210.4 images/s`), and
+keeps its best rate: a busy machine only ever slows a run down. Every epoch's first
 batches wait for the workers to decode a whole batch each, so a short `--batches` window reads the pipeline lower
 than a long epoch would (docs/measured.md, "On a GPU").
 """
@@ -45,6 +46,7 @@ from datamodules.image_folder import WORKERS_PER_CORE, ImageFiles, ImageFolderDa
 from datamodules.preprocessing.images import MAX_IMAGE_PIXELS
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.transfer_net import TransferNet
+from scripts.bench.report import Report
 from scripts.bench.throughput import BenchParser, EpochThroughput, count
 
 CLASSES = ("chickens", "turkeys")
@@ -191,7 +193,7 @@ def synthetic(args: argparse.Namespace, device: torch.device) -> float:
     return args.batches * args.batch_size / (time.perf_counter() - started)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
     parser = BenchParser(description="birds: JPEG decoding and training images/s, template vs ceiling")
     parser.add_argument(
         "--backbone",
@@ -212,11 +214,17 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.images * len(CLASSES) < args.batches * args.batch_size:
         parser.error(f"--images {args.images} per class is too few for --batches {args.batches} of {args.batch_size}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_options(argv)
     warnings.filterwarnings("ignore")
+    report = Report("birds")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
-        files = make_jpegs(root, args.images)
+        files = report.step("writing the photos", make_jpegs, root, args.images)
         kilobytes = sum(path.stat().st_size for path in files) / len(files) / 1024
         runs = {
             "decode: PIL (ImageFolder + PILToTensor)": lambda: decode_pil(root),
@@ -226,9 +234,10 @@ def main(argv: list[str] | None = None) -> None:
             f"synthetic: tensors on {device.type}, plain loop": lambda: synthetic(args, device),
         }
         results = dict.fromkeys(runs, 0.0)
-        for _ in range(args.repeats):
+        for round_ in range(1, args.repeats + 1):
             for name, run in runs.items():
-                results[name] = max(results[name], run())
+                rate = report.measured(f"round {round_}, {name}", lambda rate: f"{rate:.1f} images/s", run)
+                results[name] = max(results[name], rate)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
     layout = "channels-last" if args.channels_last else "channels-first"
     print(

@@ -22,8 +22,9 @@ Plain, bare and template train channels-last, as configs/mnist.yaml does (`model
 Both Lightning variants are timed by EpochThroughput (from the epoch's start to its last batch's end).
 `--batches N` trains on the first N batches of the epoch only, for a quicker answer. The six
 take turns `--repeats` times, every other round in reverse order, each run in a process forked for it from this one
-(which imports the libraries and trains nothing) after a 5-batch warm-up run of its own; each prints its median rate
-with the spread over the rounds (min..max), and the ratios are of the medians, so that one lucky round cannot decide
+(which imports the libraries and trains nothing) after a 5-batch warm-up run of its own, its rate printed as it
+comes (`round 1, plain tensor loop: 24225 samples/s`); then each prints its median rate with the spread over the
+rounds (min..max), and the ratios are of the medians, so that one lucky round cannot decide
 them. Template / plain is also given round by round (median and spread of the rounds' ratios): within a round the
 two run seconds apart, so the machine's slow drift in speed mostly cancels out of their ratio.
 
@@ -36,6 +37,7 @@ use it after that).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -56,6 +58,7 @@ from torch.utils.data import DataLoader, Dataset
 from datamodules.mnist import MEAN, STD, MNISTDataModule
 from lightning_modules.classifier import ClassificationModule
 from lightning_modules.mnist_net import MNISTNet
+from scripts.bench.report import BenchError, Report
 from scripts.bench.throughput import BenchParser, EpochThroughput, count
 
 BATCH = 128
@@ -253,11 +256,11 @@ def in_child(variant: str, data_dir: str, limit: int, accelerator: str = "cpu") 
         text = answer.read()
     status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     if status != 0 or not text:
-        raise SystemExit(f"mnist bench: the {variant} run failed (exit status {status}); its error is above")
+        raise BenchError(f"exit status {status} (its error is above)")
     return json.loads(text)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
     parser = BenchParser(
         description="MNIST training samples/s: plain loops, classic pipeline, bare Lightning, template"
     )
@@ -269,18 +272,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--accelerator", choices=["cpu", "gpu"], default="cpu", help="gpu: every variant on the first GPU, in bf16"
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_options(argv)
     warnings.filterwarnings("ignore")
+    report = Report("mnist")
     limit = args.batches if args.batches > 0 else -1
     results: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for round_ in range(args.repeats):
         # Every other round runs the variants in reverse: the machine's speed drifts over minutes (a shared VM's
         # neighbours), and a fixed order would hand that drift to the variants at one end of the round.
-        order = VARIANTS[:: -1 if round_ % 2 else 1]
-        for name in order:
-            measured = in_child(name, args.data_dir, limit, args.accelerator)
+        for name in VARIANTS[:: -1 if round_ % 2 else 1]:
+            measured = report.measured(
+                f"round {round_ + 1}, {name}", lambda measured: f"{measured['rate']:.0f} samples/s",
+                in_child, name, args.data_dir, limit, args.accelerator,
+            )  # fmt: skip
             results[name].append(measured["rate"])
-        print(f"round {round_ + 1}: " + "; ".join(f"{name} {results[name][-1]:.0f}" for name in order), flush=True)
     rounds = f"{args.repeats} round{'s' * (args.repeats != 1)}"
     where = f"{measured['threads']} threads" + (f", {measured['device']}" if args.accelerator == "gpu" else "")
     print(f"mnist: {measured['samples']} training samples, batch {BATCH}, {where}, {rounds}")

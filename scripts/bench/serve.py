@@ -11,17 +11,22 @@ Three requests: one penguin row, a batch of 100 rows, one bird photo (a 500x375 
 The networks are untrained (time does not depend on the weights), saved as `--register_model` saves a model. Both
 servers run in the serving environment (--serve_python, default .venv-serve: `make serve-env`), 1 worker unless
 --workers, all started first; then rounds of sequential requests from one client over loopback, the variants
-interleaved round by round so that a busy machine slows them alike. Printed: the median over rounds of each round's
-requests/s, p50 and p99, and each variant's requests/s as a ratio to the inference server's measured in the same run.
+interleaved round by round so that a busy machine slows them alike. Printed: each round's requests/s, p50 and p99 as
+it is measured (`round 1, penguins, 1 row, mlflow models serve: 55.6 req/s, p50 20.24 ms, p99 20.24 ms`), then the
+median over rounds of each, and each variant's requests/s as a ratio to the inference server's measured in the same
+run.
 The pyfunc in-process is mlflow.pyfunc.load_model(...).predict(DataFrame), no HTTP. Spark: --spark_rows penguin rows in
 one CSV, scored by `scripts.spark score` (spark_udf, a session on --master started before the clock) and by
-scripts.score's batch scoring (python -m scripts.score MODEL CSV) in this process, alternating, best of the rounds.
+scripts.score's batch scoring (python -m scripts.score MODEL CSV) in this process, alternating, each round's rows/s
+printed as it is measured, then the best of the rounds. A step that fails ends the bench in one line naming it, after
+every figure measured before it (scripts/bench/report.py).
 """
 
 from __future__ import annotations
 
 import base64
 import http.client
+import importlib
 import json
 import os
 import socket
@@ -34,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from scripts.bench.report import BenchError, Report, error_line
 from scripts.serve import SERVE_VENV, server_command
 from scripts.serving.mlflow_model import save_model, serving_inputs
 
@@ -95,7 +101,7 @@ class Server:
             except OSError:
                 time.sleep(0.5)
         self.stop()
-        raise SystemExit(f"error: the server did not start: {log.read_text()[-2000:]}")
+        raise BenchError(f"it did not start: {error_line(log.read_text())}")
 
     def request(self, method: str, path: str, body: bytes, content_type: str | None) -> tuple[int, bytes]:
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
@@ -142,7 +148,7 @@ def http_sender(server: Server, body: bytes, content_type: str):
     def send() -> None:
         status, answer = server.request("POST", server.path, body, content_type)
         if status != 200:
-            raise SystemExit(f"error: the server answered {status}: {answer[:300]!r}")
+            raise BenchError(f"the server answered {status}: {answer[:300]!r}")
 
     return send
 
@@ -158,35 +164,51 @@ def cases(image: bytes) -> list[tuple[str, str, dict, dict]]:
     ]
 
 
-def spark_scoring(models: dict[str, Path], folder: Path, rows: int, rounds: int, master: str) -> list[str]:
-    """Rows/s of spark_udf (scripts.spark score) and of scripts.score's batch scoring over one CSV of `rows` penguins;
-    the lines to print."""
+def spark_scoring(
+    report: Report, models: dict[str, Path], folder: Path, rows: int, rounds: int, master: str
+) -> list[str]:
+    """Rows/s of spark_udf (scripts.spark score) and of scripts.score's batch scoring over one CSV of `rows` penguins,
+    each round's printed as it is measured; the lines of their best to print."""
     import pandas as pd
 
-    from scripts.score import Model, score_files
-    from scripts.spark.score import score
-    from scripts.spark.session import LocalSpark
-
+    # Imported here, each a step: a module moved away (as LocalSpark once was) is one line after the servers' figures.
+    scoring, spark_score, spark_session = (
+        report.step(f"importing {module}", importlib.import_module, module)
+        for module in ("scripts.score", "scripts.spark.score", "scripts.spark.session")
+    )
     csv = folder / "penguins.csv"
     pd.DataFrame([PENGUIN] * rows).to_csv(csv, index=False)
-    local = LocalSpark(master)
+    model_folder = str(models["penguins"])
+
+    def rows_per_second(run, *args) -> float:
+        start = time.perf_counter()
+        scored = run(*args)
+        if scored != rows:
+            raise BenchError(f"it scored {scored} rows of {rows}")
+        return rows / (time.perf_counter() - start)
+
+    local = report.step(f"starting Spark on {master}", spark_session.LocalSpark, master)
     best: dict[str, float] = {}
     try:
-        model = Model(models["penguins"])
-        score(local.session, str(models["penguins"]), str(csv))  # warm-up: Python workers, the model's copy
-        for _ in range(rounds):
-            start = time.perf_counter()
-            assert score(local.session, str(models["penguins"]), str(csv))["rows"] == rows
-            best["spark"] = max(best.get("spark", 0), rows / (time.perf_counter() - start))
-            start = time.perf_counter()
-            assert len(score_files(model, csv, 1000)) == rows
-            best["score"] = max(best.get("score", 0), rows / (time.perf_counter() - start))
+        model = report.step("loading the penguin model for scripts.score", scoring.Model, models["penguins"])
+        # warm-up: the Python workers, the model's copy
+        report.step(f"spark_udf, {master}, warm-up", spark_score.score, local.session, model_folder, str(csv))
+        runs = {
+            f"spark_udf, {master}": lambda: spark_score.score(local.session, model_folder, str(csv))["rows"],
+            "scripts.score (1 process)": lambda: len(scoring.score_files(model, csv, 1000)),
+        }
+        for round_ in range(1, rounds + 1):
+            for name, run in runs.items():
+                rate = report.measured(
+                    f"round {round_}, {name}", lambda rate: f"{rate:.0f} rows/s", rows_per_second, run
+                )
+                best[name] = max(best.get(name, 0), rate)
     finally:
         local.stop()
+    spark, ours = best[f"spark_udf, {master}"], best["scripts.score (1 process)"]
     return [
-        f"  {'scripts.score (1 process)':28} {best['score']:9.0f} rows/s",
-        f"  {'spark_udf, ' + master:28} {best['spark']:9.0f} rows/s   "
-        f"{best['spark'] / best['score']:.2f}x scripts.score",
+        f"  {'scripts.score (1 process)':28} {ours:9.0f} rows/s",
+        f"  {'spark_udf, ' + master:28} {spark:9.0f} rows/s   {spark / ours:.2f}x scripts.score",
     ]
 
 
@@ -228,16 +250,26 @@ def bench(
     import mlflow
     import pandas as pd
 
+    report = Report("serve")
     with tempfile.TemporaryDirectory() as temp:
         temp = Path(temp)
-        models = {"penguins": penguin_model(temp / "penguins"), "birds": birds_model(temp / "birds")}
+        models = {
+            "penguins": report.step("saving the penguin model", penguin_model, temp / "penguins"),
+            "birds": report.step("saving the bird model", birds_model, temp / "birds"),
+        }
         servers = {}
         try:
             for task, model in models.items():
-                servers[task, VARIANTS[0]] = inference_server(model, python, workers, threads, temp / f"{task}-a.log")
-                servers[task, VARIANTS[1]] = mlflow_server(model, python, workers, threads, temp / f"{task}-m.log")
+                for variant, start in ((VARIANTS[0], inference_server), (VARIANTS[1], mlflow_server)):
+                    log = temp / f"{task}-{start.__name__}.log"
+                    servers[task, variant] = report.step(
+                        f"starting {variant} for {task}", start, model, python, workers, threads, log
+                    )  # fmt: skip
             os.environ["SCORE_THREADS"] = str(threads)
-            loaded = {task: mlflow.pyfunc.load_model(str(model)) for task, model in models.items()}
+            loaded = {
+                task: report.step(f"loading the {task} pyfunc", mlflow.pyfunc.load_model, str(model))
+                for task, model in models.items()
+            }
             image = photo()
             results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
             for name, task, ours, theirs in cases(image):
@@ -255,31 +287,37 @@ def bench(
                     ),  # fmt: skip
                     VARIANTS[2]: lambda model=loaded[task], frame=frame: model.predict(frame),
                 }
-                for send in senders.values():
-                    one_round(send, max(5, count // 10))  # warm-up
-                for _ in range(rounds):
+                for variant, send in senders.items():
+                    report.step(f"{name}, {variant}, warm-up", one_round, send, max(5, count // 10))
+                for round_ in range(1, rounds + 1):
                     for variant, send in senders.items():
-                        results.setdefault((name, variant), []).append(one_round(send, count))
+                        measured = report.measured(
+                            f"round {round_}, {name}, {variant}",
+                            lambda r: f"{r[0]:.1f} req/s, p50 {r[1]:.2f} ms, p99 {r[2]:.2f} ms", one_round, send, count,
+                        )  # fmt: skip
+                        results.setdefault((name, variant), []).append(measured)
         finally:
             for server in servers.values():
                 server.stop()
-        spark_lines = spark_scoring(models, temp, spark_rows, rounds, master) if spark_rows else []
-    print(
-        f"serving the registered pyfunc: {workers} worker(s) a server, {threads or os.cpu_count()} thread(s) a "
-        f"request, sequential requests from one client over loopback, {rounds} rounds interleaved, median of rounds "
-        f"({os.cpu_count()} cores)"
-    )
-    for name, *_ in cases(b""):
-        reference = statistics.median(r[0] for r in results[name, VARIANTS[0]])
-        for variant in VARIANTS:
-            rate, p50, p99 = (statistics.median(r[i] for r in results[name, variant]) for i in range(3))
-            print(
-                f"  {name:22} {variant:22} {rate:7.1f} req/s   p50 {p50:7.2f} ms   p99 {p99:7.2f} ms   "
-                f"{rate / reference:.2f}x azmlinfsrv"
-            )
-    if spark_lines:
-        print(f"batch scoring of {spark_rows} penguin rows from one CSV, best of {rounds} rounds:")
-        print("\n".join(spark_lines))
+        print(
+            f"serving the registered pyfunc: {workers} worker(s) a server, {threads or os.cpu_count()} thread(s) a "
+            f"request, sequential requests from one client over loopback, {rounds} rounds interleaved, median of "
+            f"rounds ({os.cpu_count()} cores)",
+            flush=True,  # before Spark's part starts
+        )
+        for name, *_ in cases(b""):
+            reference = statistics.median(r[0] for r in results[name, VARIANTS[0]])
+            for variant in VARIANTS:
+                rate, p50, p99 = (statistics.median(r[i] for r in results[name, variant]) for i in range(3))
+                print(
+                    f"  {name:22} {variant:22} {rate:7.1f} req/s   p50 {p50:7.2f} ms   p99 {p99:7.2f} ms   "
+                    f"{rate / reference:.2f}x azmlinfsrv",
+                    flush=True,
+                )
+        if spark_rows:
+            lines = spark_scoring(report, models, temp, spark_rows, rounds, master)
+            print(f"batch scoring of {spark_rows} penguin rows from one CSV, best of {rounds} rounds:")
+            print("\n".join(lines))
 
 
 def main(argv: list[str] | None = None) -> None:

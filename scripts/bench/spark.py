@@ -9,23 +9,25 @@ Each runs the penguin recipe (batch 20 per process) as a user would, in rounds t
 - spark, session running: `fit_on_spark` on a session started before the clock starts, as in a Databricks or
             Synapse notebook whose cluster is up (the first fit of the session: its Python workers start cold);
             then, on the same session, TorchDistributor running a function that returns at once: Spark's floor.
-Printed per launcher, best of the rounds: the command's wall time, the time of an epoch once training (from the
+Each run's wall time and epoch are printed as they are measured (`round 1, torchrun --standalone: wall 41.2 s, epoch
+94.8 ms`); then per launcher, best of the rounds: the command's wall time, the time of an epoch once training (from the
 timestamps of the MLflow run's per-epoch val_loss) and the rest (start-up, the final test, shutdown), with Spark's
 ratios to torchrun's measured in the same run.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from scripts.bench.report import Report, run_command
 from scripts.bench.throughput import BenchParser, count
 
-REPOSITORY = Path(__file__).resolve().parents[1]
+REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout: scripts.train runs from there
 
 
 def fit_args(outputs: Path, epochs: int) -> list[str]:
@@ -82,37 +84,45 @@ def measure(command, epochs: int, master: str) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as folder:
         outputs = Path(folder) / "outputs"
         started = time.perf_counter()
-        result = subprocess.run(command(outputs, epochs, master), cwd=REPOSITORY, capture_output=True, text=True)
+        result = run_command(command(outputs, epochs, master), cwd=REPOSITORY)
         wall = time.perf_counter() - started
-        if result.returncode != 0:
-            sys.exit(f"error: {command.__name__} failed: {result.stderr.strip().splitlines()[-1:]}")
         if timed := re.search(r"^fit seconds: (\S+)$", result.stdout, re.M):  # the part after the session's start
             wall = float(timed[1])
             FLOOR.extend(float(found) for found in re.findall(r"^floor seconds: (\S+)$", result.stdout, re.M))
         return wall, epoch_seconds(outputs)
 
 
-def main(argv: list[str] | None = None) -> None:
+LABELS = {"torchrun": "torchrun --standalone", "spark": "scripts.spark", "spark_session_running":
+          "scripts.spark, session already running"}  # fmt: skip
+
+
+def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
     parser = BenchParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=count(1), default=30)
+    parser.add_argument("--epochs", type=count(2), default=30, help="epochs a fit (2 or more: an epoch is timed "
+                        "from the first epoch's val_loss to the last one's)")  # fmt: skip
     parser.add_argument("--rounds", type=count(1), default=2)
     parser.add_argument("--master", default="local-cluster[2,1,1024]")
-    options = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    options = parse_options(argv)
+    report = Report("spark")
     best: dict[str, tuple[float, float]] = {}
-    for _ in range(options.rounds):
+    for round_ in range(1, options.rounds + 1):
         for command in (torchrun, spark, spark_session_running):
-            wall, epoch = measure(command, options.epochs, options.master)
+            wall, epoch = report.measured(
+                f"round {round_}, {LABELS[command.__name__]}",
+                lambda measured: f"wall {measured[0]:.1f} s, epoch {measured[1] * 1000:.1f} ms",
+                measure, command, options.epochs, options.master,
+            )  # fmt: skip
             old = best.get(command.__name__, (float("inf"), float("inf")))
             best[command.__name__] = (min(old[0], wall), min(old[1], epoch))
     print(f"penguins fit, 2 DDP processes (gloo), {options.epochs} epochs, best of {options.rounds} rounds")
     reference_wall, reference_epoch = best["torchrun"]
     for name, (wall, epoch) in best.items():
         rest = wall - epoch * options.epochs
-        label = {
-            "torchrun": "torchrun --standalone",
-            "spark": f"scripts.spark ({options.master})",
-            "spark_session_running": "scripts.spark, session already running",
-        }[name]
+        label = f"{LABELS[name]} ({options.master})" if name == "spark" else LABELS[name]
         print(
             f"  {label:42s} wall {wall:6.1f} s {wall / reference_wall:5.2f}x   epoch {epoch * 1000:6.1f} ms "
             f"{epoch / reference_epoch:5.2f}x   start-up, test and shutdown {rest:5.1f} s"

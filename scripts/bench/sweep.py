@@ -8,12 +8,14 @@
    completed / pruned / failed, epochs trained, the best trial's validation accuracy and loss at its best epoch;
 3. the best trial's config (best.yaml) trained again on top of the default one, and both test accuracies.
 Everything runs in a temporary outputs folder (MLflow store and study included); nothing of ./outputs is touched.
+Each of the three commands' wall time is printed when it ends (`default config, one fit: 21.7 s`), the rest after
+the last; a command that fails ends the bench in one line naming it, with its error line.
+A small sweep file (a few trials of a few epochs) makes it a quick check: tests/bench/test_bench_sweep.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,14 +23,17 @@ from pathlib import Path
 
 import yaml
 
+from scripts.bench.report import Report, run_command
+
 
 def run(command: list[str]) -> tuple[float, str]:
     started = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True)
-    seconds = time.perf_counter() - started
-    if result.returncode != 0:
-        sys.exit(f"error: {' '.join(command)} failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
-    return seconds, result.stdout
+    result = run_command(command)
+    return time.perf_counter() - started, result.stdout
+
+
+def took(result: tuple[float, str]) -> str:
+    return f"{result[0]:.1f} s"
 
 
 def at_best_epoch(client, run_id: str) -> tuple[float, float, int]:
@@ -52,23 +57,28 @@ def main(argv: list[str] | None = None) -> None:
 
     from scripts.sweeps.space import load_sweep
 
-    sweep = load_sweep(args.sweep)
+    report = Report("sweep")
+    sweep = report.step(f"reading {args.sweep}", load_sweep, args.sweep)
     configs = [item for config in sweep.configs for item in ("--config", config)]
     with tempfile.TemporaryDirectory() as folder:
         outputs = Path(folder) / "outputs"
         client = MlflowClient(f"sqlite:///{outputs}/mlflow.db")
         root = ["--trainer.default_root_dir", str(outputs)]
-        default_s, default_out = run([sys.executable, "-m", "scripts.train", "fit", *configs, *root])
+        default_s, default_out = report.measured(
+            "default config, one fit", took, run, [sys.executable, "-m", "scripts.train", "fit", *configs, *root]
+        )
         (default_run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
         default = at_best_epoch(client, default_run.info.run_id)
 
-        sweep_s, sweep_out = run([sys.executable, "-m", "scripts.sweep", args.sweep, "--outputs", str(outputs)])
+        sweep_command = [sys.executable, "-m", "scripts.sweep", args.sweep, "--outputs", str(outputs)]
+        sweep_s, sweep_out = report.measured("sweep (python -m scripts.sweep)", took, run, sweep_command)
         study = optuna.load_study(study_name=sweep.name, storage=f"sqlite:///{outputs}/sweeps/optuna.db")
         states = [trial.state.name for trial in study.trials]
         epochs = sum(len(trial.intermediate_values) for trial in study.trials)
         best = at_best_epoch(client, study.best_trial.user_attrs["mlflow_run_id"])
         best_config = outputs / "sweeps" / sweep.name / "best.yaml"
-        _, best_out = run([sys.executable, "-m", "scripts.train", "fit", *configs, "--config", str(best_config), *root])
+        best_command = [sys.executable, "-m", "scripts.train", "fit", *configs, "--config", str(best_config), *root]
+        _, best_out = report.measured("best trial's config trained again", took, run, best_command)
         best_params = {"seed_everything": yaml.safe_load(best_config.read_text())["seed_everything"]}
         best_params |= study.best_trial.params
 

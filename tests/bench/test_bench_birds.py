@@ -1,6 +1,6 @@
 """scripts/bench/birds.py runs end to end on the CPU (tiny photos, batches and network input): every line it promises,
-each rate positive, the photos past the unique ones hard links. Times are not checked (the bench is where they are
-read; docs/measured.md has the GPU's).
+each run's rate as it is measured, each rate positive, the photos past the unique ones hard links. Times are not checked
+(the bench is where they are read; docs/measured.md has the GPU's).
 
 .venv/bin/python -m pytest -q tests/bench/test_bench_birds.py
 """
@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from tests.bench.printed import assert_every_round
 from tests.conftest import run_module
 
 LINES = (
@@ -27,6 +28,7 @@ def test_prints_every_rate_and_ratio():
     result = run_module("scripts.bench.birds", *args)
     assert result.returncode == 0, result.stderr[-3000:]
     printed = result.stdout
+    assert_every_round(printed, LINES, "images/s", rounds=1)
     assert "birds: 12 JPEGs 500x375" in printed and "efficientnet_lite0 64 px, batch 4, 2 batches timed" in printed
     for line in LINES:
         assert float(re.search(rf"^  {re.escape(line)} +(\S+) images/s$", printed, re.MULTILINE)[1]) > 0, printed

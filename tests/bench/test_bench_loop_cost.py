@@ -1,6 +1,6 @@
-"""scripts/bench/loop_cost.py runs end to end on the real MNIST files and prints what its docstring promises (the
-bars draw into temporary files, not here); a --steps too small to time anything is refused in one line. Times are
-not checked (the bench is where they are read).
+"""scripts/bench/loop_cost.py runs end to end on the real MNIST files and prints what its docstring promises, each
+run's median as it is measured (the bars draw into temporary files, not here); a --steps too small to time anything is
+refused in one line. Times are not checked (the bench is where they are read).
 
 .venv/bin/python -m pytest -q tests/bench/test_bench_loop_cost.py
 """
@@ -12,6 +12,7 @@ import re
 import pytest
 
 from scripts.bench import loop_cost
+from tests.bench.printed import assert_every_round
 from tests.conftest import MNIST, needs_mnist
 
 
@@ -20,9 +21,10 @@ from tests.conftest import MNIST, needs_mnist
 def test_prints_every_variant_and_what_lightning_costs_a_step(capsys):
     loop_cost.main(["--data-dir", str(MNIST), "--steps", "15", "--repeats", "2"])
     printed = capsys.readouterr().out
-    assert "loop cost: 15 steps of batch 128" in printed and "2 rounds" in printed
     variants = ("plain loop", "stock Lightning", "template's module, Trainer", "+ Lightning's bar, to a file",
                 "+ template's bar, to a file", "plain loop, MNISTNet")  # fmt: skip
+    assert_every_round(printed, variants, "µs a step", rounds=2)
+    assert "loop cost: 15 steps of batch 128" in printed and "2 rounds" in printed
     for variant in variants:
         median, low, high = map(float, re.search(rf"^  {re.escape(variant)} +(\S+)  \((\S+)\.\.(\S+)\)$", printed,
                                                  re.MULTILINE).groups())  # fmt: skip
