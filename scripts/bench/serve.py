@@ -164,6 +164,7 @@ def cases(image: bytes) -> list[tuple[str, str, dict, dict]]:
     ]
 
 
+# extra: spark
 def spark_scoring(
     report: Report, models: dict[str, Path], folder: Path, rows: int, rounds: int, master: str
 ) -> list[str]:
@@ -212,6 +213,9 @@ def spark_scoring(
     ]
 
 
+# end extra: spark
+
+
 def bench(
     requests: int = 300,
     image_requests: int = 60,
@@ -219,8 +223,8 @@ def bench(
     workers: int = 1,
     threads: int = 0,
     serve_python: str = str(SERVE_VENV / "bin" / "python"),
-    spark_rows: int = 20000,
-    master: str = "local[2]",
+    spark_rows: int = 20000,  # extra: spark
+    master: str = "local[2]",  # extra: spark
 ) -> None:
     """
     Args:
@@ -230,8 +234,8 @@ def bench(
         workers: server processes per server.
         threads: SCORE_THREADS, ONNX Runtime's threads of one request (0: one per core).
         serve_python: the serving environment's Python, which runs both servers (`make serve-env` builds it).
-        spark_rows: penguin rows in the CSV that Spark and scripts.score score (0: no Spark row).
-        master: the Spark master of the Spark row (local[2]; local-cluster[2,1,1024] puts each task in a process).
+        spark_rows: penguin rows in the CSV that Spark and scripts.score score (0: no Spark row)  # extra: spark
+        master: the Spark row's master (local-cluster[2,1,1024] puts each task in a process)  # extra: spark
     """
     from scripts.serve import ServeError, check_numbers
 
@@ -239,9 +243,10 @@ def bench(
         check_numbers(5001, workers, threads)  # the server's own bounds: workers and threads this machine runs
     except ServeError as error:
         sys.exit(f"error: {error}")
-    for option, value, lowest, highest in (("--requests", requests, 1, 100_000), ("--rounds", rounds, 1, 100),
-                                           ("--image_requests", image_requests, 1, 100_000),
-                                           ("--spark_rows", spark_rows, 0, 10_000_000)):  # fmt: skip
+    bounds = [("--requests", requests, 1, 100_000), ("--rounds", rounds, 1, 100),
+              ("--image_requests", image_requests, 1, 100_000)]  # fmt: skip
+    bounds.append(("--spark_rows", spark_rows, 0, 10_000_000))  # extra: spark
+    for option, value, lowest, highest in bounds:
         if not lowest <= value <= highest:
             sys.exit(f"error: {option} {value}: give {lowest} to {highest}")
     python = Path(serve_python)
@@ -314,10 +319,12 @@ def bench(
                     f"{rate / reference:.2f}x azmlinfsrv",
                     flush=True,
                 )
+        # extra: spark
         if spark_rows:
             lines = spark_scoring(report, models, temp, spark_rows, rounds, master)
             print(f"batch scoring of {spark_rows} penguin rows from one CSV, best of {rounds} rounds:")
             print("\n".join(lines))
+        # end extra: spark
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -152,7 +152,7 @@ def test_the_jobs_command_is_one_the_cli_accepts_here():
 
 def test_a_config_path_with_a_space_or_a_dollar_is_one_argument_of_the_jobs_command(tmp_path, monkeypatch):
     """The job's command runs in a shell: a user's config named `my task.yaml` must reach scripts.train whole."""
-    from scripts.azure_ml.components import plan_components
+    from scripts.azure_ml.components import plan_components  # extra: serving
 
     shutil.copy(REPO / "environment.yml", tmp_path)
     (tmp_path / "my configs").mkdir()
@@ -162,10 +162,12 @@ def test_a_config_path_with_a_space_or_a_dollar_is_one_argument_of_the_jobs_comm
     configs = ["my configs/my task.yaml", "my configs/$HOME.yaml"]
     job = build_job(configs, "cpu", 2, 2, "mpi")
     assert shlex.split(job.command)[4:8] == ["--config", configs[0], "--config", configs[1]]
+    # extra: serving
     monkeypatch.syspath_prepend(str(REPO))
     plan = plan_components(configs)
     for step in ("train", "evaluate"):
         assert shlex.split(plan.commands[step])[4:8] == ["--config", configs[0], "--config", configs[1]], step
+    # end extra: serving
 
 
 @pytest.mark.parametrize(
