@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import base64
 import http.client
-import importlib
+import importlib  # extra: spark
 import json
 import os
 import socket

@@ -14,7 +14,10 @@ import shutil  # extra: spark
 
 import pytest
 
-from tests.bench.printed import assert_every_round, summary_figure
+from tests.bench.printed import (
+    assert_every_round,  # extra: spark
+    summary_figure,
+)
 from tests.conftest import REPO, run_module
 
 CASES = ("penguins, 1 row", "penguins, 100 rows", "birds, 1 JPEG 500x375")
