@@ -114,8 +114,9 @@ class ClassificationModule(L.LightningModule):
         sync = {"dist_sync_fn": self.gather_from_processes, "distributed_available_fn": self.distributed}
         self.metrics = nn.ModuleDict()  # keyed by the names they are logged under
         for split in ("train", "val", "test"):
-            # NaN and inf losses are kept in the mean: a diverged epoch shows as one (check_finite).
-            self.metrics[f"{split}_loss"] = MeanMetric(nan_strategy="disable", **sync)
+            # A NaN loss stays in the mean (replaced by NaN), so a diverged epoch shows as one (check_finite);
+            # nan_strategy="disable" would also drop the batch-size weights (torchmetrics 1.9).
+            self.metrics[f"{split}_loss"] = MeanMetric(nan_strategy=float("nan"), **sync)
             self.metrics[f"{split}_acc"] = MulticlassAccuracy(len(self.class_names), average="micro", **sync)
         self.train_epoch_metrics: dict | None = None  # the newest epoch's, with its epoch and step
         self.samples = 0  # trained on this epoch by this process

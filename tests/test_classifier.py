@@ -1,4 +1,5 @@
-"""ClassificationModule: optimizer injection, warm-up and decay, lr scaling, predictions as class names."""
+"""ClassificationModule: optimizer injection, warm-up and decay, lr scaling, predictions as class names, and each
+epoch's metrics its own."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
+import lightning as L
 import pytest
 import torch
+from lightning.pytorch.loggers import Logger
+from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_modules.classifier import ClassificationModule, warmup_poly_factor
 from lightning_modules.penguin_net import PenguinNet
@@ -136,3 +140,66 @@ def test_attributes_set_on_the_module_end_where_nn_module_puts_them():
     plain = torch.nn.Module()
     plain.network = PenguinNet(3)
     assert assign(module()) == assign(plain) == ["again", True, True, True, [], False, False]
+
+
+class EpochRecorder(L.Callback):
+    """What each epoch's metrics must be, worked out apart from the module's metric objects: the mean of the epoch's
+    own step losses (weighted by batch size), and validation measured anew on the weights of that epoch."""
+
+    def __init__(self, val: tuple[torch.Tensor, torch.Tensor]) -> None:
+        self.val, self.train_loss, self.val_metrics, self.steps = val, [], [], []
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self.steps = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self.steps.append((outputs["loss"].item(), len(batch[1])))
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.train_loss.append(sum(loss * n for loss, n in self.steps) / sum(n for _, n in self.steps))
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        with torch.no_grad():
+            logits = pl_module(self.val[0])
+        loss = torch.nn.functional.cross_entropy(logits, self.val[1]).item()
+        self.val_metrics.append((loss, (logits.argmax(1) == self.val[1]).float().mean().item()))
+
+
+class Metrics(Logger):
+    """Every metric Lightning hands a logger, with its epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logged: list[dict] = []
+
+    name, version = "metrics", 0
+
+    def log_metrics(self, metrics, step=None) -> None:
+        self.logged.append(dict(metrics))
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+    def epoch_values(self, key: str) -> list[float]:
+        return [entry[key] for entry in self.logged if key in entry]
+
+
+def test_each_epoch_s_metrics_are_that_epoch_s_alone_over_two_epochs(tmp_path):
+    """A metric that is not reset (or reset at the wrong time, or fed the sanity check's batches) would mix epochs:
+    each epoch's train_loss must be the mean of its own steps, and val_loss and val_acc those of its own weights."""
+    torch.manual_seed(0)
+    inputs, labels = torch.randn(48, 5), torch.randint(0, 3, (48,))
+    val = (torch.randn(20, 5), torch.randint(0, 3, (20,)))
+    recorder, logger = EpochRecorder(val), Metrics()
+    model = ClassificationModule(PenguinNet, ["a", "b", "c"], optimizer=partial(torch.optim.SGD, lr=0.5))
+    trainer = L.Trainer(max_epochs=2, logger=logger, callbacks=[recorder], enable_checkpointing=False,
+                        enable_progress_bar=False, default_root_dir=tmp_path, num_sanity_val_steps=2)  # fmt: skip
+    train_loader = DataLoader(TensorDataset(inputs, labels), batch_size=10)  # a last batch of 8
+    trainer.fit(model, train_loader, DataLoader(TensorDataset(*val), batch_size=7))
+    assert logger.epoch_values("train_loss") == pytest.approx(recorder.train_loss, rel=1e-5)
+    assert logger.epoch_values("val_loss") == pytest.approx([loss for loss, _ in recorder.val_metrics], rel=1e-5)
+    assert logger.epoch_values("val_acc") == pytest.approx([acc for _, acc in recorder.val_metrics])
+    assert recorder.train_loss[0] != pytest.approx(recorder.train_loss[1])  # the two epochs differ: a mix would show
+    assert len(logger.epoch_values("train_acc")) == 2
