@@ -218,6 +218,7 @@ horovod-gpu: $(VENV)/installed ## build Horovod 0.28.1 with CUDA and NCCL into .
 # extra: bench
 .PHONY: bench bench-gpu
 bench: $(VENV)/installed ## time the template against plain PyTorch loops, a penguin sweep against one fit (MNIST_DIR=...)
+	$(PY) -m scripts.bench.make_train
 	$(PY) -m scripts.bench.penguins
 	$(PY) -m scripts.bench.mnist --data-dir $(MNIST_DIR) --repeats 3
 	$(PY) -m scripts.bench.loop_cost --data-dir $(MNIST_DIR)

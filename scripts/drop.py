@@ -44,6 +44,7 @@ def extras(root: Path = ROOT) -> dict[str, list[str]]:
 def drop_lines(text: str, names: set[str], where: str) -> tuple[str, int]:
     """`text` without the lines marked for any of `names`, and how many went."""
     kept, dropped, blocks = [], 0, []  # blocks: (its extras, whether it is dropped), innermost last
+    closing = False  # just after dropped lines that followed a blank one: the blank lines after them go too
     for number, line in enumerate(text.splitlines(keepends=True), 1):
         match = MARKER.search(line)
         marked = set(re.split(r"[,\s]+", match[2].strip())) if match else set()
@@ -55,13 +56,18 @@ def drop_lines(text: str, names: set[str], where: str) -> tuple[str, int]:
             blocks.pop()
         elif match and alone:  # a block's start
             blocks.append((marked, inside or bool(marked & names)))
-        went = inside or bool(marked & names) or any(went for _, went in blocks)
-        if went:
+        if inside or bool(marked & names) or any(went for _, went in blocks):
             dropped += 1
+            closing = closing or not kept or not kept[-1].strip()
+        elif closing and not line.strip():
+            dropped += 1  # a blank line separated what went from what follows: the blank lines before it still do
         else:
             kept.append(line)
+            closing = False
     if blocks:
         raise DropError(f"{where}: the block of `extra: {', '.join(sorted(blocks[-1][0]))}` has no `end extra` line")
+    while dropped and kept and not kept[-1].strip():  # no blank lines left at the end of the file
+        kept.pop()
     return "".join(kept), dropped
 
 

@@ -49,6 +49,15 @@ def test_fit_tests_the_best_checkpoint_and_prints_test_acc(fitted):
     assert 0.4 < accuracy <= 1.0  # 8 epochs of the course recipe: well past chance (1/3), not yet converged
 
 
+def test_lightning_cli_still_saves_the_private_keys_the_template_reads(fitted):
+    """Canary of the README's private names: LightningCLI's `_class_path` in a checkpoint's datamodule
+    hyperparameters (scripts/export.py rebuilds the datamodule from it) and `_instantiator` in both (an object's
+    address: scripts/training/same_start.py leaves it out of what the processes of a job compare)."""
+    saved = torch.load(fitted[2], map_location="cpu", weights_only=False)
+    assert saved["datamodule_hyper_parameters"]["_class_path"] == "datamodules.penguins.PenguinDataModule"
+    assert "_instantiator" in saved["hyper_parameters"] and "_instantiator" in saved["datamodule_hyper_parameters"]
+
+
 def test_mlflow_run_holds_params_epoch_metrics_config_and_checkpoint(fitted):
     outputs, _, best = fitted
     client, run = only_run(outputs)

@@ -123,9 +123,10 @@ def check_dropped(folder: Path, names: tuple[str, ...]) -> None:
     assert not set(names) & set(project["tool"]["template"]["extras"])
     assert missing_imports(folder) == []
     assert broken_links(folder) == []
-    ruff = subprocess.run([str(Path(sys.executable).parent / "ruff"), "check", "--quiet", "."], cwd=folder,
-                          capture_output=True, text=True)  # fmt: skip
-    assert ruff.returncode == 0, ruff.stdout[-3000:]
+    for check in (["check", "--quiet"], ["format", "--check", "--quiet"]):  # make lint's
+        ruff = subprocess.run([str(Path(sys.executable).parent / "ruff"), *check, "."], cwd=folder,
+                              capture_output=True, text=True)  # fmt: skip
+        assert ruff.returncode == 0, ruff.stdout[-3000:]
 
 
 @pytest.mark.parametrize("name", sorted(EXTRAS))
@@ -177,6 +178,10 @@ def test_a_drop_refuses_an_unknown_extra_and_uncommitted_changes_in_one_line(tmp
          "a\n# extra: sweeps\nb\n# end extra: sweeps\nd\n"),
         ("x <!-- extra: bench -->\n<!-- extra: bench -->\ny\n<!-- end extra: bench -->\nz\n", {"bench"}, "z\n"),
         ("the words extra: spark in a sentence.\n", {"spark"}, "the words extra: spark in a sentence.\n"),
+        # The blank lines that separated what went from what follows go with it; none is left at the end.
+        ("a\n\n\n# extra: s\ndef f():\n    pass\n\n\n# end extra: s\n\n\nb\n", {"s"}, "a\n\n\nb\n"),
+        ("a\n\n\n# extra: s\nb\n# end extra: s\n", {"s"}, "a\n"),
+        ("a\nb  # extra: s\n\nc\n", {"s"}, "a\n\nc\n"),
     ],
 )  # fmt: skip
 def test_marked_lines_and_blocks_go_with_their_extra(text, names, kept):

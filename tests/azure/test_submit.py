@@ -1029,3 +1029,21 @@ def test_an_mltable_data_asset_is_the_table_task_s_input(tmp_path):
     assert loaded.inputs["csv_path"].type == "mltable"
     assert "--data.init_args.csv_path ${{inputs.csv_path}}" in loaded.command
     assert "--data.init_args.label churned" in loaded.command
+
+
+def test_the_sdk_s_experimental_warnings_come_from_the_logger_the_commands_quiet():
+    """Canary of the README's private names: scripts/azure_ml/options.py quiets the logger of azure-ai-ml's module
+    `_utils._experimental` by name; renamed, its warnings would come back on every command."""
+    import importlib.util
+    import logging
+
+    from scripts.azure_ml.options import run_command
+
+    assert importlib.util.find_spec("azure.ai.ml._utils._experimental") is not None
+
+    def command(name: str = "") -> None:
+        """A command of one option."""
+
+    with pytest.raises(SystemExit):
+        run_command(command, "scripts.submit", (), args=["--no-such-option"])
+    assert logging.getLogger("azure.ai.ml._utils._experimental").level == logging.ERROR
