@@ -20,32 +20,19 @@ objective, a metric the module does not log) is one line and exit 1 before any t
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 import warnings
 from pathlib import Path
 
-from scripts.sweeps.launcher import Launcher, available, config_modules
-from scripts.sweeps.launcher_fork import RUN_VARIABLES
 from scripts.sweeps.preflight import check_metric, check_options
 from scripts.sweeps.records import experiment_id, parent_run, tag_best, tracking_store
 from scripts.sweeps.runner import RUN_ID, Runner, TrialFailed, format_value, short_names, trials_counted
-from scripts.sweeps.space import Sweep, SweepError, load_sweep, option_args
+from scripts.sweeps.space import Sweep, SweepError, load_sweep
 from scripts.sweeps.study import PARENT_RUN_ID, connect, open_study, still_running, write_best
 
 SWEEPS = "sweeps"  # outputs/sweeps: the study database and a folder per study
-
-
-def parsed_ahead(sweep: Sweep) -> list[str]:
-    """A trial's command with each option's first value, for the launcher to parse before it forks the trials."""
-    first = {param.option: param.representatives()[0] for param in sweep.params}
-    callback = {"class_path": "scripts.sweeps.trial.SweepTrial", "init_args": {
-        "storage": "sqlite://", "study_name": sweep.name, "sweep_file": sweep.path, "metric": sweep.metric,
-    }}  # fmt: skip
-    configs = (item for config in sweep.configs for item in ("--config", config))
-    return ["fit", *configs, *option_args({**sweep.fixed, **first}), "--trainer.callbacks+", json.dumps(callback)]
 
 
 def sweep(
@@ -81,19 +68,11 @@ def sweep(
             if not folder.is_dir():
                 raise SweepError(f"--outputs {outputs}: {folder} is a file, not a folder; give a folder")
             break
-    # Started before this process opens the study or a store, so that it can be a fork of this process (its imports
-    # then this process's too: the checks below need them). A trial's run variables are the trial's own.
-    env = {key: value for key, value in os.environ.items() if key not in RUN_VARIABLES}
-    launcher = Launcher(env, config_modules(list(spec.configs)), parsed_ahead(spec)) if available() else None
-    try:
-        return run_study(spec, sweep_file, study_name, storage, n_jobs, outputs, launcher)
-    finally:
-        if launcher is not None:
-            launcher.close()
+    return run_study(spec, sweep_file, study_name, storage, n_jobs, outputs)
 
 
 def run_study(
-    spec: Sweep, sweep_file: str, study_name: str | None, storage: str | None, n_jobs: int, outputs: str, launcher
+    spec: Sweep, sweep_file: str, study_name: str | None, storage: str | None, n_jobs: int, outputs: str
 ) -> int:
     rdb = connect(storage) if storage else None  # a server's: checked before the slower checks below
     first_config = check_options(spec)
@@ -118,7 +97,7 @@ def run_study(
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # our one line per trial says it
     rdb = rdb or connect(storage_url)
     study = open_study(spec, name, rdb, folder)
-    runner = Runner(spec, study, rdb, storage_url, folder, outputs_path, tracking_uri, experiment, "", launcher)
+    runner = Runner(spec, study, rdb, storage_url, folder, outputs_path, tracking_uri, experiment, "")
     runner.parent_run_id = parent_run(runner.client, experiment, name, spec, study.user_attrs.get(PARENT_RUN_ID))
     study.set_user_attr(PARENT_RUN_ID, runner.parent_run_id)
     runner.end_killed_trials()

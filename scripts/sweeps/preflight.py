@@ -166,31 +166,3 @@ def check_metric(sweep: Sweep, outputs: Path, config: dict | None = None) -> Non
             f"{sweep.path}: objective.metric {sweep.metric} is not a metric the fit logs by each validation's end; "
             f"give one of {', '.join(logged) or '(none logged)'}"
         )
-
-
-def parse_only(args: list[str]) -> None:
-    """Parses `args` as scripts.train would and stops before anything is made, quietly, whatever it finds: what a
-    process that is going to fork such commands does first (the sweep's launcher, scripts/sweeps/launcher.py).
-    jsonargparse keeps the parser it builds for each class that a command names: a forked trial finds them built."""
-    import contextlib
-    import io
-    import warnings
-
-    from scripts.training.cli import TemplateCLI, make_cli
-
-    class Parsed(Exception):
-        pass
-
-    class ParseOnly(TemplateCLI):
-        def parse_arguments(self, parser, args) -> None:
-            super().parse_arguments(parser, args)
-            raise Parsed  # before LightningCLI seeds this process and makes anything
-
-    with (
-        warnings.catch_warnings(),
-        contextlib.redirect_stdout(io.StringIO()),
-        contextlib.redirect_stderr(io.StringIO()),
-    ):
-        warnings.simplefilter("ignore")
-        with contextlib.suppress(Exception, SystemExit):  # Parsed, or what the command will say itself
-            make_cli(args, ParseOnly)

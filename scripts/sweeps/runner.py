@@ -21,7 +21,6 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scripts.sweeps.launcher import Launcher, LauncherError
 from scripts.sweeps.records import child_run, log_values, mark
 from scripts.sweeps.reports import ReportWriter
 from scripts.sweeps.space import Param, Sweep, cli_value, option_args
@@ -74,9 +73,8 @@ class Runner:
     tracking_uri: str
     experiment_id: str
     parent_run_id: str
-    launcher: Launcher | None = None  # forks the trials' fits (None: each a fresh interpreter)
     interrupted: threading.Event = field(default_factory=threading.Event)
-    children: dict = field(default_factory=dict)  # trial number -> its fit's process (a launcher's Child, a Popen)
+    children: dict = field(default_factory=dict)  # trial number -> its fit's process
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @functools.cached_property
@@ -133,10 +131,9 @@ class Runner:
         log = folder / "trial.log"
         with open(log, "a") as file:
             file.write(f"$ {' '.join(command)}\n")
-        try:
-            child = self.start(trial.number, command, env, log)
-        except LauncherError as error:
-            self.fail(trial, run_id, str(error))
+            file.flush()  # before the fit's own lines
+            # A session of its own: a Ctrl-C in the terminal reaches the sweep alone, which stops its trials itself.
+            child = subprocess.Popen(command, stdout=file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         writer = ReportWriter(self.storage, trial_id, reports)
         writer.start()
         with self.lock:
@@ -159,8 +156,6 @@ class Runner:
         if timed_out:
             limit = self.sweep.trial_time_s
             self.fail(trial, run_id, f"ran past budget.trial_time ({limit} s); see {folder}/trial.log")
-        if returncode is None:
-            self.fail(trial, run_id, f"the trial launcher died during the fit; see {log}")
         if returncode < 0:
             name = signal.Signals(-returncode).name
             self.fail(trial, run_id, f"the fit died of {name} (exit {returncode}); see {log}")
@@ -182,14 +177,6 @@ class Runner:
             raise optuna.TrialPruned(f"at epoch {pruned_at}")
         mark(self.client, run_id, "COMPLETE")
         return best
-
-    def start(self, number: int, command: list[str], env: dict[str, str], log: Path):
-        """The trial's fit, forked from the warm launcher where there is one, else a fresh interpreter; appends its
-        output to `log`."""
-        if self.launcher is not None:
-            return self.launcher.start(number, "scripts.train", command[3:], env, log)
-        with open(log, "a") as file:
-            return subprocess.Popen(command, stdout=file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def trial_id(self, trial) -> int:
         """The trial's id in the storage (what a trial's fit reports to)."""

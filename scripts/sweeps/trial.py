@@ -160,7 +160,7 @@ class SweepTrial(L.Callback):
         self.storage_url, self.study_name, self.sweep_file, self.metric = storage, study_name, sweep_file, metric
         self.trial_id = int(os.environ[TRIAL_ID])
         self.reports_path = os.environ[REPORTS]
-        self.sweep_pid = os.getppid()  # the sweep's launcher (scripts.sweeps.launcher), or the sweep, that started it
+        self.sweep_pid = os.getppid()  # the sweep process that started it
         self.study: optuna.Study | None = None
         self.storage: optuna.storages.RDBStorage | None = None
         self.termination = None  # the sweep file's early_termination
