@@ -88,10 +88,10 @@ def run_study(
     storage_url = storage or f"sqlite:///{outputs_path / SWEEPS / 'optuna.db'}"
     from mlflow import MlflowClient
 
-    from scripts.azure_ml.job_configs import experiment_of
-
     tracking_uri, artifact_location = tracking_store(outputs_path)
-    experiment = experiment_id(MlflowClient(tracking_uri), experiment_of(list(spec.configs)), artifact_location)
+    # The experiment the trials' configs name (their logger's, as the training CLI resolved it).
+    named = str(first_config.get("trainer.logger.init_args.experiment_name") or "lightning-template")
+    experiment = experiment_id(MlflowClient(tracking_uri), named, artifact_location)
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # our one line per trial says it
