@@ -93,12 +93,12 @@ def check_clean(root: Path) -> None:
 
 def drop(names: list[str], root: Path = ROOT) -> list[str]:
     """Removes the extras `names` from the checkout at `root`; returns what it did, a line each."""
+    check_clean(root)
     owned = extras(root)
     unknown = [name for name in names if name not in owned]
     if unknown:
         listed = ", ".join(sorted(owned)) or "none are left"
         raise DropError(f"EXTRA={unknown[0]}: no such extra in pyproject.toml [tool.template.extras] ({listed})")
-    check_clean(root)
     done = []
     for name in names:
         for relative in owned[name]:
