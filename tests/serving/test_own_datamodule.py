@@ -85,13 +85,13 @@ trainer:
       experiment_name: fruit
 model:
   network:
-    class_path: tests.test_own_datamodule.FruitNet
+    class_path: tests.serving.test_own_datamodule.FruitNet
   optimizer:
     class_path: torch.optim.Adam
     init_args:
       lr: 0.05
 data:
-  class_path: tests.test_own_datamodule.FruitDataModule
+  class_path: tests.serving.test_own_datamodule.FruitDataModule
 """
 ROWS = [
     {"weight_g": 140.0, "width_mm": 78.0},

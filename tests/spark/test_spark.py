@@ -172,7 +172,7 @@ def test_a_killed_process_is_reported_as_killed_not_as_the_survivors_lost_peer(t
     for its lost peer a moment later; the report names the rank that was killed."""
     from scripts.spark import main
 
-    killing = '{"class_path": "tests.test_spark.KillOnRank", "init_args": {"rank": 1, "epoch": 1}}'
+    killing = '{"class_path": "tests.spark.test_spark.KillOnRank", "init_args": {"rank": 1, "epoch": 1}}'
     with pytest.raises(SystemExit) as stop:
         main(["fit", "--num_processes", "2", *penguin_fit(tmp_path, "--trainer.callbacks+", killing)[1:]])
     found = re.fullmatch(
@@ -190,7 +190,7 @@ def test_a_killed_process_is_reported_as_killed_not_as_the_survivors_lost_peer(t
 def test_a_task_that_fails_fails_the_command_with_its_error_in_one_line(tmp_path):
     """The tasks' tracebacks (torch's, torchrun's, Spark's Java ones: 89-115 lines) go to a log file the line names;
     the console keeps the fit's progress and that line."""
-    failing = '{"class_path": "tests.test_spark.FailOnRank", "init_args": {"rank": 1, "epoch": 1}}'
+    failing = '{"class_path": "tests.spark.test_spark.FailOnRank", "init_args": {"rank": 1, "epoch": 1}}'
     args = penguin_fit(tmp_path / "outputs", "--trainer.callbacks+", failing)
     command = ["fit", "--num_processes", "2", "--master", MASTER, *args[1:]]
     result = run_module("scripts.spark", *command, env=own_tmpdir(tmp_path))
@@ -215,7 +215,7 @@ def test_a_killed_rank_0_executor_ends_its_run_as_killed_and_its_stack_lines_sta
     """The executor of rank 0 killed (a lost node): its run stayed RUNNING (no process of it was left to end it) and
     the survivor's C++ stack (c10d's `frame #N`) and the driver JVM's Java trace reached the console. The driver ends
     the run as KILLED; the console keeps the progress and the one line."""
-    killing = '{"class_path": "tests.test_spark.KillExecutorOnRank", "init_args": {"rank": 0, "epoch": 1}}'
+    killing = '{"class_path": "tests.spark.test_spark.KillExecutorOnRank", "init_args": {"rank": 0, "epoch": 1}}'
     outputs = tmp_path / "outputs"
     command = [
         "fit",
