@@ -24,8 +24,9 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from datamodules.base import ClassificationDataModule, EvaluationShard
+from datamodules.base import ClassificationDataModule
 from datamodules.errors import DataError, ImageError
+from datamodules.evaluation_shard import EvaluationShard
 from datamodules.folder_files import (
     case_twins,
     check_readable,

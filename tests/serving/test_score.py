@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from datamodules.mnist import MNISTDataModule
-from datamodules.preprocessing.penguins import SAVE_AS
+from datamodules.preprocessing.csv_files import SAVE_AS
 from scripts.score import Model, ModelError, load_model
 from scripts.serving.mlflow_model import ExportError, save_model, serving_inputs
 from scripts.serving.pyfunc_model import InputError
@@ -305,7 +305,7 @@ def test_batch_scoring_answers_the_complete_rows_and_names_the_incomplete_ones_a
 def test_the_csv_checks_are_the_scripts_own_not_an_older_models(penguins, monkeypatch):
     """The server puts the model's code first on sys.path: a model registered before the checks were shared ships a
     datamodules/preprocessing/penguins.py without them, and importing them from there failed every CSV request."""
-    import datamodules.preprocessing.penguins as shipped
+    import datamodules.preprocessing.csv_files as shipped
 
     monkeypatch.delattr(shipped, "check_csv_layout")
     status, answer = post(penguins, MASS_TWICE, "text/csv", monkeypatch)
