@@ -38,7 +38,9 @@ class TrackConfig(SaveConfigCallback):
             return
         # Checked when parsed: checking it again would cost a fifth of a sweep trial's CLI time (docs/measured.md).
         self.config_text = text = self.parser.dump(self.config, skip_unset=False, skip_validation=True)
-        write_whole(path := run_dir(trainer) / "config.yaml", text.encode())
+        path = run_dir(trainer) / "config.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)  # in place: a resumed run's, on a full disk, still fits
         if isinstance(trainer.logger, MLFlowLogger):
             import yaml
             from mlflow.entities import Param
