@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from datamodules.base import ClassificationDataModule, EvaluationShard
+from datamodules.base import ClassificationDataModule
 from datamodules.errors import DataError, ImageError
 from datamodules.folder_files import (
     case_twins,
@@ -292,9 +292,11 @@ class ImageFolderDataModule(ClassificationDataModule):
         dataset = ImageFiles(files, labels, self.transform(train=split == "train"))
         rank, world_size = self.rank_and_world_size
         # Training: Lightning's DistributedSampler (shards padded to one length); evaluation: each image once.
-        sampler = (
-            EvaluationShard(dataset, rank, world_size, split) if split in ("val", "test") and world_size > 1 else None
-        )
+        sampler = None
+        if split in ("val", "test") and world_size > 1:
+            from datamodules.evaluation_shard import EvaluationShard
+
+            sampler = EvaluationShard(dataset, rank, world_size, split)
         return DataLoader(
             dataset,
             batch_size=self.batch_size,

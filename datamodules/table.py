@@ -22,7 +22,8 @@ import torch
 from datamodules.base import InMemoryDataModule, check_fractions, copy_ids, say_copies, stratified_split
 from datamodules.errors import DataError
 from datamodules.preprocessing import table as preprocessing
-from datamodules.preprocessing.penguins import check_csv_layout, drop_blank_rows, not_utf8
+from datamodules.preprocessing.csv_files import check_csv_layout, drop_blank_rows, not_utf8
+from datamodules.preprocessing.penguins import SCHEMA_COLUMNS
 
 CSV_SUFFIXES = {".csv": ",", ".tsv": "\t", ".txt": ","}
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -86,7 +87,8 @@ def read_table(path: str, option: str):
         raise DataError(f"{path}: {what}")
     try:
         text = data.decode("utf-8-sig")
-        header, header_line, _ = check_csv_layout(csv.reader(io.StringIO(text, newline=""), delimiter=delimiter), path)
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+        header, header_line, _ = check_csv_layout(reader, path, SCHEMA_COLUMNS)  # a penguin column twice, too
         if not header:
             raise DataError(f"{path}: empty; give a table whose first line names its columns")
         names = [name.strip() for name in header]

@@ -1,8 +1,5 @@
-"""Whether a checkpoint's weights fit the network as today's code builds it. A layer renumbered (one inserted into an
-nn.Sequential), renamed or made wider since the checkpoint was trained is one line naming the checkpoint, the
-network's class and the keys and shapes that differ, in place of torch's load_state_dict error over dozens of lines.
-ClassificationModule.on_load_checkpoint runs it, before Lightning (or load_from_checkpoint) loads the weights: at
-validate, test, predict, a resumed fit, export and serve.
+"""Whether a checkpoint's weights fit the network as today's code builds it: one line naming the checkpoint, the
+network's class and what differs, not torch's load_state_dict error over dozens (ClassificationModule runs it).
 
     python -m scripts.train test --config configs/penguins.yaml --ckpt_path old.ckpt   # one line if it does not fit
 """
@@ -19,12 +16,7 @@ SHOWN = 3  # keys of each kind the line names; the others are counted
 
 
 class NetworkMismatchError(ValueError):
-    """A checkpoint whose weights the network of today's code cannot take; the message names both."""
-
-
-def named(keys: list[str]) -> str:
-    more = f" and {len(keys) - SHOWN} more" if len(keys) > SHOWN else ""
-    return ", ".join(keys[:SHOWN]) + more
+    """A checkpoint whose weights the network of today's code cannot take."""
 
 
 def differences(code: Mapping[str, torch.Tensor], saved: Mapping[str, torch.Tensor]) -> list[str]:
@@ -37,15 +29,16 @@ def differences(code: Mapping[str, torch.Tensor], saved: Mapping[str, torch.Tens
         for key, tensor in code.items()
         if key in saved and not is_lazy(tensor) and saved[key].shape != tensor.shape
     ]
-    found = [f"missing: {named(missing)}"] if missing else []
-    found += [f"unexpected: {named(unexpected)}"] if unexpected else []
+    found = [
+        f"{kind}: {', '.join(keys[:SHOWN])}" + (f" and {len(keys) - SHOWN} more" if len(keys) > SHOWN else "")
+        for kind, keys in (("missing", missing), ("unexpected", unexpected)) if keys
+    ]  # fmt: skip
     return found + shapes[:SHOWN] + ([f"{len(shapes) - SHOWN} more shapes"] if len(shapes) > SHOWN else [])
 
 
 def check_network_fits(module: L.LightningModule, checkpoint: Mapping) -> None:
     """Raises NetworkMismatchError when `checkpoint`'s state dict would not load into `module` (strictly, as Lightning
-    loads it). Its message starts with the checkpoint's path when a Trainer loads it (load_from_checkpoint's callers
-    name the file themselves)."""
+    loads it); naming the file when a Trainer loads it (load_from_checkpoint's callers name it themselves)."""
     found = differences(module.state_dict(keep_vars=True), checkpoint.get("state_dict", {}))
     if not found or not module.strict_loading:
         return

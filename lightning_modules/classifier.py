@@ -1,8 +1,6 @@
-"""The LightningModule every task shares: a network, cross-entropy, accuracy, throughput, an injected optimizer and
-its learning-rate schedule.
-
-Tasks differ only in the network (a plain `nn.Module` built as `network(num_classes)`) and the
-data; loss, metrics, the optimizer, the lr schedule and prediction live here once.
+"""The LightningModule every task shares: tasks differ only in the network (a plain `nn.Module` built as
+`network(num_classes)`) and the data; cross-entropy, accuracy, throughput, the injected optimizer and its learning-rate
+schedule, and prediction live here once.
 
     python -m scripts.train fit --config configs/penguins.yaml --model.optimizer.lr 0.01
 """
@@ -27,13 +25,11 @@ from lightning_modules.checkpoint_fit import check_network_fits
 
 
 class OptimizerError(ValueError):
-    """The configured optimizer refused its arguments, or LightningCLI's own optimizer options were given; the message
-    names them."""
+    """The configured optimizer refused its arguments, or LightningCLI's own optimizer options were given."""
 
 
 def refuse_lightning_optimizer_options(words: list[str]) -> None:
-    """LightningCLI's own --optimizer and --lr_scheduler would replace this module's configure_optimizers (its warm-up,
-    lr scaling and checks): its own options, model.optimizer and model.lr_scheduler, are the template's."""
+    """LightningCLI's own --optimizer and --lr_scheduler would replace configure_optimizers (model.optimizer: not)."""
     for word in words if isinstance(words, list | tuple) else ():
         option = str(word).split("=", 1)[0].split(".", 1)[0]
         if option in ("--optimizer", "--lr_scheduler"):
@@ -44,18 +40,16 @@ def refuse_lightning_optimizer_options(words: list[str]) -> None:
 
 
 class InputShapeError(ValueError):
-    """The data's inputs do not fit the network; the message names both."""
+    """The data's inputs do not fit the network."""
 
 
 class DivergedError(ArithmeticError):
-    """The training loss or the weights turned non-finite; the message says at which epoch and what to change."""
+    """The training loss or the weights turned non-finite."""
 
 
 def warmup_poly_factor(step: int, warmup_steps: int, total_steps: int, power: float) -> float:
-    """Multiplier of the base lr at optimizer step `step`: 0 -> 1 over `warmup_steps`, then (1 - progress)^power.
-
-    `power=0` keeps the lr constant after warm-up; `power=1` is linear decay to zero at the end.
-    """
+    """Multiplier of the base lr at optimizer step `step`: 0 -> 1 over `warmup_steps`, then (1 - progress)^power (0:
+    constant; 1: linear decay to zero at the end)."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if power == 0 or total_steps <= warmup_steps:
@@ -67,18 +61,17 @@ def warmup_poly_factor(step: int, warmup_steps: int, total_steps: int, power: fl
 class ClassificationModule(L.LightningModule):
     """
     Args:
-        network: builds the net given the number of classes (configs name its class and
-            every other argument; the class count comes from the data).
+        network: builds the net given the number of classes (configs name its class and every other argument).
         class_names: label names in index order; linked from the datamodule by the CLI.
         optimizer: any torch optimizer, e.g. `{class_path: torch.optim.SGD, init_args: {lr: 0.03}}`.
-        lr_scheduler: an epoch-wise torch scheduler, in place of the warm-up/decay below (give it with
-            warmup_steps 0 and poly_decay_power 0: the two schedules are not chained).
+        lr_scheduler: an epoch-wise torch scheduler, in place of the warm-up/decay (not chained: give it with
+            warmup_steps 0 and poly_decay_power 0).
         warmup_steps: optimizer steps of linear warm-up from 0 to the full lr.
         poly_decay_power: after warm-up, lr *= (1 - progress)^power; 0 keeps it constant.
-        scale_lr_by_world_size: multiply the lr by the number of processes (data-parallel runs
-            see world_size times more samples per step; Horovod's and the seeds' rule).
-        channels_last: keep the network's 4-D weights and image batches in channels-last memory
-            order (NHWC), what GPU tensor cores run convolutions in; use with bf16 on GPUs.
+        scale_lr_by_world_size: multiply the lr by the number of processes (each step sees world_size times more
+            samples; Horovod's rule).
+        channels_last: the network's 4-D weights and image batches in channels-last order (NHWC), what GPU tensor
+            cores run convolutions in; use with bf16 on GPUs.
     """
 
     def __init__(
@@ -99,18 +92,14 @@ class ClassificationModule(L.LightningModule):
                 f"poly_decay_power {poly_decay_power}); give --model.warmup_steps 0 --model.poly_decay_power 0 with "
                 "it, or leave model.lr_scheduler out"
             )
-        # Under LightningCLI this stores the config (class paths and arguments), so
-        # `load_from_checkpoint` rebuilds network and optimizer without the YAML.
-        self.save_hyperparameters()
+        self.save_hyperparameters()  # the config's class paths too: load_from_checkpoint needs no YAML
         self.class_names = list(class_names)
         self.network = network(len(self.class_names))
         if channels_last:
             self.network.to(memory_format=torch.channels_last)  # moves to the GPU keep this order
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
-        # torchmetrics objects, updated every step and logged with self.log: Lightning computes them at the epoch's end
-        # (which syncs them over the processes) and resets them. Synced through the Trainer's strategy (DDP's
-        # torch.distributed and Horovod's allgather alike) rather than torchmetrics' own torch.distributed calls.
+        # Synced through the Trainer's strategy (DDP's and Horovod's alike), not torchmetrics' own torch.distributed.
         sync = {"dist_sync_fn": self.gather_from_processes, "distributed_available_fn": self.distributed}
         self.metrics = nn.ModuleDict()  # keyed by the names they are logged under
         for split in ("train", "val", "test"):
@@ -121,23 +110,20 @@ class ClassificationModule(L.LightningModule):
         self.train_epoch_metrics: dict | None = None  # the newest epoch's, with its epoch and step
         self.samples = 0  # trained on this epoch by this process
         self.epoch_started = self.epoch_seconds = 0.0  # train_samples_per_sec's clock: epoch start to last batch
-        # One input's shape, kept in checkpoints: serving a checkpoint exports the network for it without its data.
-        self.input_shape: tuple[int, ...] | None = None
+        self.input_shape: tuple[int, ...] | None = None  # in checkpoints: export needs no data
 
     def setup(self, stage: str) -> None:
         if stage == "fit" and any(isinstance(p, nn.parameter.UninitializedParameter) for p in self.parameters()):
-            # A lazy layer (TableNet's first) takes the width of the data's inputs from one batch, before the
-            # optimizer or DDP sees its weights: no config states that width, so none can contradict it.
+            # A lazy layer (TableNet's first) takes the inputs' width from one batch, before the optimizer or DDP sees
+            # its weights: no config states that width, so none can contradict it.
             inputs = next(iter(self.trainer.datamodule.train_dataloader()))[0][:2]
             with torch.no_grad():
                 self.network.eval()(inputs)
             self.network.train()
         if self.hparams.channels_last and self.trainer.strategy.root_device.type == "cuda":
             for parameter in self.network.parameters():
-                # One input channel (MNIST's first convolution): both layouts order its elements alike, but autograd
-                # gives its gradient the default strides. With the weight's channels-last ones DDP warns, each run on
-                # a GPU, that the gradient does not match its bucket's layout. Not on a CPU: there a contiguous weight
-                # beside channels-last inputs takes a slower convolution (docs/measured.md).
+                # One input channel (MNIST's first convolution): its gradient gets the default strides, and DDP warns of
+                # the bucket's. Not on a CPU: a slower convolution there (docs/measured.md).
                 if parameter.dim() == 4 and parameter.shape[1] == 1:
                     parameter.data = parameter.data.clone(memory_format=torch.contiguous_format)
 
@@ -148,20 +134,17 @@ class ClassificationModule(L.LightningModule):
             return False
 
     def gather_from_processes(self, state: torch.Tensor, group=None) -> list[torch.Tensor]:
-        """`state` (of one shape and dtype in every process) from each process, in rank order: the metrics' sync, and
-        the evaluation report's (scripts/training/run_record.py EvaluationReport)."""
+        """`state` (of one shape and dtype in every process) from each process, in rank order."""
         strategy = self.trainer.strategy
         if isinstance(strategy, DDPStrategy) and torch.distributed.is_initialized():
-            # torch.distributed's own collective: Lightning's DDP all_gather goes through the autograd-aware
-            # torch.distributed.nn.functional.all_gather, deprecated (a warning per process), which metrics need not.
+            # Not Lightning's DDP all_gather: its autograd-aware collective is deprecated (a warning per process).
             gathered = [torch.zeros_like(state) for _ in range(strategy.world_size)]
             torch.distributed.all_gather(gathered, state.contiguous())
             return gathered
         return list(strategy.all_gather(state).unbind(0))  # Horovod's allgather
 
     @property
-    def backbone(self) -> nn.Module:
-        """The pretrained part of a transfer-learning network (for `BackboneFinetuning`)."""
+    def backbone(self) -> nn.Module:  # a transfer-learning network's pretrained part, for `BackboneFinetuning`
         return self.network.backbone
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
@@ -170,7 +153,6 @@ class ClassificationModule(L.LightningModule):
         return self.network(inputs)
 
     def _step(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """The batch's loss and logits; the split's loss and accuracy updated and logged for its epoch."""
         inputs, labels = batch
         if self.input_shape is None:  # the first batch: a network made for other inputs is one line, not a traceback
             try:
@@ -197,7 +179,6 @@ class ClassificationModule(L.LightningModule):
         self.samples += len(batch[1])
         every = self.trainer.log_every_n_steps  # 0: no step-level curve, as in Lightning
         if self.loggers and every and (self.global_step + 1) % every == 0:
-            # The step-level curve, every log_every_n_steps optimizer steps, to every logger directly.
             for logger in self.loggers:
                 logger.log_metrics({"train_loss_step": loss.item()}, step=self.global_step)
         return loss
@@ -206,12 +187,9 @@ class ClassificationModule(L.LightningModule):
         self._step(batch, "val")
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        """The batch's logits, for callbacks' on_test_batch_end: the evaluation report's confusion matrix and most
-        confident mistakes (scripts/training/run_record.py EvaluationReport)."""
-        return self._step(batch, "test")[1].detach()
+        return self._step(batch, "test")[1].detach()  # the logits, for the evaluation report (run_record.py)
 
     def predict_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> list[tuple[str, float]]:
-        """(class name, probability) of the most likely class, one pair per input."""
         probabilities, indices = F.softmax(self(batch[0]), dim=1).max(dim=1)
         return [(self.class_names[i], p) for i, p in zip(indices.tolist(), probabilities.tolist())]
 
@@ -224,11 +202,10 @@ class ClassificationModule(L.LightningModule):
                 torch.cuda.synchronize(self.device)
             self.epoch_seconds = time.perf_counter() - self.epoch_started
 
-    # Lightning's tracking hands epoch metrics over with their epoch: BufferedMLFlowLogger logs them at step = epoch.
     def on_train_epoch_end(self) -> None:
         if not self.samples:  # no training step this epoch
             return
-        # compute() syncs the processes once; Lightning's own compute at the epoch's end reads the cached value.
+        # compute() syncs the processes once; Lightning's own, at the epoch's end, reads the cached value.
         values = {name: self.metrics[name].compute().item() for name in ("train_loss", "train_acc")}
         self.check_finite(values["train_loss"])  # before the epoch's checkpoints (the callbacks' hook comes after)
         if self.epoch_seconds > 0:  # the samples every process trained on (equal shares), per second
@@ -237,9 +214,8 @@ class ClassificationModule(L.LightningModule):
         self.train_epoch_metrics = {"epoch": self.current_epoch, "step": self.global_step - 1, "values": values}
 
     def check_finite(self, loss: float) -> None:
-        """Stops a fit whose epoch loss (over every process) or weights are no longer finite. Called at the epoch's end
-        before its checkpoints: no checkpoint of a NaN network is written, best.ckpt and last.ckpt keep the last finite
-        epoch. The loss goes to the loggers first, so the run shows it (as FAILED)."""
+        """Stops a fit whose epoch loss or weights are no longer finite, before the epoch's checkpoints (they keep the
+        last finite epoch); the run shows the loss."""
         weights_finite = bool(torch.stack([p.detach().isfinite().all() for p in self.parameters()]).all())
         if math.isfinite(loss) and weights_finite:
             return
@@ -251,8 +227,7 @@ class ClassificationModule(L.LightningModule):
             "and last.ckpt keep the last finite epoch, if any); lower model.optimizer.init_args.lr or check the data"
         )
 
-    # Lightning writes an epoch's checkpoints before it logs the epoch's training metrics: they travel in the
-    # checkpoint, and a fit resumed from it sends them (BufferedMLFlowLogger drops those its run has already).
+    # Lightning logs an epoch's training metrics after its checkpoints: they travel in them, for a resumed fit to send.
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.train_epoch_metrics is not None:
             checkpoint["train_epoch_metrics"] = self.train_epoch_metrics

@@ -19,7 +19,7 @@ configs that run on GPUs) and runs `python -m scripts.train fit --config TASK [-
 process. Azure ML hands the job's MLflow run over (MLFLOW_TRACKING_URI, MLFLOW_RUN_ID), so metrics, config and
 checkpoints land in the job; ./outputs is uploaded too. Checkpoints go to the job output `checkpoints`, mounted
 read-write: a job on low-priority nodes that Azure ML preempts and restarts resumes from its last.ckpt
-(scripts/training/checkpoints.py); `--tier spot` asks for such nodes, `--timeout` bounds the job, and `--shm_size`
+(scripts/training/resume.py); `--tier spot` asks for such nodes, `--timeout` bounds the job, and `--shm_size`
 (by default 1g per DataLoader worker of each process) sizes the container's /dev/shm. Registered assets
 (scripts.assets) replace the uploads: `--environment azureml:NAME:VERSION`, `--inputs+ OPTION=azureml:NAME:VERSION`.
 Several processes add configs/trainer/ddp.yaml with distribution `pytorch` (Azure ML starts one process per device

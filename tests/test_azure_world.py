@@ -129,7 +129,8 @@ def test_register_model_against_azure_like_tracking_loads_back_and_predicts_as_t
     import numpy as np
     import pandas as pd
 
-    from datamodules.penguins import ISLANDS, PenguinDataModule
+    from datamodules.penguins import PenguinDataModule
+    from datamodules.preprocessing.penguins import ISLANDS
     from lightning_modules.classifier import ClassificationModule
 
     (job_folder,) = node_checkouts(tmp_path, 1)

@@ -1,4 +1,4 @@
-"""What a resume checks (scripts/training/checkpoints.py check_resume) through the CLI: a resume with another config
+"""What a resume checks (scripts/training/resume.py check_resume) through the CLI: a resume with another config
 than the checkpoint's stops in one line before it touches anything, following its advice resumes, and what does not
 change the training (a newer release's option, the logging interval, more epochs) resumes in the same run; a fit that
 diverges stops in one line, keeps its last finite best.ckpt and last.ckpt and ends its run as failed. Stopped fits

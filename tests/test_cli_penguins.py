@@ -190,7 +190,8 @@ def test_fit_registers_the_best_network_as_a_pyfunc_with_its_class_names_and_pro
     import numpy as np
     import pandas as pd
 
-    from datamodules.penguins import ISLANDS, PenguinDataModule
+    from datamodules.penguins import PenguinDataModule
+    from datamodules.preprocessing.penguins import ISLANDS
     from lightning_modules.classifier import ClassificationModule
 
     outputs, stdout, best = fitted

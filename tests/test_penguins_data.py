@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from datamodules.errors import DataError
-from datamodules.penguins import COURSE_SCALE, ISLANDS, SPECIES, PenguinDataModule, read_penguins
+from datamodules.penguins import PenguinDataModule, read_penguins
+from datamodules.preprocessing.penguins import COURSE_SCALE, ISLANDS, SPECIES
 from tests.conftest import SHARED_DATA
 
 COURSE_CSV = SHARED_DATA / "penguins" / "penguins.csv"

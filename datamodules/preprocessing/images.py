@@ -231,6 +231,16 @@ def normalize_photos(images: np.ndarray) -> np.ndarray:
     return (images.astype(np.float32) / np.float32(255) - mean) / std
 
 
+def example_png() -> bytes:
+    """A 64 x 64 colour gradient as a PNG file: an image datamodule's default input example for its registered model."""
+    from PIL import Image
+
+    y, x = np.mgrid[0:64, 0:64]
+    buffer = io.BytesIO()
+    Image.fromarray(np.stack([x * 4, y * 4, (x + y) * 2], -1).astype(np.uint8)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 def photo_batch(state: dict, inputs: list[bytes], names: list[str]) -> np.ndarray:
     """Encoded photos (one name each, for messages) as the network's input batch (N, 3, S, S), S: image_size."""
     size = state["image_size"]

@@ -198,13 +198,13 @@ def repo_module(relative: str):
 
 
 def csv_checks():
-    """datamodules/preprocessing/penguins.py's CSV checks, predict's own (repo_module)."""
-    return repo_module("datamodules/preprocessing/penguins.py")
+    """datamodules/preprocessing/csv_files.py's CSV checks, predict's own (repo_module)."""
+    return repo_module("datamodules/preprocessing/csv_files.py")
 
 
 def csv_rows(body: bytes, where: str, max_rows: int | None):
     """A CSV's rows as a DataFrame, read as predict reads a CSV: its layout checked by the same code
-    (datamodules/preprocessing/penguins.py, which the model ships: columns separated by semicolons, a column the model
+    (datamodules/preprocessing/csv_files.py, which the model ships: columns separated by semicolons, a column the model
     reads named twice, a row with more values than the header; UTF-16 and a workbook named as such), so that the
     endpoint refuses what predict refuses, in the same words, rather than as 'missing columns' or a parser's reason.
     Empty fields past the header's (a trailing comma on each row) are dropped; row i is line i + 2 of the body, blank
@@ -222,8 +222,9 @@ def csv_rows(body: bytes, where: str, max_rows: int | None):
         text = body.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise RequestError(f"{where} is not a readable CSV (not UTF-8 text); send a CSV of penguin rows") from None
+    columns = repo_module("datamodules/preprocessing/penguins.py").SCHEMA_COLUMNS  # a column it reads named twice
     try:
-        header, header_line, rows = check_csv_layout(csv.reader(io.StringIO(text, newline="")), where)
+        header, header_line, rows = check_csv_layout(csv.reader(io.StringIO(text, newline="")), where, columns)
     except csv.Error as error:
         raise RequestError(f"{where} is not a readable CSV ({error}); send a CSV of penguin rows") from None
     except checks.DataError as error:

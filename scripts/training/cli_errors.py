@@ -1,6 +1,7 @@
-"""Which errors are a user's (`user_errors`: scripts.train prints them as one line), and one line for a command-line
-mistake that jsonargparse explains over many: the option, the value given and what fits; a --config file that is not
-valid YAML with its line and column. Every command prints these; loaded only when something went wrong.
+"""How scripts.train ends after an error (`exit_for`), which errors are a user's (`user_errors`: printed as one
+line), and one line for a command-line mistake that jsonargparse explains over many: the option, the value given and
+what fits; a --config file that is not valid YAML with its line and column. Every command prints these; loaded only
+when something went wrong.
 
     python -m scripts.train fit --config configs/penguins.yaml --trainer.max_epochs many   # one line, exit 1
 """
@@ -8,9 +9,12 @@ valid YAML with its line and column. Every command prints these; loaded only whe
 from __future__ import annotations
 
 import errno
+import os
 import re
+import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from jsonargparse import ArgumentError
 
@@ -98,6 +102,62 @@ def full_disk_line(error: BaseException) -> str | None:
             )
         cause = cause.__cause__ or cause.__context__
     return None
+
+
+def exit_for(error: BaseException, interrupted: bool, args: list[str], several: bool) -> None:
+    """scripts.train's end after `error`: exit status 130 for Ctrl-C (a shell's, not Lightning's 1), one line
+    `error: ...` and status 1 for a user's mistake (SystemExit's message: scripts.spark and the sweeps read it), told
+    to the other processes of the job when `several`; returns for the caller to raise anything else, a crash
+    included, which keeps its traceback (those waiting for it still get its line)."""
+    if isinstance(error, KeyboardInterrupt) or (interrupted and isinstance(error, SystemExit)):
+        sys.exit(128 + signal.SIGINT)
+    if isinstance(error, SystemExit):
+        if several and isinstance(error.code, str) and error.code.startswith("error: "):  # the CLI's own
+            tell_others(error.code.removeprefix("error: "), met=False)
+        return
+    if isinstance(error, ArgumentError):
+        stop_with(config_error_line(error, args), several)
+    if isinstance(error, BrokenPipeError):
+        # `predict ... | head -1`: the reader has gone. End quietly, as Unix tools do: no traceback, nor Python's
+        # "Exception ignored" when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(128 + signal.SIGPIPE)
+    if (line := error_line(error)) is not None:
+        stop_with(line, several)
+    if several:  # another process's stop may explain this one's error
+        from scripts.training.peer_errors import crash_line, peer_line
+
+        if line := peer_line(error):
+            sys.exit(f"error: {line}")
+        tell_others(crash_line(error), met=False)
+
+
+def stop_with(line: str, several: bool) -> NoReturn:
+    """Ends this process with `error: line`, and the other processes of its job with it."""
+    if several:
+        tell_others(line, met=True)
+    sys.exit(f"error: {line}")
+
+
+def tell_others(line: str, met: bool) -> None:
+    from scripts.training.early_stops import tell_others
+
+    tell_others(line, met)
+
+
+def error_line(error: BaseException) -> str | None:
+    """The one line `error` ends the command with: a user's mistake somewhere in its chain (jsonargparse wraps what a
+    class raises while it is built), or a full disk; None for anything else (a crash keeps its traceback)."""
+    cause: BaseException | None = error
+    ours = user_errors()
+    while cause is not None and not isinstance(cause, ours):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return full_disk_line(error)
+    message = str(cause).strip()
+    if "\n" in message:  # raised in a DataLoader worker: PyTorch re-raises it with the worker's traceback
+        message = message.splitlines()[-1].split(": ", 1)[-1]  # "datamodules.errors.DataError: <message>"
+    return message
 
 
 def user_errors() -> tuple[type[BaseException], ...]:

@@ -31,7 +31,7 @@ from datetime import timedelta
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
-from scripts.training.peer_errors import KEY, stopped_with
+from scripts.training.peer_errors import KEY, leave_line, stopped_with
 
 SEEN = "scripts.train/seen"  # how many processes have the line: rank 0 keeps the store until every one has it
 POLL_S = 0.2
@@ -132,6 +132,15 @@ def stop_watching() -> None:
     if watching is not None:
         watching.stop()
         watching = None
+
+
+def tell_others(line: str, met: bool) -> None:
+    """Gives the other processes of a job this process's last line: after they met (`met`), those in a collective
+    would end in gloo's traceback (peer_errors.py); before, they would wait for this one until torch.distributed's
+    timeout (`tell_unmet`). scripts.train calls it for a process that is not alone."""
+    if met:
+        leave_line(line)
+    tell_unmet(line)
 
 
 def tell_unmet(line: str) -> None:

@@ -53,6 +53,14 @@ def peer_line(error: BaseException) -> str | None:
     return stopped_with(line)
 
 
+def crash_line(error: BaseException) -> str:
+    """`Type: first line` of what `error` was raised from (jsonargparse wraps what a class's __init__ raised): what the
+    others end with when this process crashes."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+
+
 def stopped_with(line: str) -> str:
     """What a process that another's `rank N: line` stops says."""
     return f"{line} (this process stopped with it: the processes train together)"

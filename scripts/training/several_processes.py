@@ -2,6 +2,7 @@
 started this process or the Trainer runs more than one:
 
 - the launch checked against the Trainer (strategies/launch_check.py);
+- checkpoints read once, by global rank 0, for every process: nodes share no disk (`RankZeroCheckpointIO`);
 - SameStart, the one exchange at the start: same options, rank 0's own checks, same resume (same_start.py);
 - StopTogether: SIGTERM stops every process at the same point (sigterm.py);
 - the watch of torch.distributed's meeting, so that a process that stops before it ends the others (early_stops.py).
@@ -12,8 +13,14 @@ started this process or the Trainer runs more than one:
 
 from __future__ import annotations
 
-import lightning as L
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
+import lightning as L
+from lightning.pytorch.strategies import Strategy
+
+from scripts.training.checkpoints import WholeCheckpointIO
 from scripts.training.early_stops import watch
 from scripts.training.same_start import SameStart
 from scripts.training.sigterm import StopTogether
@@ -22,8 +29,41 @@ from strategies.launch_check import check_launch
 __all__ = ["SameStart", "install"]
 
 
-def install(trainer: L.Trainer, same_start: SameStart) -> None:
+class RankZeroCheckpointIO(WholeCheckpointIO):
+    """Global rank 0 reads a checkpoint for every process (which need not have the file) and broadcasts it."""
+
+    def __init__(self, strategy: Strategy) -> None:
+        super().__init__()
+        self.strategy = strategy
+
+    def load_checkpoint(
+        self,
+        path: str | Path,
+        map_location: Callable | None = lambda storage, loc: storage,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        if self.strategy.world_size == 1:
+            return super().load_checkpoint(path, map_location, weights_only)
+        loaded: tuple[dict | None, BaseException | None] = (None, None)
+        if self.strategy.is_global_zero:
+            try:  # on the CPU: the broadcast pickles it, and Lightning moves the state to each process's device
+                loaded = (super().load_checkpoint(path, "cpu", weights_only), None)
+            except Exception as error:
+                loaded = (None, error)
+        checkpoint, error = self.strategy.broadcast(loaded, src=0)
+        if error is not None:
+            raise error
+        return checkpoint
+
+
+def install(trainer: L.Trainer, cli) -> None:
+    """Into `trainer`, of the TemplateCLI `cli` (scripts/training/cli.py), whose `same_start` is made."""
+    same_start, config = cli.same_start, cli.config[cli.subcommand]
+    same_start.ckpt_path, same_start.checkpoint_dir = config.get("ckpt_path"), config.get("checkpoint_dir")
+    same_start.resumes = cli.resumes
     check_launch(trainer.num_devices, trainer.num_nodes)
+    if type(trainer.strategy.checkpoint_io) is WholeCheckpointIO:  # a user's own plugin is left alone
+        trainer.strategy.checkpoint_io = RankZeroCheckpointIO(trainer.strategy)
     trainer.callbacks.insert(0, same_start)  # first: before anything is restored, or the run's record touched
     trainer.callbacks.append(StopTogether())  # not in trainer.callbacks' option: a config's list would drop it
     watch()  # until the processes meet: one that stops before ends this one too

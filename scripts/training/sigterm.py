@@ -8,7 +8,7 @@ say), and all of them wait for good. A process signalled alone stops at its next
 Here the handler only takes note. Where every process passes in step (a training batch's start, the end of training,
 of a validation, of a test), they reduce their notes (max: any process signalled) and all raise Lightning's
 SIGTERMException there, together; scripts.train then exits 143. No epoch's checkpoints are cut short: last.ckpt is the
-end of the last finished epoch, and the same command resumes from it (scripts/training/checkpoints.py).
+end of the last finished epoch, and the same command resumes from it (scripts/training/resume.py).
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
-"""Which MLflow store and run a command logs to (Azure ML's run handover, MLFLOW_TRACKING_URI, a checked server, or the
-sqlite store outputs/mlflow.db, made safely by processes started together: `set_up_tracking`), and the MLflow logger
-the configs name: Lightning's, sending metrics in batches instead of per call, epoch metrics at step = epoch, and
-keeping the store to runs that measured something.
-
-Lightning's MLFlowLogger makes one `log_batch` call per `log_metrics`, a few per epoch, each milliseconds of
-SQLAlchemy on the local store and a network round trip on a server or in Azure ML. This one sends them at most every
-`flush_every_s` seconds and when the run ends (also when it fails or is interrupted: Lightning calls `finalize` then),
-1,000 per request, MLflow's limit. Those still unsent when a checkpoint is written travel in it (to a local store; a
-server is sent them first) and a fit resumed from it sends them: a fit killed outright (SIGKILL, a lost node) loses no
-metric of the epochs its last.ckpt holds. To a tracking server (`synchronous: false`, what scripts.train sets for one)
-a thread of its own (tracking_server.py's Sender) sends them, in order, and keeps what the server does not take to send
-it again when the server is back: an outage costs training no more than the wait of a checkpoint for the first failed
-request (at most CHECKPOINT_WAIT_S), and SIGTERM ends a fit within seconds. What is still unsent when the process ends
-is said lost in one line on stderr.
+"""Which MLflow store and run a command logs to (`set_up_tracking`), and the logger the configs name: Lightning's
+MLFlowLogger sending metrics in batches (Lightning's makes a request per `log_metrics`, each milliseconds of SQLAlchemy
+or a network round trip), epoch metrics at step = epoch, the store kept to runs that measured something
+(docs/tracking.md).
 
     python -m scripts.train fit --config configs/penguins.yaml --trainer.logger.init_args.flush_every_s 0
 """
@@ -31,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
-from urllib.parse import urlparse, urlsplit
+from urllib.parse import urlparse
 
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
@@ -44,25 +33,16 @@ HOST_TAG, PID_TAG = "template.host", "template.pid"  # the process a run of ours
 
 
 class BufferedMLFlowLogger(MLFlowLogger):
-    """
-    Args:
-        flush_every_s: most seconds between sends; 0 sends every call, as Lightning's logger does. What is unsent
-            when a checkpoint is written travels in it (scripts/training/cli.py TrackConfig), so a fit resumed from
-            it loses no metric.
-        epoch_as_step: metrics whose step Lightning picks (it adds their `epoch` then: every `self.log` flush) are
-            logged at step = epoch, so curves of runs with other batch sizes or process counts line up; a metric sent
-            with its own step (ClassificationModule's `train_loss_step`) keeps it. False: Lightning's optimizer step,
-            and `epoch` as a metric. A step-level `self.log(..., on_step=True)` would share its epoch's step: send
-            those directly.
-        *args, **kwargs: Lightning's `MLFlowLogger` (experiment_name, tracking_uri, run_id, ...); `log_model` true
-            uploads the newest best.ckpt and last.ckpt as the run's artifacts `best/` and `last/` when the run ends
-            or fails (Lightning's logger would upload those of one checkpoint callback only).
+    """Runs left RUNNING by a process of this host that is gone (SIGKILL) are ended KILLED (its runs carry the host and
+    process id). One it created that fails before measuring anything is deleted; one handed over (`run_id`) never is.
 
-    Runs it creates carry the host and process id as tags. When it creates a run, runs of this experiment still
-    RUNNING whose process on this host is gone (killed with SIGKILL, a lost machine) are ended as KILLED. A run it
-    created that fails before any metric was measured (a bad option met at set-up, a crash in the first step) is
-    deleted: the store keeps runs that trained or evaluated. A run handed over (`run_id`, Azure ML's job run) is never
-    deleted.
+    Args:
+        flush_every_s: most seconds between sends; 0 sends every call, as Lightning's logger. What is unsent when a
+            checkpoint is written travels in it (run_record.py), so a fit resumed from it loses no metric.
+        epoch_as_step: metrics whose step Lightning picks (every `self.log`: it adds their `epoch`) at step = epoch,
+            so that curves of other batch sizes or process counts line up. False: Lightning's optimizer step.
+        *args, **kwargs: Lightning's `MLFlowLogger`'s; `log_model` uploads the newest best.ckpt and last.ckpt as the
+            artifacts `best/` and `last/` at the run's end (Lightning's, those of one checkpoint callback only).
     """
 
     def __init__(self, *args, flush_every_s: float = 5.0, epoch_as_step: bool = True, **kwargs) -> None:
@@ -70,9 +50,8 @@ class BufferedMLFlowLogger(MLFlowLogger):
         self.store = kwargs.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
         kwargs["tags"] = {**(kwargs.get("tags") or {}), HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
         self.metric_prefix = kwargs.get("prefix", "")
-        # Not MLflow's asynchronous logging: its queue drops a batch the server does not take, and has no bounded wait.
-        self.sender = None
-        if kwargs.get("synchronous") is False:  # to a server (set_up_tracking)
+        self.sender = None  # not MLflow's asynchronous logging: it drops what the server does not take, waits unbounded
+        if kwargs.get("synchronous") is False:  # to a server (tracking_server.py)
             from scripts.training.tracking_server import Sender
 
             self.sender = Sender()
@@ -84,8 +63,7 @@ class BufferedMLFlowLogger(MLFlowLogger):
         self.measured = False  # any metric logged: a run worth keeping
         self.started = False  # its run exists: created here or handed over
         self.interrupted = False  # stopped by Ctrl-C (TrackConfig.on_exception): the run ends KILLED, not FAILED
-        self.flush_every_s = flush_every_s
-        self.epoch_as_step = epoch_as_step
+        self.flush_every_s, self.epoch_as_step = flush_every_s, epoch_as_step
         self._pending: list = []
         self._last_flush = time.monotonic()
         self._recorded: dict[str, int] = {}  # a continued run's last step of each metric it already has
@@ -117,59 +95,49 @@ class BufferedMLFlowLogger(MLFlowLogger):
         try:
             yield
         except Exception as error:
-            from scripts.training.cli_errors import full_disk_line
-            from scripts.training.tracking_server import TrackingError
+            from scripts.training.tracking_server import full_store
 
-            if full_disk_line(error) is None:
+            if (full := full_store(error, self.store)) is None:
                 raise
-            raise TrackingError(
-                f"{(self.store or '').removeprefix('sqlite:///')}: the MLflow store's disk is full; free space there, "
-                "or give --trainer.default_root_dir (or MLFLOW_TRACKING_URI) a store on another disk"
-            ) from None
+            raise full from None
+
+    def send(self, call: Callable[[], object], what: str, metrics: int = 0) -> None:
+        """`call` to the store: at once to a local one; to a server, in line behind what the Sender holds."""
+        if self.sender is not None:
+            self.sender.put(call, what, metrics)
+            return
+        with self.store_errors():
+            call()
 
     @rank_zero_only
     def flush(self, wait: bool = False, stop: Callable[[], bool] = lambda: False) -> None:
-        """Sends every pending metric now; `wait`: to a server, also waits until it has every metric sent so far, at
-        most CHECKPOINT_WAIT_S, not during an outage, and not once `stop()` (SIGTERM)."""
+        """`wait`: to a server, until it has every metric sent so far, at most CHECKPOINT_WAIT_S, not during an outage,
+        not once `stop()` (SIGTERM)."""
         pending, self._pending = self._pending, []
-        client = self.experiment
         with self.store_errors():
-            for start in range(0, len(pending), MAX_METRICS_PER_REQUEST):
-                chunk = pending[start : start + MAX_METRICS_PER_REQUEST]
-                if self.sender is None:
-                    client.log_batch(run_id=self.run_id, metrics=chunk)
-                else:
-                    self.sender.put(partial(client.log_batch, run_id=self.run_id, metrics=chunk), "metrics", len(chunk))
+            client = self.experiment
+        for start in range(0, len(pending), MAX_METRICS_PER_REQUEST):
+            chunk = pending[start : start + MAX_METRICS_PER_REQUEST]
+            self.send(partial(client.log_batch, run_id=self.run_id, metrics=chunk), "metrics", len(chunk))
         self._last_flush = time.monotonic()
         if wait and self.sender is not None:
             self.sender.wait(CHECKPOINT_WAIT_S, stop)
 
     def unsent(self) -> dict:
-        """The metrics not sent yet, for a checkpoint to carry (`resend` takes them back). One JSON string: a checkpoint
-        written every epoch of a short fit carries all its epochs' metrics so far, and torch.save pickles a list of
-        them object by object (a 100-epoch penguin fit: ~2,600 objects in its last checkpoint)."""
+        """The metrics not sent yet, for a checkpoint to carry (`resend` takes them back). One JSON string: torch.save
+        pickles a list object by object (a 100-epoch penguin fit's last checkpoint: ~2,600 objects)."""
         metrics = json.dumps([[m.key, m.value, m.timestamp, m.step] for m in self._pending])
         return {"run_id": self.run_id if self.started else None, "metrics": metrics}
 
     @rank_zero_only
     def resend(self, carried: dict) -> None:
-        """Queues the metrics a checkpoint carried (`unsent`) that its run does not have yet, before any new one; a
-        checkpoint of another run (a fit started from someone else's last.ckpt) brings none."""
-        from mlflow.entities import Metric
+        """Queues the metrics a checkpoint of this run carried (`unsent`) that the run does not have yet (resume.py)."""
+        from scripts.training.resume import resend
 
-        # self.run_id starts the run: a continued one then knows which steps of each metric it has (_recorded).
-        if not carried.get("metrics") or carried.get("run_id") != self.run_id:
-            return
-        metrics = carried["metrics"]
-        if isinstance(metrics, str):  # else a list, as checkpoints of earlier versions of this logger carry them
-            metrics = json.loads(metrics)
-        back = [Metric(key, value, timestamp, step) for key, value, timestamp, step in metrics]
-        self._pending[:0] = [m for m in back if m.step > self._recorded.get(m.key, -1)]
-        self.measured = self.measured or bool(self._pending)
+        resend(self, carried)
 
     def log_hyperparams(self, params) -> None:
-        """Nothing: the run's parameters are its resolved config, once, under its dotted names
-        (scripts/training/run_record.py); Lightning's would log the module's and datamodule's again under others."""
+        """Nothing: the run's parameters are its resolved config (run_record.py), not the module's again."""
 
     @property
     @rank_zero_experiment
@@ -179,12 +147,13 @@ class BufferedMLFlowLogger(MLFlowLogger):
             self.started = True
             if self._given_run_id is None:
                 self.end_killed_runs(client)
-            else:
+            else:  # a continued run: what a resumed fit trains again is not logged twice
+                from scripts.training.resume import recorded_steps
+
                 self._recorded = recorded_steps(client, self.run_id)
         return client
 
     def end_killed_runs(self, client) -> None:
-        """Ends as KILLED the runs of this experiment left RUNNING by a process of this host that is gone."""
         host = socket.gethostname().replace("'", "")
         running = client.search_runs(
             [self.experiment_id], f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{host}'", max_results=100
@@ -207,8 +176,7 @@ class BufferedMLFlowLogger(MLFlowLogger):
                 self._uploaded.add((path, Path(path).stat().st_mtime))
 
     @property
-    def handed_over(self) -> bool:
-        """Whether its run existed before this process (`run_id`: a resumed fit's, Azure ML's job run)."""
+    def handed_over(self) -> bool:  # its run existed before this process (`run_id`: a resumed fit's, Azure ML's)
         return self._given_run_id is not None
 
     @rank_zero_only
@@ -224,43 +192,13 @@ class BufferedMLFlowLogger(MLFlowLogger):
             (partial(MLFlowLogger.finalize, self, end), f"the run's end ({end})"),
         ]
         if status == "failed" and not self.measured:
-            calls.append((self.delete_record, "the deletion of a run that measured nothing"))
-        if self.sender is None:
-            with self.store_errors():
-                for call, _ in calls:
-                    call()
-            return
-        for call, what in calls:  # after the metrics, in order; not waited for during an outage
-            self.sender.put(call, what)
-        self.sender.wait(FINAL_WAIT_S if status == "success" else 2.0, through_outage=True)
+            from scripts.training.failed_runs import delete_record
 
-    def end_failed(self) -> None:
-        """Ends the run FAILED after Lightning ended it FINISHED (a fit that trained no step), in line behind what
-        the sender still holds, like every other call to a server."""
-        call = partial(self.experiment.set_terminated, self.run_id, "FAILED")
-        if self.sender is None:
-            with self.store_errors():
-                call()
-            return
-        self.sender.put(call, "the run's end (failed)")
-        self.sender.wait(2.0, through_outage=True)
-
-    def delete_record(self) -> None:
-        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
-
-        artifact_uri = self.experiment.get_run(self.run_id).info.artifact_uri
-        get_artifact_repository(artifact_uri).delete_artifacts()
-        if artifact_uri.startswith("file:"):  # the run's own folder in a local artifact store
-            with contextlib.suppress(OSError):
-                Path(urlsplit(artifact_uri).path).parent.rmdir()
-        self.experiment.delete_run(self.run_id)  # out of every view; `mlflow gc` removes it from the store
-
-
-def recorded_steps(client, run_id: str) -> dict[str, int]:
-    """The last step of each metric `run_id` has. A fit resumed from last.ckpt (a restarted Azure ML job) trains
-    again what came after that checkpoint, and may have sent some of it before it stopped: no step is logged twice."""
-    metrics = client.get_run(run_id).data.metrics
-    return {key: max(m.step for m in client.get_metric_history(run_id, key)) for key in metrics}
+            calls.append((partial(delete_record, self), "the deletion of a run that measured nothing"))
+        for call, what in calls:  # after the metrics, in order; to a server, not waited for during an outage
+            self.send(call, what)
+        if self.sender is not None:
+            self.sender.wait(FINAL_WAIT_S if status == "success" else 2.0, through_outage=True)
 
 
 def process_alive(pid: int) -> bool:
@@ -273,25 +211,17 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-# ---- which store and run: set up before the logger is built ----
-
-
 def set_up_tracking(args, outputs: Path, subcommand: str, first_process: bool) -> None:
-    """The MLflow logger's store, run and name: what Azure ML hands over (MLFLOW_TRACKING_URI, MLFLOW_RUN_ID), the
-    user's server, or outputs/mlflow.db; checked before the run starts. `first_process`: this process alone, or global
-    rank 0, says what it chose."""
+    """The logger's store, run and name, checked before the run starts; `first_process` says what it chose."""
     from_environment = os.environ.get("MLFLOW_TRACKING_URI")
     if args.tracking_uri is None:  # Lightning's logger defaults to MLFLOW_TRACKING_URI as it was at import
         args.tracking_uri = from_environment
     given = args.tracking_uri == from_environment
     source = "MLFLOW_TRACKING_URI" if given else "--trainer.logger.init_args.tracking_uri"
     if args.tracking_uri is not None:
-        from scripts.training.tracking_server import check_tracking_uri, credentials_out_of_uri
+        from scripts.training.tracking_server import use_given_store
 
-        args.tracking_uri = credentials_out_of_uri(args.tracking_uri)
-        if "MLFLOW_TRACKING_URI" in os.environ:  # what MLflow itself and processes started from this one read
-            os.environ["MLFLOW_TRACKING_URI"] = credentials_out_of_uri(os.environ["MLFLOW_TRACKING_URI"])
-        check_tracking_uri(args.tracking_uri, source)
+        use_given_store(args, source)
     else:
         args.tracking_uri = f"sqlite:///{outputs / 'mlflow.db'}"
         if args.artifact_location is None:  # else MLflow puts artifacts in ./mlruns
@@ -310,34 +240,10 @@ def set_up_tracking(args, outputs: Path, subcommand: str, first_process: bool) -
         args.run_name = f"{subcommand}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}"
     if urlparse(args.tracking_uri).scheme == "sqlite":
         open_sqlite_store(args.tracking_uri)
-        return
-    from scripts.training.tracking_server import HTTP_LIMITS
-
-    for name, value in HTTP_LIMITS.items():  # also in the processes started from this one
-        os.environ.setdefault(name, value)
-    if args.synchronous is None:
-        # A server (or Azure ML's tracking) costs a network round trip per logged batch of metrics: queue them
-        # instead; ending the run drains the queue. Local sqlite stays synchronous: there the queue's threads only
-        # add GIL contention.
-        args.synchronous = False
-
-
-def existing_run(tracking_uri: str, run_id: str | None) -> str | None:
-    """`run_id` if that run is in the store at `tracking_uri` (a --checkpoint_dir may have come from another store)."""
-    if run_id is None:
-        return None
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return run_id if MlflowClient(tracking_uri).get_run(run_id).info.lifecycle_stage == "active" else None
-    except MlflowException:
-        return None
 
 
 def is_mlflow_logger(logger) -> bool:
-    """Whether the config's logger is Lightning's MLFlowLogger or a subclass (ours, a user's): those get the tracking
-    set-up, Azure ML's run handover included."""
+    """Whether the config's logger is Lightning's MLFlowLogger or a subclass: those get the tracking set-up."""
     class_path = getattr(logger, "class_path", None)
     if not class_path:
         return False
@@ -347,9 +253,8 @@ def is_mlflow_logger(logger) -> bool:
 
 
 def open_sqlite_store(tracking_uri: str) -> None:
-    """Opens (and, if new, creates) the sqlite MLflow store before anything else does, one process at a time: processes
-    started together (torchrun, mpirun, horovodrun) each build the logger, whose MLflow client makes the tables of a
-    new store, and two at once collide. MLflow keeps the store open per URI: the logger's client finds it ready."""
+    """Opens (and, if new, creates) the sqlite store one process at a time: processes started together would make a
+    new store's tables at once, and collide. MLflow keeps it open per URI: the logger's client finds it ready."""
     from filelock import FileLock
     from mlflow import MlflowClient
 

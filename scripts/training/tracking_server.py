@@ -1,6 +1,7 @@
 """What a run tracked to a server needs and a run tracked to the local sqlite store does not: the URI's checks before
 the run starts (a plain-file store, a server that does not answer, Databricks without credentials, credentials inside
-the URI), the HTTP limits MLflow gets, and the thread that sends the logger's calls to the server (`Sender`).
+the URI), the HTTP limits MLflow gets, and the thread that sends the logger's calls to the server (`Sender`); and the
+line for any store on a full disk (`full_store`).
 scripts.train loads it when a tracking URI is given (MLFLOW_TRACKING_URI, Azure ML's jobs, or
 `--trainer.logger.init_args.tracking_uri`):
 
@@ -19,19 +20,49 @@ from collections.abc import Callable, MutableMapping
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 
-# MLflow's own defaults retry a request for ~4 min (7 retries, backoff factor 2) of up to 120 s each. A run tracked to a
-# server gets these unless the environment sets them: one request then takes at most 3 x 10 s plus ~6 s of backoff.
 class TrackingError(Exception):
     """A tracking store that cannot work (a file store, a server that does not answer, a full disk); the message says
     what to do."""
 
 
 RETRY_EVERY_S = 5.0  # between a Sender's attempts while the server does not answer
+# MLflow's own defaults retry a request for ~4 min (7 retries, backoff factor 2) of up to 120 s each. A run tracked to a
+# server gets these unless the environment sets them: one request then takes at most 3 x 10 s plus ~6 s of backoff.
 HTTP_LIMITS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
 }
+
+
+def full_store(error: BaseException, store: str | None) -> TrackingError | None:
+    """One line naming the store, for `error` of a store on a full disk; None for another error."""
+    from scripts.training.cli_errors import full_disk_line
+
+    if full_disk_line(error) is None:
+        return None
+    return TrackingError(
+        f"{(store or '').removeprefix('sqlite:///')}: the MLflow store's disk is full; free space there, or give "
+        "--trainer.default_root_dir (or MLFLOW_TRACKING_URI) a store on another disk"
+    )
+
+
+def use_given_store(args, source: str) -> None:
+    """The logger's arguments `args` for the store a user or Azure ML gave (named by `source`): checked, its credentials
+    out of the URI and, for a server, MLflow's HTTP limits and sending by a thread of the logger's own."""
+    args.tracking_uri = credentials_out_of_uri(args.tracking_uri)
+    if "MLFLOW_TRACKING_URI" in os.environ:  # what MLflow itself and processes started from this one read
+        os.environ["MLFLOW_TRACKING_URI"] = credentials_out_of_uri(os.environ["MLFLOW_TRACKING_URI"])
+    check_tracking_uri(args.tracking_uri, source)
+    if urlsplit(args.tracking_uri).scheme == "sqlite":
+        return
+    for name, value in HTTP_LIMITS.items():  # also in the processes started from this one
+        os.environ.setdefault(name, value)
+    if args.synchronous is None:
+        # A server (or Azure ML's tracking) costs a network round trip per logged batch of metrics: queue them
+        # instead; ending the run drains the queue. Local sqlite stays synchronous: there the queue's threads only
+        # add GIL contention.
+        args.synchronous = False
 
 
 def check_tracking_uri(uri: str, source: str, timeout_s: float = 5.0) -> None:

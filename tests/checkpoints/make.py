@@ -166,7 +166,7 @@ def make(task: str, folder: Path) -> Path:
     best, target = folder / "checkpoints" / "best.ckpt", HERE / f"{task}.ckpt"
     if task in ("birds", "digits_folder"):
         written = torch.load(best, map_location="cpu", weights_only=False)
-        buffer = io.BytesIO()  # as Lightning writes one (scripts/training/checkpoints.py RankZeroCheckpointIO)
+        buffer = io.BytesIO()  # as Lightning writes one (scripts/training/checkpoints.py WholeCheckpointIO)
         torch.save(shared_storages(written, "network.backbone."), buffer)
         target.write_bytes(buffer.getvalue())
         if not same(torch.load(target, weights_only=False), torch.load(best, weights_only=False)):

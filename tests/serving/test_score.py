@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from datamodules.mnist import MNISTDataModule
-from datamodules.preprocessing.penguins import SAVE_AS
+from datamodules.preprocessing.csv_files import SAVE_AS
 from scripts.score import Model, ModelError, load_model
 from scripts.serving.mlflow_model import ExportError, save_model, serving_inputs
 from scripts.serving.pyfunc_model import InputError
@@ -178,7 +178,7 @@ BAD_ROWS = [  # (body, content type, status, the message's start)
     (LIST_SPLIT, "application/json", 400, "input_data: send a DataFrame in pandas' split orientation"),
     # true in a split's measurement (read as 1): named as a bool, not as a measurement far outside the training data's
     (BOOL_SPLIT, "application/json", 400, "request: row 1, column flipper_length_mm: a bool (True); give one string"),
-    # What predict's reader refuses (datamodules/preprocessing/penguins.py), refused alike: not as 'missing columns',
+    # What predict's reader refuses (datamodules/preprocessing/csv_files.py), refused alike: not as 'missing columns',
     # a parser's reason or the wrong line.
     (SEMICOLONS, "text/csv", 400, f"request body: its columns are separated by ';', not commas; {SAVE_AS}"),
     (UTF_16, "text/csv", 400, "request body is not a readable CSV (not UTF-8 text): UTF-16 text, not UTF-8; save"),
@@ -305,7 +305,7 @@ def test_batch_scoring_answers_the_complete_rows_and_names_the_incomplete_ones_a
 def test_the_csv_checks_are_the_scripts_own_not_an_older_models(penguins, monkeypatch):
     """The server puts the model's code first on sys.path: a model registered before the checks were shared ships a
     datamodules/preprocessing/penguins.py without them, and importing them from there failed every CSV request."""
-    import datamodules.preprocessing.penguins as shipped
+    import datamodules.preprocessing.csv_files as shipped
 
     monkeypatch.delattr(shipped, "check_csv_layout")
     status, answer = post(penguins, MASS_TWICE, "text/csv", monkeypatch)
@@ -314,7 +314,7 @@ def test_the_csv_checks_are_the_scripts_own_not_an_older_models(penguins, monkey
 
 def test_batch_scoring_refuses_a_csv_predict_refuses_in_one_line(penguins, tmp_path):
     """A semicolon CSV, UTF-16 text, a workbook, a column named twice: one line naming the file and the fix, as
-    predict says it (datamodules/preprocessing/penguins.py), not 'missing columns' or a decoder's reason."""
+    predict says it (datamodules/preprocessing/csv_files.py), not 'missing columns' or a decoder's reason."""
     from scripts.score import main
 
     cases = {
