@@ -210,7 +210,10 @@ def test_a_file_whose_name_a_jobs_shell_would_split_is_one_line_not_an_asset_no_
         (["data", "pen guins", "data/penguins.csv", "--version", "1"], "name 'pen guins': Azure ML refuses it; give"),
         (["data", "azureml:penguins", "x.csv", "--version", "1"], "name 'azureml:penguins': Azure ML refuses it"),
         (["data", "penguins", "configs/examples/penguins.csv", "--version", "v3"], "--version 'v3': give a number"),
-        (["data", "penguins", "configs/examples/penguins.csv"], "--version '': give a number, e.g. --version 3"),
+        (["data", "penguins", "configs/examples/penguins.csv"],  # was "--version '': give a number"
+         "--version is missing: give the version to create, a number, e.g. --version 3 (versions are immutable: "
+         "changed data is the next one)"),
+        (["environment", "serving"], "--version is missing: give the version to create, a number, e.g. --version 3"),
         (["data", "penguins", "configs/examples/penguins.csv", "--version", "03"],
          "--version '03': give it as 3 (Azure ML would keep '03' and '3' as two versions)"),
         (["environment", "serving", "--version", "00"], "--version '00': give it as 0 (Azure ML would keep '00' and"),
