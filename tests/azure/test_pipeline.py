@@ -276,7 +276,7 @@ LIGHTNING = pytest.mark.slow
          "--name 'Penguins-v2': Azure ML refuses it as a component name's start"),
         (["configs/penguins.yaml", "--compute", "c", "--model_name", "my/model"], "--model_name 'my/model': Azure ML"),
         (["configs/penguins.yaml", "--compute", "c", "--tier", "cheap"], "--tier: 'cheap' is not a valid value"),
-        (["configs/penguins.yaml", "--compute", "c", "--components", "true"], "--version '': give a number"),
+        (["configs/penguins.yaml", "--compute", "c", "--components", "true"], "--version is missing: give the version to create"),
         (["configs/penguins.yaml", "--compute", "c", "--version", "2"], "--version is the components' version"),
         (["configs/penguins.yaml", "--local", "true", "--dry_run", "true"], "--local true runs the pipeline here"),
         (["configs/penguins.yaml", "--local", "true", "--local_dir", "README.md/runs", "--score_data", str(PENGUINS)],
@@ -638,6 +638,25 @@ def test_an_mltable_a_pipeline_cannot_use_is_one_line(args, line, penguin_mltabl
     result = run_module("scripts.pipeline", *args, "--compute", "cpu", "--dry_run", "true")
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: {line}"), result.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("args", "line", "fixes"),
+    [
+        (["--data", str(PENGUINS)], "data.init_args.label", '--train_args "--data.init_args.label VALUE"'),
+        (["--score_data", str(PENGUINS)], "data.init_args.csv_path and data.init_args.label",
+         '--data PATH and --train_args "--data.init_args.label VALUE"'),
+    ],
+)  # fmt: skip
+def test_a_table_pipeline_without_its_data_or_label_is_one_line_naming_the_options(args, line, fixes):
+    """Its dry run printed a pipeline whose train step would fail on Azure, at the datamodule's check of its
+    arguments, and ended 0."""
+    result = run_module("scripts.pipeline", "configs/table.yaml", *args, "--compute", "cpu", "--dry_run", "true")
+    assert (result.returncode, result.stdout) == (1, ""), result.stderr[-2000:]
+    (error,) = result.stderr.strip().splitlines()
+    assert error.startswith(f"error: configs/table.yaml leaves {line} unset, and the job's fit would stop at its "
+                            "start: the table task needs data.init_args.csv_path")  # fmt: skip
+    assert error.endswith(f"; give {fixes}")
 
 
 @pytest.mark.slow

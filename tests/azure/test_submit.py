@@ -262,6 +262,33 @@ def test_a_data_path_of_the_config_or_train_args_the_jobs_code_leaves_out_is_one
     assert yaml.safe_load(text)["command"].endswith(f"--{option} ${{{{inputs.{name}}}}}")
 
 
+TABLE_NEEDS = (
+    "and the job's fit would stop at its start: the table task needs data.init_args.csv_path"  # its datamodule's line
+)
+NO_TABLE = "error: configs/table.yaml leaves data.init_args.csv_path and data.init_args.label unset, " + TABLE_NEEDS
+
+
+@pytest.mark.parametrize(
+    ("given", "line"),
+    [
+        ([], NO_TABLE),
+        (["--inputs+", "data.init_args.csv_path=azureml:churn:2,type=uri_file"],
+         "error: configs/table.yaml leaves data.init_args.label unset, " + TABLE_NEEDS),
+        (["--sweep", "configs/sweeps/table.yaml"], NO_TABLE),  # extra: sweeps
+    ],
+)  # fmt: skip
+def test_a_table_job_without_its_data_or_label_is_one_line_naming_the_options(given, line, capsys):
+    """A dry run of configs/table.yaml with no table, or no label column, printed a job's YAML and ended 0: the job
+    would have failed on Azure, after its image build, at the datamodule's own check of its arguments."""
+    with pytest.raises(SystemExit) as exit:
+        main(["configs/table.yaml", "--compute", "c", "--dry_run", "true", *given])
+    fixes = '--train_args "--data.init_args.label VALUE"'
+    if "csv_path and" in line:
+        fixes = f"--inputs+ data.init_args.csv_path=PATH and {fixes}"
+    assert str(exit.value.code).startswith(line) and str(exit.value.code).endswith(f"; give {fixes}"), exit.value.code
+    assert "\n" not in str(exit.value.code) and capsys.readouterr().out == ""
+
+
 def test_dry_run_prints_yaml_that_load_job_reads_back(tmp_path, capsys):
     from azure.ai.ml import load_job
 
