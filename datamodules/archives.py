@@ -100,5 +100,21 @@ def extract(source: Path, folder: Path, archive: str) -> None:
         raise damaged(archive, error) from None
 
 
+def file_as_data_dir(path: Path) -> DataError:
+    """The one line for a file given as data_dir: an archive (by its bytes) is to be given as `archive`, with the
+    folder to extract it into; any other file is no folder of images."""
+    kind = "zip" if zipfile.is_zipfile(path) else "tar" if tarfile.is_tarfile(path) else None
+    if kind is None:
+        return DataError(
+            f"{path}: a file, not a folder; give data.init_args.data_dir a folder of labelled images (a folder of "
+            "images per class, or train/ and val/ of them)"
+        )
+    folder = path.parent / (path.name.split(".")[0] or "images")  # my_photos.tar.gz: my_photos
+    return DataError(
+        f"{path}: a {kind} archive, not a folder; give it as data.init_args.archive {path}, and "
+        f"data.init_args.data_dir the folder to extract it into (e.g. {folder})"
+    )
+
+
 def damaged(archive: str, error: BaseException) -> DataError:
     return DataError(f"{archive}: damaged or cut short ({error}); download it again")

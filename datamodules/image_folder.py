@@ -139,6 +139,10 @@ class ImageFolderDataModule(ClassificationDataModule):
         """Makes sure data_dir exists, extracting the archive when it does not (idempotent, atomic)."""
         if self.root.is_dir() and any(self.root.iterdir()):
             return
+        if self.root.is_file():  # before the archive: the config's (the tutorial's URL) is not what the user gave
+            from datamodules.archives import file_as_data_dir
+
+            raise file_as_data_dir(self.root)
         if self.hparams.archive is not None:
             from datamodules.archives import fetch_archive  # only the first fit on a machine extracts
 

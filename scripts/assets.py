@@ -54,17 +54,29 @@ def create(assets: list[Asset], options: DryRun) -> str:
         return "---\n".join(texts)
     from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
 
+    from scripts.azure_ml.storage import check_storage, upload_failure
+
     client = workspace_client(*options.workspace_ids())
     try:
+        uploads = [asset.path for asset in assets if asset.kind == "data"]
+        check_storage(
+            client, uploads, "or run this command on a machine that reaches it (an Azure ML compute instance)"
+        )
         for asset, entity in zip(assets, entities):
             operations = client.data if asset.kind == "data" else client.environments
             created = operations.create_or_update(entity)
             print(f"created {asset.kind} azureml:{created.name}:{created.version}")
     except ClientAuthenticationError:
         raise AssetError(not_signed_in("register")) from None
-    except HttpResponseError as error:  # e.g. the version exists with other content: versions are immutable
-        message = service_line(error)
-        raise AssetError(f"Azure ML refused {asset.reference}: {message}; give the next --version") from None
+    except Exception as error:
+        if line := upload_failure(error):  # the storage, not Azure ML, out of this machine's reach
+            raise AssetError(line) from None
+        if not isinstance(error, HttpResponseError):
+            raise
+        # e.g. the version exists with other content: versions are immutable
+        raise AssetError(
+            f"Azure ML refused {asset.reference}: {service_line(error)}; give the next --version"
+        ) from None
     return " ".join(asset.reference for asset in assets)
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from scripts.azure_ml.errors import SubmitError, service_line
 from scripts.azure_ml.job_configs import cpu_image_note
+from scripts.azure_ml.job_inputs import is_local
 from scripts.azure_ml.options import JobOptions, Workspace, run_command
 from scripts.azure_ml.submission import submit_job
 from scripts.azure_ml.workspace import check_cluster_size, check_workspace_ids, not_signed_in, workspace_client
@@ -134,8 +135,10 @@ def pipeline(
     client = workspace_client(*options.workspace_ids())
     check_cluster_size(client, plan.compute, nodes)  # the train step's (each trial's); the others run on one node
     steps = [step.trial if step.type == "sweep" else step.component for step in job.jobs.values()]
+    given = (("--data", data), ("--test_data", test_data), ("--score_data", score_data))
+    uploads = [f"{option} {value}" for option, value in given if value and is_local(value.split(",")[0])]
     try:
-        return submit_job(client, job, steps, stream)
+        return submit_job(client, job, steps, stream, uploads)
     except MlException as error:  # the SDK's checks against the workspace, e.g. a compute it does not have
         raise SubmitError(f"Azure ML refused the pipeline: {refusal(str(error))}") from None
 
@@ -147,8 +150,8 @@ def refusal(text: str) -> str:
     try:
         error = json.loads(text)["errors"][0]
     except (ValueError, KeyError, IndexError, TypeError):
-        return text.strip().splitlines()[0]
-    message = str(error.get("message", "")).strip().splitlines()[0]
+        return service_line(Exception(text))  # its first line that holds text, without the SDK's colour codes
+    message = service_line(Exception(str(error.get("message", ""))))
     return f"{error.get('path')} {error.get('value')}: {message}"
 
 

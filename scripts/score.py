@@ -14,8 +14,8 @@ downloads or converts one): the MLflow model `--register_model` writes (scripts/
 knows a task, and nothing imports torch or Lightning: it runs in the serving environment (.venv-serve).
 
 Requests (POST /score):
-- rows (penguins): JSON, one row as an object or several as a list of objects, in the datamodule's column names
-  (penguins: either CSV schema's, island, bill_length_mm, ... or Island, CulmenLength, ...); or a CSV body
+- rows (penguins, any table): JSON, one row as an object or several as a list of objects, in the datamodule's column
+  names (penguins: either CSV schema's, island, bill_length_mm, ... or Island, CulmenLength, ...); or a CSV body
   (Content-Type: text/csv).
 - images (MNIST digits, birds): files in a multipart form (`curl -F image=@a.jpg`), the bytes of one image as the
   body (Content-Type: image/jpeg, image/png, application/octet-stream), or JSON `{"images": [BASE64, ...]}` (or
@@ -228,7 +228,7 @@ def read_request(model: Model, request) -> tuple[object, list[str]]:
         if mimetype in ("text/csv", "application/csv"):
             rows = bodies.csv_rows(bodies.body_of(request, limit, too_large), "request body", MAX_ROWS)
             if rows.empty:  # as JSON's [] is refused: an answer of no predictions would look like one
-                raise RequestError("request body has a CSV header and no rows; send one penguin a line below it")
+                raise RequestError("request body has a CSV header and no rows; send one row a line below it")
             return row_inputs(model, rows, lambda i: f"line {i + 2}")
         if mimetype not in ("application/json", "", FORM):
             raise RequestError(f"Content-Type {mimetype}: send rows as application/json (or text/csv)", 415)
@@ -290,7 +290,7 @@ def score_files(model: Model, source: Path, chunk: int, skipped: list[str] | Non
             raise RequestError(f"{source}: a folder; this model scores rows: give a CSV file of them")
         frame = bodies.csv_rows(source.read_bytes(), str(source), max_rows=None)
         if frame.empty:  # as a request's CSV and predict's: no predictions and exit 0 would look like a scored file
-            raise RequestError(f"{source}: a CSV header and no rows; put one penguin a line below it")
+            raise RequestError(f"{source}: a CSV header and no rows; put one row a line below it")
         frame = complete_rows(model, frame, source, skipped)
         answers = []
         for start in range(0, len(frame), chunk):
@@ -359,7 +359,7 @@ def main(args: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(prog="python -m scripts.score", description=main.__doc__)
     parser.add_argument("model_dir", help="an MLflow model folder (AZUREML_MODEL_DIR), e.g. outputs/serving/<name>")
-    parser.add_argument("input", help="a CSV of penguins, or a folder (or file) of images")
+    parser.add_argument("input", help="a CSV of rows, or a folder (or file) of images")
     parser.add_argument("--output", help="write the CSV here (a folder: predictions.csv in it) instead of stdout")
     parser.add_argument("--chunk", type=int, default=None, help="inputs per batch (default: the request limits)")
     options = parser.parse_args(args)
@@ -367,7 +367,7 @@ def main(args: list[str] | None = None) -> None:
     skipped: list[str] = []
     try:
         if not source.exists():
-            raise ModelError(f"{source}: no such file or folder; give a CSV of penguins or a folder of images")
+            raise ModelError(f"{source}: no such file or folder; give a CSV of rows or a folder of images")
         target = writable(Path(options.output)) if options.output else None
         loaded = load_model(options.model_dir)
         most = CHUNKS[loaded.kind]

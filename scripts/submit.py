@@ -38,6 +38,7 @@ import sys
 from scripts.azure_ml.assets import default_kind
 from scripts.azure_ml.errors import SubmitError, sweeps_for_azure
 from scripts.azure_ml.job_configs import GPU_ACCELERATORS, accelerator_of, cpu_image_note
+from scripts.azure_ml.job_inputs import is_local
 from scripts.azure_ml.jobs import build_job
 from scripts.azure_ml.options import JobOptions, run_command
 from scripts.azure_ml.submission import submit_job
@@ -110,7 +111,8 @@ def submit(task: str, inputs: list[str] | None = None, **given) -> str:
         return print_or_write_yaml(job, as_yaml, yaml_file)
     client = workspace_client(*options.workspace_ids())
     check_cluster_size(client, job.compute, nodes)  # before the code and environment go up
-    return submit_job(client, job, [job.trial if sweep else job], options.stream)
+    uploads = [f"--inputs+ {item}" for item in inputs or [] if is_local(item.partition("=")[2].split(",")[0])]
+    return submit_job(client, job, [job.trial if sweep else job], options.stream, uploads)
 
 
 def main(args: list[str] | None = None) -> None:

@@ -688,10 +688,11 @@ CASES = [
     # extra: serving
     # ---- batch scoring (python -m scripts.score) with a penguin model made from a checkpoint by scripts.serve ----
     Case("score-empty-csv", ["{penguins_model}", "{user}/empty.csv"],
-         "error: {user}/empty.csv is empty: send a CSV whose first line names the columns, one penguin a line",
+         "error: {user}/empty.csv is empty: send a CSV whose first line names the columns, one row a line",
          module="scripts.score"),
     Case("score-binary-csv", ["{penguins_model}", "{user}/garbage.csv"],
-         "error: {user}/garbage.csv is not a readable CSV (not UTF-8 text); send a CSV of penguin rows",
+         "error: {user}/garbage.csv is not a readable CSV (not UTF-8 text); send a CSV of rows in the data's column "
+         "names",
          module="scripts.score"),
     Case("score-extra-values", ["{penguins_model}", "{user}/extra_values.csv"],
          "error: {user}/extra_values.csv: line 2 has 6 values, the header names 5 columns (Island, CulmenLength, "

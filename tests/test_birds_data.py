@@ -506,6 +506,45 @@ def test_archive_that_does_not_exist(tmp_path):
     assert not (tmp_path / "birds").exists()
 
 
+TUTORIAL_ZIP = "https://azureopendatastorage.blob.core.windows.net/testpublic/temp/fowl_data.zip"  # configs/birds.yaml
+
+
+@pytest.mark.parametrize("kind", ["zip", "tar.gz", "tar"])
+@pytest.mark.parametrize("archive", [TUTORIAL_ZIP, None], ids=["birds-config", "no-archive"])
+def test_an_archive_given_as_data_dir_is_one_line_saying_to_give_it_as_archive(tmp_path, kind, archive):
+    """A zip given as data_dir was 'a file, not a folder; give data_dir a folder to extract <the tutorial's URL>
+    into' with the birds config (whose archive that is), and 'no such folder' without an archive."""
+    source = bird_folders(tmp_path / "fowl_data", count=2)
+    given = tmp_path / f"my_photos.{kind}"
+    if kind == "zip":
+        with zipfile.ZipFile(given, "w") as zf:
+            for path in sorted(source.rglob("*")):
+                zf.write(path, path.relative_to(tmp_path))
+    else:
+        with tarfile.open(given, "w:gz" if kind == "tar.gz" else "w") as tar:
+            tar.add(source, "fowl_data")
+    before = given.read_bytes()
+    with pytest.raises(DataError) as error:
+        _ = birds_data(given, archive=archive).class_names
+    assert str(error.value) == (
+        f"{given}: a {'zip' if kind == 'zip' else 'tar'} archive, not a folder; give it as data.init_args.archive "
+        f"{given}, and data.init_args.data_dir the folder to extract it into (e.g. {tmp_path / 'my_photos'})"
+    )
+    assert given.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["fowl_data", given.name]
+
+
+@pytest.mark.parametrize("archive", [TUTORIAL_ZIP, None], ids=["birds-config", "no-archive"])
+def test_a_file_given_as_data_dir_is_no_folder_and_no_archive(tmp_path, archive):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    with pytest.raises(DataError) as error:
+        _ = birds_data(notes, archive=archive).class_names
+    assert str(error.value) == (
+        f"{notes}: a file, not a folder; give data.init_args.data_dir a folder of labelled images (a folder of "
+        "images per class, or train/ and val/ of them)"
+    )
+
+
 def damage(tmp_path: Path, kind: str) -> Path:
     """A bird archive spoiled as downloads and copies spoil them."""
     source = bird_folders(tmp_path / "fowl_data", count=2)

@@ -176,6 +176,44 @@ def test_photographed_digits_become_mnist_s_white_on_black_judged_by_the_digit_n
         assert np.array_equal(made, digits.astype(np.uint8))
 
 
+def framed_picture(digit, size: int, paper: int, frame: int):
+    """One of MNIST's digits (uint8 28 x 28) as a bold dark digit drawn `size` pixels high on paper of grey `paper`,
+    inside a frame of grey `frame` 20 pixels wide, as a Pillow image (a form's box, a scan's dark surround)."""
+    import numpy as np
+    from PIL import Image
+
+    bold = np.maximum.reduce([np.roll(digit, shift, axis) for shift in (0, 1) for axis in (0, 1)])  # strokes 1 px wider
+    strokes = np.asarray(Image.fromarray(bold).resize((size, size), Image.Resampling.BILINEAR), np.float32) / 255
+    page = np.full((size + 40, size + 40), float(frame))
+    page[20:-20, 20:-20] = paper - (paper - 20) * strokes
+    return Image.fromarray(np.rint(page).astype(np.uint8))
+
+
+@needs_mnist
+@pytest.mark.parametrize("size", [60, 100, 140, 240])
+@pytest.mark.parametrize("paper", [255, 160], ids=["white paper", "grey paper"])
+def test_bold_ink_digits_inside_a_dark_frame_are_inverted_and_the_frame_painted_over(size, paper):
+    """Bold digits on white paper inside a dark 20 px frame: the frame was most of the 28 x 28 picture, so its grey
+    was taken for the paper and the paper for the strokes: not inverted, a white square the network read as 0 at p >=
+    0.98. Now what the network gets is what the same picture without its frame gives, within a few grey levels, and
+    none of MNIST's own 10,000 test digits is taken for a framed one."""
+    import numpy as np
+
+    from datamodules.preprocessing.digits import as_white_on_black, to_digit
+
+    with gzip.open(MNIST / "t10k-images-idx3-ubyte.gz") as file:
+        mnist = np.frombuffer(file.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)
+    framed = np.stack([to_digit(framed_picture(digit, size, paper, frame=30)) for digit in mnist[:20, 0]])
+    unframed = np.stack([to_digit(framed_picture(digit, size, paper, frame=paper)) for digit in mnist[:20, 0]])
+    made, inverted = as_white_on_black(framed)
+    expected, also_inverted = as_white_on_black(unframed)
+    assert inverted.all() and also_inverted.all()
+    error = np.abs(made.astype(np.float32) - expected).mean(axis=(1, 2, 3))
+    assert error.max() < 4, error  # of 255 grey levels, per pixel
+    same, flipped = as_white_on_black(mnist)
+    assert not flipped.any() and np.array_equal(same, mnist)
+
+
 def test_predict_reads_images_by_their_bytes_and_names_what_in_its_folder_it_does_not_read(tmp_path: Path, capsys):
     """A subfolder of digits, or a file that is no image, got no answer, without a word: fewer answers than files. A
     digit is an image by its bytes: a JPEG saved as .jfif or .jpe (Windows', browsers'), a GIF or a BMP, or one with

@@ -165,8 +165,9 @@ def serving_batch(state: dict, inputs, names: list[str], where: str = "request")
             numbers, bad = as_numbers(values)
             if bad.any():
                 row = int(bad.argmax())
+                value = values[row].item() if isinstance(values[row], np.generic) else values[row]  # inf, not numpy's
                 raise DataError(
-                    f"{where}: {names[row]}, column {column['name']!r}: {values[row]!r} is not a number; give a "
+                    f"{where}: {names[row]}, column {column['name']!r}: {value!r} is not a number; give a "
                     "number, or leave the cell empty"
                 )
             missing = np.isnan(numbers)

@@ -90,6 +90,9 @@ def check_name(name: str, option: str = "name") -> None:
 def check_version(version: str) -> None:
     if VERSION.fullmatch(str(version)):
         return
+    if str(version) == "":  # the option's default: not given
+        raise AssetError("--version is missing: give the version to create, a number, e.g. --version 3 (versions are "
+                         "immutable: changed data is the next one)")  # fmt: skip
     if str(version).isdigit():
         plain = str(version).lstrip("0") or "0"
         raise AssetError(f"--version {version!r}: give it as {plain} (Azure ML would keep {version!r} and "

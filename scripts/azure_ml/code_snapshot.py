@@ -30,13 +30,16 @@ from pathlib import Path
 import pathspec
 
 # Never uploaded, whatever the ignore files say: secrets (environment files, keys, credentials: a service account's
-# or an OAuth client's JSON by the names their consoles download them as) and weights (checkpoints, saved tensors,
-# exported models: a job writes its own to its outputs; one left in the code folder is hundreds of MB uploaded every
+# or an OAuth client's JSON by the names their consoles download them as, Kaggle's API token, package registries'
+# tokens, a secrets file) and weights and stores (checkpoints, saved tensors, exported and pickled models, an MLflow or
+# other SQLite store: a job writes its own to its outputs; one left in the code folder is hundreds of MB uploaded every
 # time, and a job given one reads it as --inputs).
 LEFT_OUT = (
     ".env", ".env.*", "*.pem", "*.key", "*.pfx", "*.p12", "id_rsa*", "id_ed25519*", ".netrc", ".git-credentials",
-    ".databrickscfg", ".azure/", ".aws/", ".ssh/", "credentials.json", "*credentials*.json", "client_secret*.json",
-    "service_account*.json", "service-account*.json", "*.ckpt", "*.pt", "*.pth", "*.onnx", "*.safetensors",
+    ".databrickscfg", ".azure/", ".aws/", ".ssh/", ".kube/", ".docker/", "credentials.json", "*credentials*.json",
+    "client_secret*.json", "service_account*.json", "service-account*.json", "kaggle.json", ".kaggle/", ".pypirc",
+    ".npmrc", "secrets.yaml", "secrets.yml", "secrets.json", "secrets.toml", "*.ckpt", "*.pt", "*.pt2", "*.pth",
+    "*.onnx", "*.safetensors", "*.pkl", "*.pickle", "*.joblib", "*.db", "*.sqlite", "*.sqlite3",
 )  # fmt: skip
 LARGE_FILE_BYTES = 10 * 2**20  # an uploaded file this large is named on stderr: data belongs in --inputs
 named_large: set[str] = set()  # the large files named by this process (a local pipeline snapshots once a step)

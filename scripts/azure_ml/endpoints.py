@@ -38,8 +38,9 @@ class Names:
 # What a batch deployment's scoring script runs under besides the serving environment: Azure ML's batch driver
 # imports azureml-core, which every scoring-script batch deployment of Azure's own examples installs
 # (Azure/azureml-examples, cli/endpoints/batch/deploy-models/*/environment/conda.yaml); pip resolves this version
-# beside the serving environment's pins (pydantic, OpenTelemetry, numpy).
-BATCH_PACKAGES = ("azureml-core==1.61.0.post4",)
+# beside the serving environment's pins (pydantic, OpenTelemetry, numpy). pyarrow: pandas' Parquet reader, for the
+# Parquet files batch_score.py scores (the training environment's version; mlflow 3.15 caps it below 26).
+BATCH_PACKAGES = ("azureml-core==1.61.0.post4", "pyarrow==25.0.1")
 
 
 def batch_conda() -> dict:

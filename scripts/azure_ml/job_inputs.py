@@ -123,3 +123,47 @@ def check_data_paths(config: dict, given: set[str], fix: dict[str, str] | None =
                 f".amlignore leaves it out: data/, outputs/, ...), so its processes would not find it; give it as an "
                 f"input: {advice}"
             )
+
+
+def check_unset_arguments(config: dict, given: set[str], where: str, fix: dict[str, str] | None = None) -> None:
+    """The datamodule's own refusal of the resolved config's arguments (`config`), where it names one the config
+    leaves unset (None) and the job does not give (`given`): the job's fit would stop there at its start, on Azure,
+    after its image build, and a dry run instantiates nothing (configs/table.yaml without its table or label column
+    printed a job and ended 0). Only such a refusal counts: its checks of arguments that are set are for the job's
+    machine to make (a path only the job mounts, that machine's cores). `fix`: the command's own option for one, by
+    option (a pipeline's --data); else --inputs+ for a path (an option ending in _path or _dir), --train_args for a
+    value."""
+    import importlib
+
+    from datamodules.errors import DataError
+
+    data = config.get("data") if isinstance(config, dict) else None
+    class_path = data.get("class_path") if isinstance(data, dict) else None
+    arguments = dict(data.get("init_args") or {}) if isinstance(data, dict) else {}
+    unset = [f"data.init_args.{name}" for name, value in arguments.items() if value is None]
+    unset = [option for option in unset if option not in given]
+    if not isinstance(class_path, str) or not unset:
+        return
+    module, _, name = class_path.rpartition(".")
+    try:
+        getattr(importlib.import_module(module), name)(**arguments)
+        return
+    except DataError as error:
+        reason = str(error)
+    except Exception:  # not the user's mistake to name here: the job's own start tells
+        return
+    named = [option for option in unset if option in reason]
+    if not named:
+        return
+
+    def advice(option: str) -> str:
+        if fix and option in fix:
+            return fix[option]
+        if option.endswith(("_path", "_dir")):
+            return f"--inputs+ {option}=PATH"
+        return f'--train_args "--{option} VALUE"'
+
+    raise SubmitError(
+        f"{where} leaves {' and '.join(named)} unset, and the job's fit would stop at its start: {reason}; give "
+        + " and ".join(advice(option) for option in named)
+    )

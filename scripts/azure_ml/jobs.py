@@ -13,7 +13,7 @@ from typing import Literal
 
 from scripts.azure_ml.images import BASE_IMAGE, GPU_IMAGE, horovod_build_context
 from scripts.azure_ml.job_configs import job_experiment, resolved_config
-from scripts.azure_ml.job_inputs import check_data_paths, is_local
+from scripts.azure_ml.job_inputs import check_data_paths, check_unset_arguments, is_local
 from scripts.azure_ml.job_plan import Plan, plan_job
 from scripts.azure_ml.workspace import check_compute
 
@@ -52,6 +52,7 @@ def build_job(
         given = [f"--{i.option} {shlex.quote(i.path if is_local(i.path) else f'inputs/{i.name}')}" for i in plan.inputs]
         config = resolved_config(plan.configs, " ".join([checked_args, *given]))
         check_data_paths(config, {i.option for i in plan.inputs})
+        check_unset_arguments(config, {i.option for i in plan.inputs}, plan.configs[0])
     from azure.ai.ml import Input, Output, command
 
     job_inputs = {i.name: Input(type=i.type, path=i.path, mode=i.mode) for i in plan.inputs}

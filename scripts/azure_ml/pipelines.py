@@ -17,7 +17,7 @@ import yaml
 
 from scripts.azure_ml.components import TaskComponents, plan_components, value_at
 from scripts.azure_ml.errors import SubmitError, sweeps_for_azure
-from scripts.azure_ml.job_inputs import check_data_paths, check_uploaded_name, is_local
+from scripts.azure_ml.job_inputs import check_data_paths, check_unset_arguments, check_uploaded_name, is_local
 from scripts.azure_ml.job_plan import PRESETS, Plan, plan_job
 from scripts.azure_ml.option_values import parse_reference
 from scripts.azure_ml.workspace import GPU_SIZE, SERVERLESS
@@ -200,6 +200,7 @@ def plan_pipeline(
     given = {components.data_option} if training is not None else set()
     fix = {components.data_option: f"--data {value_at(components.config, components.data_option)}"}
     check_data_paths(components.config, given, fix if components.data_option else None)
+    check_unset_arguments(components.config, given, configs[0], {components.data_option: "--data PATH"})
     scoring = data_input(score_data, "--score_data", wanted, mltable) if score_data else (testing or training)
     if scoring is not None and wanted == "uri_folder" and is_local(scoring.path):  # the score step would fail on it
         given = next(

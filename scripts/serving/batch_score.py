@@ -15,6 +15,9 @@ A file the model refuses (not an image, a row with an unknown island) is logged 
 of the output; Azure ML counts it against the deployment's error threshold, and the mini-batch's other files are
 still scored. A table's row with an empty cell the model reads is logged by its row and left out, the file's other
 rows answered, as predict skips an incomplete row of a CSV (unless the model fills empty cells: the table task's).
+Parquet needs pyarrow, which the serving environment (.venv-serve) lacks and a batch deployment's environment adds
+(scripts/azure_ml/endpoints.py BATCH_PACKAGES): without it a Parquet file is one line saying so (the command line's
+exit status 1), not pandas' list of the engines it tried.
 """
 
 from __future__ import annotations
@@ -47,9 +50,25 @@ def init(model_dir: str | None = None) -> None:
     model = mlflow.pyfunc.load_model(model_folder(model_dir or os.environ["AZUREML_MODEL_DIR"]))
 
 
+def parquet_unreadable(path: str) -> str | None:
+    """Why the Parquet file `path` cannot be read here (no pyarrow), or None."""
+    import importlib
+
+    for engine in ("pyarrow", "fastparquet"):  # pandas' engines
+        try:
+            importlib.import_module(engine)
+            return None
+        except ImportError:
+            pass
+    return (f"{path}: reading a Parquet file needs pyarrow, which this Python environment lacks; install it (pip "
+            "install pyarrow==25.0.1) or give the rows as a CSV file")  # fmt: skip
+
+
 def score_file(path: str) -> pd.DataFrame:
     """One file's predictions, each row led by the file's name (and the row's number in a table)."""
     read = TABLES.get(Path(path).suffix.lower())
+    if read is pd.read_parquet and (reason := parquet_unreadable(path)):
+        raise ValueError(reason.removeprefix(f"{path}: "))  # run() logs it after the file's name
     if read is None:
         inputs = pd.DataFrame({"image": [Path(path).read_bytes()]})
         return pd.concat([pd.DataFrame({"file": [Path(path).name]}), model.predict(inputs)], axis=1)
@@ -145,11 +164,14 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from scripts.serving.csv_output import csv_text  # before the model's code_paths (its own datamodules) come first
 
+    files = [str(p) for given in argv[1:] for p in (sorted(Path(given).iterdir()) if Path(given).is_dir() else [given])]
+    parquet = [path for path in files if TABLES.get(Path(path).suffix.lower()) is pd.read_parquet]
+    if parquet and (reason := parquet_unreadable(parquet[0])):
+        sys.exit(f"error: {reason}")
     try:
         init(argv[0])
     except FileNotFoundError as error:  # model_folder's one line
         sys.exit(f"error: {error}")
-    files = [str(p) for given in argv[1:] for p in (sorted(Path(given).iterdir()) if Path(given).is_dir() else [given])]
     answers = run(files)
     # As predict writes its CSV: a name's carriage return quoted, bytes that are not UTF-8 as \xNN (pandas' CSV left
     # the one bare, splitting the row, and crashed on the other). An empty cell (a table's row of an image) stays empty.

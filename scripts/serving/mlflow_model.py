@@ -212,7 +212,7 @@ def save_model(
     scripts.export checks) and as torch.export's program (`artifacts/model.pt2`, for torch users); the class names,
     `inputs` (`serving_inputs`: the input kind, the preprocessing function and its state) in its model_config; the
     preprocessing code itself (code_paths); a signature and input example from the datamodule's; the serving
-    environment's pins as requirements."""
+    environment's pins as requirements, and its uv.lock and pyproject.toml as the model's uv project."""
     import mlflow
     import pandas as pd
     from mlflow.models import ModelSignature
@@ -260,7 +260,7 @@ def save_model(
         except InputError as error:
             raise ExportError(f"the datamodule's serving_example: {error}") from None
         outputs = [ColSpec("string", "class"), *(ColSpec("double", column) for column in output.columns[1:])]
-        with warnings.catch_warnings(), QuietLogger("mlflow.pyfunc", "mlflow.models"):
+        with warnings.catch_warnings(), QuietLogger("mlflow.pyfunc", "mlflow.models", "mlflow.utils.uv_utils"):
             warnings.simplefilter("ignore")  # MLflow's advice to save code rather than an object: it is code
             mlflow.pyfunc.save_model(
                 str(folder),
@@ -271,6 +271,10 @@ def save_model(
                 signature=ModelSignature(inputs=Schema(columns), outputs=Schema(outputs)),
                 input_example=raw,
                 pip_requirements=serving_requirements(),
+                # MLflow copies a uv project's uv.lock and pyproject.toml into the model, for `--env-manager uv` to
+                # `uv sync`: the serving environment's, not those of the folder it is saved from (the training
+                # project's: torch, Lightning and ~130 more).
+                uv_project_path=str(SERVING_ENVIRONMENT.parent),
                 metadata={
                     "class_names": list(class_names),
                     "inputs": {key: inputs[key] for key in ("kind", "datamodule", "preprocess")},

@@ -175,7 +175,7 @@ def json_rows(body: bytes, read: set[str] | None, max_rows: int):
                 kind = {list: "a list", dict: "an object", bool: "true/false"}[type(value)]
                 raise RequestError(
                     f"row {i + 1}, field {field!r}: {kind} ({json.dumps(value)[:40]}); send each field as one JSON "
-                    "string or number (island: a name, the measurements: numbers)"
+                    "string or number"
                 )
     return rows
 
@@ -195,6 +195,9 @@ def repo_module(relative: str):
         spec.loader.exec_module(module)
         sys.modules[name] = module
     return sys.modules[name]
+
+
+CSV_OF_ROWS = "a CSV of rows in the data's column names"  # any rows model's: a table's as a penguin one's
 
 
 def csv_checks():
@@ -221,16 +224,16 @@ def csv_rows(body: bytes, where: str, max_rows: int | None):
     try:
         text = body.decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise RequestError(f"{where} is not a readable CSV (not UTF-8 text); send a CSV of penguin rows") from None
+        raise RequestError(f"{where} is not a readable CSV (not UTF-8 text); send {CSV_OF_ROWS}") from None
     columns = repo_module("datamodules/preprocessing/penguins.py").SCHEMA_COLUMNS  # a column it reads named twice
     try:
         header, header_line, rows = check_csv_layout(csv.reader(io.StringIO(text, newline="")), where, columns)
     except csv.Error as error:
-        raise RequestError(f"{where} is not a readable CSV ({error}); send a CSV of penguin rows") from None
+        raise RequestError(f"{where} is not a readable CSV ({error}); send {CSV_OF_ROWS}") from None
     except checks.DataError as error:
         raise RequestError(str(error)) from None
     if not header:
-        raise RequestError(f"{where} is empty: send a CSV whose first line names the columns, one penguin a line")
+        raise RequestError(f"{where} is empty: send a CSV whose first line names the columns, one row a line")
     if max_rows is not None and rows > max_rows:
         raise RequestError(f"{rows} rows in one request; send at most {max_rows} (SCORE_MAX_ROWS)", 413)
     with warnings.catch_warnings():
@@ -239,7 +242,7 @@ def csv_rows(body: bytes, where: str, max_rows: int | None):
             frame = pd.read_csv(io.StringIO(text), index_col=False, usecols=range(len(header)), header=0,
                                 skip_blank_lines=False, skiprows=header_line - 1)  # fmt: skip
         except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as error:
-            raise RequestError(f"{where} is not a readable CSV ({error}); send a CSV of penguin rows") from None
+            raise RequestError(f"{where} is not a readable CSV ({error}); send {CSV_OF_ROWS}") from None
     return drop_blank_rows(frame, header_line)
 
 

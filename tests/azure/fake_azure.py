@@ -152,3 +152,52 @@ def fake_client(azure: FakeAzureML, credential=None):
 
     return MLClient(credential or FakeCredential(), "00000000-0000-0000-0000-000000000000", "rg", "ws",
                     transport=RequestsTransport(session=azure))  # fmt: skip
+
+
+STORAGE_HOST = "account.blob.core.windows.net"
+
+
+def storage_failure(kind: str, url: str) -> Exception:
+    """What requests raises for a request to the workspace's storage that this machine cannot make, built as urllib3
+    and requests build it: `dns` (the name does not resolve), `firewall` (the connection times out)."""
+    import socket
+
+    from urllib3.connection import HTTPSConnection
+    from urllib3.exceptions import ConnectTimeoutError, MaxRetryError, NameResolutionError
+
+    connection = HTTPSConnection(STORAGE_HOST, 443, timeout=10)
+    if kind == "dns":
+        reason = NameResolutionError(STORAGE_HOST, connection, socket.gaierror(-2, "Name or service not known"))
+        return requests.exceptions.ConnectionError(MaxRetryError(None, url, reason))
+    reason = ConnectTimeoutError(connection, f"Connection to {STORAGE_HOST} timed out. (connect timeout=10)")
+    return requests.exceptions.ConnectTimeout(MaxRetryError(None, url, reason))
+
+
+class UnreachableStorage(FakeAzureML):
+    """The workspace answers, its storage does not: every request to it fails as `failure` (storage_failure's dns or
+    firewall), or is refused by the storage account's network rules (`network rules`: a private endpoint's or its
+    firewall's 403 AuthorizationFailure). `storage_requests` counts them; `has_code` False: the workspace lacks the
+    code snapshot, which the SDK then uploads."""
+
+    def __init__(self, failure: str, has_code: bool = True) -> None:
+        super().__init__()
+        self.failure, self.has_code, self.storage_requests = failure, has_code, 0
+
+    def request(self, method, url, data=None, **kwargs):
+        path, answer = url.split("?")[0], None
+        if not self.has_code and method == "GET" and re.search(r"/codes/[^/]+/versions$", path):
+            answer = {"value": []}
+        elif not self.has_code and method == "POST" and path.endswith("/startPendingUpload"):  # where to upload it
+            blob = f"{BLOB_STORE}/LocalUpload/snapshot"
+            answer = {"pendingUploadType": "TemporaryBlobReference", "blobReferenceForConsumption": {
+                "blobUri": blob, "credential": {"credentialType": "SAS", "sasUri": f"{blob}?sig=s"}}}  # fmt: skip
+        if answer is None:
+            return super().request(method, url, data, **kwargs)
+        return http_response(method, url, 200, json.dumps(answer).encode(), {"Content-Type": "application/json"})
+
+    def blob_request(self, method, url, data):
+        self.storage_requests += 1
+        if self.failure == "network rules":
+            body = b"<Error><Code>AuthorizationFailure</Code><Message>This request is not authorized.</Message></Error>"
+            return http_response(method, url, 403, body, {"x-ms-error-code": "AuthorizationFailure"})
+        raise storage_failure(self.failure, url)

@@ -153,6 +153,29 @@ def test_creation_uploads_the_data_and_puts_each_version_over_the_fake_transport
     assert yaml.safe_load(env["condaFile"]) == yaml.safe_load((REPO / "environment.yml").read_text())
 
 
+def test_data_the_workspaces_storage_cannot_take_is_one_line_before_any_upload(monkeypatch, capsys):
+    """Its storage out of this machine's reach (a name that does not resolve), the upload retried for ~100 s and
+    ended in the SDK's traceback."""
+    from tests.azure.fake_azure import UnreachableStorage
+
+    azure = UnreachableStorage("dns")
+    monkeypatch.setattr(
+        requests.Session, "request", lambda session, method, url, *a, **k: azure.request(method, url, *a, **k)
+    )
+    client = fake_client(azure)
+    monkeypatch.setattr("scripts.assets.workspace_client", lambda *ids: client)
+    with pytest.raises(SystemExit) as exit:
+        main(["data", "penguins", str(PENGUINS_CSV), "--version", "3"])
+    assert exit.value.code == (
+        "error: this machine cannot reach the workspace's storage, https://account.blob.core.windows.net (Failed to "
+        "resolve 'account.blob.core.windows.net' ([Errno -2] Name or service not known)), where "
+        f"{PENGUINS_CSV.resolve()} would be uploaded; check this machine's network: DNS, a firewall, or a private "
+        "endpoint it is outside of; or run this command on a machine that reaches it (an Azure ML compute instance)"
+    )
+    assert azure.storage_requests == 1 and not [path for method, path, _ in azure.requests if method == "PUT"]
+    assert "created" not in capsys.readouterr().out
+
+
 def test_yaml_dir_never_writes_over_a_file_of_the_users(tmp_path):
     args = ["data", "penguins", str(PENGUINS_CSV), "--dry_run", "true", "--yaml_dir", str(tmp_path), "--version"]
     (tmp_path / "data-penguins.yml").write_text("penguins: my own notes\n")
@@ -210,7 +233,10 @@ def test_a_file_whose_name_a_jobs_shell_would_split_is_one_line_not_an_asset_no_
         (["data", "pen guins", "data/penguins.csv", "--version", "1"], "name 'pen guins': Azure ML refuses it; give"),
         (["data", "azureml:penguins", "x.csv", "--version", "1"], "name 'azureml:penguins': Azure ML refuses it"),
         (["data", "penguins", "configs/examples/penguins.csv", "--version", "v3"], "--version 'v3': give a number"),
-        (["data", "penguins", "configs/examples/penguins.csv"], "--version '': give a number, e.g. --version 3"),
+        (["data", "penguins", "configs/examples/penguins.csv"],  # was "--version '': give a number"
+         "--version is missing: give the version to create, a number, e.g. --version 3 (versions are immutable: "
+         "changed data is the next one)"),
+        (["environment", "serving"], "--version is missing: give the version to create, a number, e.g. --version 3"),
         (["data", "penguins", "configs/examples/penguins.csv", "--version", "03"],
          "--version '03': give it as 3 (Azure ML would keep '03' and '3' as two versions)"),
         (["environment", "serving", "--version", "00"], "--version '00': give it as 0 (Azure ML would keep '00' and"),

@@ -94,6 +94,16 @@ SECRETS_AND_CHECKPOINTS = {
     "outputs-old/network.pt": "weights",
     "weights/resnet.pth": "weights",
     "model.safetensors": "weights",
+    "kaggle.json": '{"username": "me", "key": "s3cret"}',
+    ".kaggle/kaggle.json": '{"username": "me", "key": "s3cret"}',
+    ".pypirc": "[pypi]\npassword = pypi-s3cret\n",
+    ".npmrc": "//registry.npmjs.org/:_authToken=s3cret\n",
+    "configs/secrets.yaml": "storage_key: s3cret\n",
+    "secrets.yml": "storage_key: s3cret\n",
+    "outputs-old/mlflow.db": "SQLite format 3",
+    "scaler.pkl": "weights",
+    "model.pickle": "weights",
+    "model.pt2": "weights",
 }
 
 

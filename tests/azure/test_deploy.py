@@ -327,8 +327,9 @@ def test_a_batch_deployment_of_images_runs_batch_score_over_the_model_in_the_ser
     assert yaml.safe_load(text.split("---\n")[1])["code_configuration"]["code"] == "."
     conda = yaml.safe_load((REPO / "scripts/serving/environment.yml").read_text())
     pip = lambda conda: next(item["pip"] for item in conda["dependencies"] if isinstance(item, dict))  # noqa: E731
-    # Azure ML's batch driver runs the scoring script under azureml-core (Azure's batch examples install it).
-    assert pip(deployment.environment.conda_file) == [*pip(conda), "azureml-core==1.61.0.post4"]
+    # Azure ML's batch driver runs the scoring script under azureml-core (Azure's batch examples install it); pyarrow
+    # reads the Parquet files the script scores (the serving environment has none).
+    assert pip(deployment.environment.conda_file) == [*pip(conda), "azureml-core==1.61.0.post4", "pyarrow==25.0.1"]
     assert deployment.settings.max_concurrency_per_instance == 2
 
 

@@ -186,6 +186,35 @@ def fake_workspace(monkeypatch) -> FakeAzureML:
     return azure
 
 
+def test_local_data_the_workspaces_storage_cannot_take_is_one_line_not_azure_mls_refusal(monkeypatch, capsys):
+    """Its storage out of this machine's reach, a pipeline of local data ended in 'error: Azure ML refused the
+    pipeline: ' and an ANSI colour code, after ~100 s of the SDK's retries."""
+    from tests.azure.fake_azure import UnreachableStorage
+
+    azure = UnreachableStorage("dns")
+    monkeypatch.setattr(
+        requests.Session, "request", lambda session, method, url, *a, **k: azure.request(method, url, *a, **k)
+    )
+    client = fake_client(azure)
+    monkeypatch.setattr("scripts.pipeline.workspace_client", lambda *ids: client)
+    with pytest.raises(SystemExit) as exit:
+        main(["configs/penguins.yaml", "--compute", "cpu-cluster", "--data", str(PENGUINS)])
+    assert exit.value.code.startswith(
+        "error: this machine cannot reach the workspace's storage, https://account.blob.core.windows.net (Failed to "
+        f"resolve 'account.blob.core.windows.net' ([Errno -2] Name or service not known)), where --data {PENGUINS} "
+        "would be uploaded; check this machine's network"
+    ), exit.value.code
+    assert azure.storage_requests == 1 and not [path for method, path, _ in azure.requests if method == "PUT"]
+    assert capsys.readouterr().out == ""
+
+
+def test_the_sdks_colour_codes_never_reach_a_refusals_line():
+    from scripts.pipeline import refusal
+
+    coloured = "\n\x1b[37m\n\x1b[30m\n1) One or more fields are invalid\x1b[39m\x1b[39m\n\nDetails: \n"
+    assert refusal(coloured) == "1) One or more fields are invalid"
+
+
 def test_a_submission_puts_the_pipeline_with_its_four_steps(monkeypatch, capsys):
     azure = fake_workspace(monkeypatch)
     name = pipeline("configs/penguins.yaml", compute="azureml:cpu-cluster", data="azureml:penguins:3", threshold=0.95,
@@ -276,7 +305,8 @@ LIGHTNING = pytest.mark.slow
          "--name 'Penguins-v2': Azure ML refuses it as a component name's start"),
         (["configs/penguins.yaml", "--compute", "c", "--model_name", "my/model"], "--model_name 'my/model': Azure ML"),
         (["configs/penguins.yaml", "--compute", "c", "--tier", "cheap"], "--tier: 'cheap' is not a valid value"),
-        (["configs/penguins.yaml", "--compute", "c", "--components", "true"], "--version '': give a number"),
+        (["configs/penguins.yaml", "--compute", "c", "--components", "true"],
+         "--version is missing: give the version to create"),
         (["configs/penguins.yaml", "--compute", "c", "--version", "2"], "--version is the components' version"),
         (["configs/penguins.yaml", "--local", "true", "--dry_run", "true"], "--local true runs the pipeline here"),
         (["configs/penguins.yaml", "--local", "true", "--local_dir", "README.md/runs", "--score_data", str(PENGUINS)],
@@ -638,6 +668,25 @@ def test_an_mltable_a_pipeline_cannot_use_is_one_line(args, line, penguin_mltabl
     result = run_module("scripts.pipeline", *args, "--compute", "cpu", "--dry_run", "true")
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: {line}"), result.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("args", "line", "fixes"),
+    [
+        (["--data", str(PENGUINS)], "data.init_args.label", '--train_args "--data.init_args.label VALUE"'),
+        (["--score_data", str(PENGUINS)], "data.init_args.csv_path and data.init_args.label",
+         '--data PATH and --train_args "--data.init_args.label VALUE"'),
+    ],
+)  # fmt: skip
+def test_a_table_pipeline_without_its_data_or_label_is_one_line_naming_the_options(args, line, fixes):
+    """Its dry run printed a pipeline whose train step would fail on Azure, at the datamodule's check of its
+    arguments, and ended 0."""
+    result = run_module("scripts.pipeline", "configs/table.yaml", *args, "--compute", "cpu", "--dry_run", "true")
+    assert (result.returncode, result.stdout) == (1, ""), result.stderr[-2000:]
+    (error,) = result.stderr.strip().splitlines()
+    assert error.startswith(f"error: configs/table.yaml leaves {line} unset, and the job's fit would stop at its "
+                            "start: the table task needs data.init_args.csv_path")  # fmt: skip
+    assert error.endswith(f"; give {fixes}")
 
 
 @pytest.mark.slow

@@ -262,6 +262,33 @@ def test_a_data_path_of_the_config_or_train_args_the_jobs_code_leaves_out_is_one
     assert yaml.safe_load(text)["command"].endswith(f"--{option} ${{{{inputs.{name}}}}}")
 
 
+TABLE_NEEDS = (
+    "and the job's fit would stop at its start: the table task needs data.init_args.csv_path"  # its datamodule's line
+)
+NO_TABLE = "error: configs/table.yaml leaves data.init_args.csv_path and data.init_args.label unset, " + TABLE_NEEDS
+
+
+@pytest.mark.parametrize(
+    ("given", "line"),
+    [
+        ([], NO_TABLE),
+        (["--inputs+", "data.init_args.csv_path=azureml:churn:2,type=uri_file"],
+         "error: configs/table.yaml leaves data.init_args.label unset, " + TABLE_NEEDS),
+        (["--sweep", "configs/sweeps/table.yaml"], NO_TABLE),  # extra: sweeps
+    ],
+)  # fmt: skip
+def test_a_table_job_without_its_data_or_label_is_one_line_naming_the_options(given, line, capsys):
+    """A dry run of configs/table.yaml with no table, or no label column, printed a job's YAML and ended 0: the job
+    would have failed on Azure, after its image build, at the datamodule's own check of its arguments."""
+    with pytest.raises(SystemExit) as exit:
+        main(["configs/table.yaml", "--compute", "c", "--dry_run", "true", *given])
+    fixes = '--train_args "--data.init_args.label VALUE"'
+    if "csv_path and" in line:
+        fixes = f"--inputs+ data.init_args.csv_path=PATH and {fixes}"
+    assert str(exit.value.code).startswith(line) and str(exit.value.code).endswith(f"; give {fixes}"), exit.value.code
+    assert "\n" not in str(exit.value.code) and capsys.readouterr().out == ""
+
+
 def test_dry_run_prints_yaml_that_load_job_reads_back(tmp_path, capsys):
     from azure.ai.ml import load_job
 
@@ -477,6 +504,74 @@ def test_stream_follows_the_jobs_logs_and_exits_with_its_status(final, code, mon
     out = capsys.readouterr().out
     assert "test_acc: 0.9804" in out  # the job's log, streamed
     assert (re.search(r"job \S+ completed", out) is not None) == (code == 0)
+
+
+UNREACHABLE = {
+    "dns": "Failed to resolve 'account.blob.core.windows.net' ([Errno -2] Name or service not known)",
+    "firewall": "Connection to account.blob.core.windows.net timed out. (connect timeout=10)",
+    "network rules": "its network rules refuse this machine: AuthorizationFailure",
+}
+CHECK_NETWORK = "check this machine's network: DNS, a firewall, or a private endpoint it is outside of"
+
+
+@pytest.mark.parametrize("failure", list(UNREACHABLE))
+def test_a_local_input_the_workspaces_storage_cannot_take_is_one_line_naming_it_before_any_upload(
+    failure, monkeypatch, capsys
+):
+    """The workspace answered and its storage could not be reached (its name not resolved, a firewall, a private
+    endpoint): the SDK's upload of a local --inputs+ retried for ~100 s, then 152 lines and three tracebacks. One
+    request to the storage tells now, before anything is uploaded or created."""
+    from azure.ai.ml import MLClient
+
+    from tests.azure.fake_azure import UnreachableStorage
+
+    azure = UnreachableStorage(failure)
+    monkeypatch.setattr(  # the SDK's blob clients open sessions of their own: every session answers from the fake
+        requests.Session, "request", lambda session, method, url, *a, **k: azure.request(method, url, *a, **k)
+    )
+    client = MLClient(FakeCredential(), "00000000-0000-0000-0000-000000000000", "rg", "ws")
+    monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: client)
+    data = "configs/examples/penguins.csv"
+    with pytest.raises(SystemExit) as exit:
+        main(["configs/table.yaml", "--compute", "cpu-cluster", "--inputs+", f"data.init_args.csv_path={data}",
+              "--train_args", "--data.init_args.label Species"])  # fmt: skip
+    assert exit.value.code == (
+        f"error: this machine cannot reach the workspace's storage, {BLOB_STORE.rsplit('/', 1)[0]} "
+        f"({UNREACHABLE[failure]}), where --inputs+ data.init_args.csv_path={data} would be uploaded; "
+        f"{CHECK_NETWORK}; or give data already in Azure: a registered data asset azureml:NAME:VERSION (python -m "
+        "scripts.assets data NAME PATH --version N, where the storage can be reached) or a datastore URI"
+    )
+    assert azure.storage_requests == 1 and not [path for method, path, _ in azure.requests if method == "PUT"]
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("failure", ["dns", "network rules"])
+def test_a_code_upload_the_workspaces_storage_cannot_take_is_one_line_not_azure_mls_refusal(
+    failure, monkeypatch, capsys
+):
+    """The code snapshot the workspace lacks goes to its storage in the SDK's own upload: where that fails, the line
+    says so, not a traceback nor 'Azure ML refused the job'. (The SDK's storage client retries each request for
+    ~100 s first, with no public way to change it: its waits are skipped here.)"""
+    from azure.ai.ml import MLClient
+
+    from tests.azure.fake_azure import UnreachableStorage
+
+    azure = UnreachableStorage(failure, has_code=False)
+    monkeypatch.setattr(
+        requests.Session, "request", lambda session, method, url, *a, **k: azure.request(method, url, *a, **k)
+    )
+    monkeypatch.setattr("time.sleep", lambda seconds: None)
+    client = MLClient(FakeCredential(), "00000000-0000-0000-0000-000000000000", "rg", "ws")
+    monkeypatch.setattr("scripts.submit.workspace_client", lambda *ids: client)
+    with pytest.raises(SystemExit) as exit:
+        main(["configs/penguins.yaml", "--compute", "cpu-cluster"])
+    reason = {
+        "dns": f"this machine cannot reach https://account.blob.core.windows.net ({UNREACHABLE['dns']})",
+        "network rules": "account.blob.core.windows.net's network rules refuse this machine (AuthorizationFailure)",
+    }[failure]
+    assert exit.value.code == f"error: the upload to the workspace's storage failed: {reason}; {CHECK_NETWORK}"
+    assert not [path for method, path, _ in azure.requests if method == "PUT" and "/jobs/" in path]
+    assert capsys.readouterr().out == ""
 
 
 def test_an_azure_login_that_fails_is_one_line(monkeypatch):

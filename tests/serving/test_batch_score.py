@@ -159,3 +159,35 @@ def test_file_names_survive_a_round_trip_through_the_csv_module_under_a_strict_l
     assert rows[0] == ["file", "class", "probability", "probability_chickens", "probability_turkeys"]
     assert all(len(row) == 5 for row in rows)
     assert sorted(original_name(row[0]) for row in rows[1:]) == sorted(os.fsdecode(name) for name in AWKWARD_NAMES)
+
+
+NO_PARQUET_ENGINE = "import sys; sys.modules['pyarrow'] = sys.modules['fastparquet'] = None; "  # as .venv-serve is
+
+
+def test_a_parquet_file_is_scored_as_its_csv_and_without_pyarrow_is_one_line(models, batch_score, tmp_path):
+    """The serving environment (.venv-serve) has no pyarrow: a Parquet file was logged with pandas' 'Unable to find
+    a usable engine; tried using: pyarrow, fastparquet...' and the command ended 0 with no answer. Where pyarrow is
+    (.venv; the batch deployment's environment, which adds it) the file is scored as its CSV; where it is not, the
+    command says so in one line, exit 1, and run() logs that line for the file."""
+    penguins = models["penguins"]
+    pd.read_csv(penguins.inputs).to_parquet(tmp_path / "rows.parquet")
+    script = batch_score(penguins.model)
+    answers = script.run([str(tmp_path / "rows.parquet")])
+    assert list(answers["row"]) == list(range(len(penguins.expected)))
+    assert_answers(answers, penguins.expected)
+    line = (f"{tmp_path / 'rows.parquet'}: reading a Parquet file needs pyarrow, which this Python environment "
+            "lacks; install it (pip install pyarrow==25.0.1) or give the rows as a CSV file")  # fmt: skip
+    code = f"{NO_PARQUET_ENGINE}from scripts.serving.batch_score import main; main(sys.argv[1:])"
+    for given in (tmp_path / "rows.parquet", tmp_path):  # the file, and the folder holding it
+        command = [sys.executable, "-c", code, str(penguins.model), str(given)]
+        result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert (result.returncode, result.stderr.strip().splitlines(), result.stdout) == (1, [f"error: {line}"], "")
+    code = (f"{NO_PARQUET_ENGINE}import logging; from scripts.serving import batch_score as script; "
+            "script.init(sys.argv[1]); logging.basicConfig(format='%(message)s'); "
+            "print(len(script.run(sys.argv[2:])))")  # fmt: skip
+    pd.read_csv(penguins.inputs).drop(columns="species").to_csv(tmp_path / "rows.csv", index=False)  # MLflow warns
+    files = [str(tmp_path / "rows.parquet"), str(tmp_path / "rows.csv")]
+    result = subprocess.run([sys.executable, "-c", code, str(penguins.model), *files], cwd=REPO, capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0 and result.stdout == f"{len(penguins.expected)}\n", result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [line]  # the CSV beside it answered

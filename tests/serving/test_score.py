@@ -167,7 +167,7 @@ BAD_ROWS = [  # (body, content type, status, the message's start)
     (HEADER + "Biscoe,50.4,15.3,200,5000,7\n", "text/csv", 400, "request body: line 2 has 6 values, the header"),
     (HEADER + "Dream,40,18,190,3800\nBiscoe,50.4,15.3,200,5000,x,y\n", "text/csv", 400, "request body: line 3 has 7"),
     ("\n\n", "text/csv", 400, "request body is empty: send a CSV whose first line names the columns"),
-    (HEADER + "\n,,,,\n", "text/csv", 400, "request body has a CSV header and no rows; send one penguin a line below"),
+    (HEADER + "\n,,,,\n", "text/csv", 400, "request body has a CSV header and no rows; send one row a line below"),
     (b"\xff\xfe\x00garbage", "text/csv", 400, "request body is not a readable CSV (not UTF-8 text)"),
     (HEADER + "Biscoe,50.4,15.3,200,5000\n" * 1001, "text/csv", 413, "1001 rows in one request; send at most 1000 ("),
     ([PENGUIN] * 1001, "application/json", 413, "1001 rows in one request; send at most 1000 (SCORE_MAX_ROWS)"),
@@ -296,10 +296,7 @@ def test_batch_scoring_answers_the_complete_rows_and_names_the_incomplete_ones_a
     (tmp_path / "header.csv").write_text(HEADER + "\n")  # a header and a blank line: exit 0, no predictions
     with pytest.raises(SystemExit) as exit:
         main([str(penguins), str(tmp_path / "header.csv")])
-    assert (
-        exit.value.code
-        == f"error: {tmp_path / 'header.csv'}: a CSV header and no rows; put one penguin a line below it"
-    )
+    assert exit.value.code == f"error: {tmp_path / 'header.csv'}: a CSV header and no rows; put one row a line below it"
 
 
 def test_the_csv_checks_are_the_scripts_own_not_an_older_models(penguins, monkeypatch):

@@ -99,6 +99,44 @@ def test_the_scoring_script_answers_the_no_code_request_shape_as_predict(three_c
 
 
 @pytest.mark.slow
+def test_the_scoring_script_refuses_a_tables_rows_in_words_of_rows_and_columns_and_plain_values(
+    three_classes, tmp_path
+):
+    """A table model's refusals spoke of penguins ('one penguin a line', 'island: a name, the measurements:
+    numbers') and printed numpy's reprs (`np.float64(inf)`, `np.True_`)."""
+    from werkzeug.test import EnvironBuilder
+    from werkzeug.wrappers import Request
+
+    os.environ["AZUREML_MODEL_DIR"] = str(three_classes["folder"] / "model")
+    try:
+        score.init()
+    finally:
+        del os.environ["AZUREML_MODEL_DIR"]
+    header = f"{LENGTH},{COLOUR},{WEIGHT}\n".encode()
+    cases = [
+        ({LENGTH: [1], COLOUR: "red", WEIGHT: 3}, "application/json",
+         f"row 1, field '{LENGTH}': a list ([1]); send each field as one JSON string or number"),
+        (f'{{"{LENGTH}": 1e400, "{COLOUR}": "red", "{WEIGHT}": 3}}'.encode(), "application/json",
+         f"request: row 1, column '{LENGTH}': inf is not a number; give a number, or leave the cell empty"),
+        ({"input_data": {"columns": [LENGTH, COLOUR, WEIGHT], "data": [[True, "red", 1]]}}, "application/json",
+         f"request: row 1, column '{LENGTH}': True is not a number; give a number, or leave the cell empty"),
+        (header, "text/csv", "request body has a CSV header and no rows; send one row a line below it"),
+        (b"\x00\x01\x02\xff" * 8, "text/csv",
+         "request body is not a readable CSV (not UTF-8 text); send a CSV of rows in the data's column names"),
+    ]  # fmt: skip
+    for body, content_type, message in cases:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        request = Request(EnvironBuilder(method="POST", data=data, content_type=content_type).get_environ())
+        response = score.run(request)
+        assert (response.status_code, json.loads(response.get_data())) == (400, {"message": message})
+    (tmp_path / "header.csv").write_bytes(header)
+    scored = run_module("scripts.score", three_classes["folder"] / "model", tmp_path / "header.csv")
+    assert scored.returncode == 1 and scored.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'header.csv'}: a CSV header and no rows; put one row a line below it"
+    ]
+
+
+@pytest.mark.slow
 def test_the_saved_model_answers_where_there_is_no_torch(three_classes):
     serve_python = REPO / ".venv-serve" / "bin" / "python"
     if not serve_python.is_file():

@@ -250,15 +250,6 @@ def test_outputs_under_a_file_is_one_line_and_the_file_stays(tmp_path, outputs):
     assert notes.read_text() == "mine"
 
 
-def test_the_shipped_sweep_files_are_valid_and_their_options_exist():
-    from scripts.sweeps.preflight import check_options
-
-    for task in ("penguins", "mnist", "birds"):
-        sweep = load_sweep(f"configs/sweeps/{task}.yaml")
-        assert sweep.configs == (f"configs/{task}.yaml",)
-        check_options(sweep)
-
-
 def test_a_storage_that_cannot_be_opened_is_one_line_before_the_other_checks(tmp_path):
     path = write(tmp_path, GOOD)
     with pytest.raises(SystemExit) as exit:
