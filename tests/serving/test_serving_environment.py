@@ -139,3 +139,29 @@ def test_mlflow_models_predict_with_env_manager_uv_builds_the_serving_environmen
     assert len(answer) == 1 and answer[0]["class"] in ("Adelie", "Gentoo", "Chinstrap")
     installed = {line.split()[1].split("==")[0] for line in done.stderr.splitlines() if line.startswith(" + ")}
     assert "onnxruntime" in installed and not TRAINING_ONLY & installed  # uv sync's own list of what it installed
+
+
+def test_the_serving_pages_models_snippet_loads_the_registered_model_from_the_projects_store(saved_model, tmp_path):
+    """docs/serving.md's `mlflow.pyfunc.load_model("models:/penguins-classifier/1")`, run from the repository as
+    written, looked in MLflow 3's default store, a new ./mlflow.db, and failed ('Registered Model ... not found'),
+    leaving that file behind. The penguin half of the snippet, run where scripts.train registered the model (in
+    outputs/mlflow.db), answers, and writes no ./mlflow.db."""
+    import re
+    import subprocess
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    client.create_registered_model("penguins-classifier")
+    client.create_model_version("penguins-classifier", str(saved_model))
+    page = (REPO / "docs" / "serving.md").read_text()
+    (snippet,) = [block for block in re.findall(r"```python\n(.*?)```", page, re.S) if "models:/" in block]
+    penguins = snippet.split('model = mlflow.pyfunc.load_model("models:/birds-classifier/1")')[0]
+    lines = [line for line in penguins.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    penguins = "\n".join([*lines[:-1], f"print({lines[-1]})"])  # its answer, which the page shows
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")}
+    done = subprocess.run([sys.executable, "-c", penguins], cwd=tmp_path, capture_output=True, text=True,
+                          env=environment, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[:2] == ["class", "probability"]
+    assert not (tmp_path / "mlflow.db").exists()
