@@ -25,58 +25,37 @@ from datamodules.preprocessing import table as preprocessing
 from datamodules.preprocessing.csv_files import check_csv_layout, drop_blank_rows, not_utf8
 from datamodules.preprocessing.penguins import SCHEMA_COLUMNS
 
-CSV_SUFFIXES = {".csv": ",", ".tsv": "\t", ".txt": ","}
+CSV_SUFFIXES = {".csv": ",", ".tsv": "\t", ".txt": ","}  # and the delimiter each means
 PARQUET_SUFFIXES = (".parquet", ".pq")
-FILE_KINDS = "a CSV (.csv, .tsv) or Parquet (.parquet) file, or a folder holding an MLTable file that names one"
-
-
-def mltable_file(folder: Path) -> tuple[Path, str | None]:
-    """The data file an MLTable folder's `MLTable` names (one `file:` path, relative to the folder) and its delimiter
-    (None: Parquet)."""
-    import yaml
-
-    spec_path = folder / "MLTable"
-    if not spec_path.is_file():
-        raise DataError(f"{folder}: a folder without an MLTable file; give {FILE_KINDS}")
-    try:
-        spec = yaml.safe_load(spec_path.read_text()) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as error:
-        raise DataError(f"{spec_path}: not readable YAML ({str(error).splitlines()[0]})") from None
-    files = [entry.get("file") for entry in spec.get("paths") or [] if isinstance(entry, dict)]
-    if len(files) != 1 or not isinstance(files[0], str) or "://" in files[0]:
-        raise DataError(
-            f"{spec_path}: its paths name {files or 'no file'}; the table task reads an MLTable whose paths are one "
-            "`file:` beside it (what `scripts.assets data ... --mltable true` writes)"
-        )
-    delimiter = ","
-    for step in spec.get("transformations") or []:
-        if isinstance(step, dict) and "read_parquet" in step:
-            delimiter = None
-        elif isinstance(step, dict) and isinstance(step.get("read_delimited"), dict):
-            delimiter = step["read_delimited"].get("delimiter", ",")
-    return (folder / files[0]).resolve(), delimiter
+FILE_KINDS = (
+    "a CSV (.csv, .tsv) or Parquet (.parquet) file, a folder or glob of them, "
+    "an MLTable folder or a Delta table's folder"
+)
 
 
 def read_table(path: str, option: str):
-    """The file at `path` as a DataFrame (CSV cells as text, missing cells None) and a function naming its rows in
-    messages ("line 7" of a CSV, "row 6" of a Parquet file)."""
-    import pandas as pd
-
+    """The table at `path` as a DataFrame (CSV cells as text, missing cells None) and a function naming its rows in
+    messages ("line 7" of a CSV, "row 6" of a Parquet file): one file here, a folder, glob, MLTable or Delta table of
+    many through datamodules/table_sources.py."""
     source = Path(path)
+    if source.is_dir() or (not source.exists() and any(character in path for character in "*?[")):
+        from datamodules.table_sources import read_source
+
+        return read_source(path, option, read_file)
     if not source.exists():
         raise DataError(f"{path}: no such file or folder; give data.init_args.{option} {FILE_KINDS}")
-    delimiter: str | None
-    if source.is_dir():
-        source, delimiter = mltable_file(source)
-        if not source.is_file():
-            raise DataError(f"{path}: its MLTable names {source}, which is not there; put the file beside it")
-    elif source.suffix.lower() in CSV_SUFFIXES:
-        delimiter = CSV_SUFFIXES[source.suffix.lower()]
-    elif source.suffix.lower() in PARQUET_SUFFIXES or source.read_bytes()[:4] == b"PAR1":
-        delimiter = None
-    else:
-        raise DataError(f"{path}: not a CSV or Parquet file (by its name and first bytes); give {FILE_KINDS}")
-    data = source.read_bytes()
+    if source.suffix.lower() in CSV_SUFFIXES:
+        return read_file(path, CSV_SUFFIXES[source.suffix.lower()])
+    if source.suffix.lower() in PARQUET_SUFFIXES or source.read_bytes()[:4] == b"PAR1":
+        return read_file(path, None)
+    raise DataError(f"{path}: not a CSV or Parquet file (by its name and first bytes); give {FILE_KINDS}")
+
+
+def read_file(path: str, delimiter: str | None):
+    """One CSV file (cells separated by `delimiter`) or Parquet file (None) and a function naming its rows."""
+    import pandas as pd
+
+    data = Path(path).read_bytes()
     if delimiter is None:
         try:
             frame = pd.read_parquet(io.BytesIO(data))

@@ -220,7 +220,7 @@ def bad_tables(folder: Path) -> dict[str, tuple[Path, str, str]]:
             "weights.csv: label column 'species' holds numbers that are not whole",
         ),  # fmt: skip
         "a broken Parquet file": (folder / "broken.parquet", "species", "broken.parquet: not a readable Parquet file"),
-        "an MLTable of no file": (folder / "asset", "species", "asset/MLTable: its paths name [None]"),
+        "an MLTable of no file": (folder / "asset", "species", "asset/MLTable: its paths name no file"),
         "no feature column": (folder / "ids.csv", "species", "ids.csv: no column to learn from: every column but"),
     }
 
