@@ -67,7 +67,7 @@ def check_threshold(metric: str, threshold: float) -> None:
         raise SubmitError(f"--threshold {threshold}: test_loss is 0 or more; give such a value, e.g. 0.3")
 
 
-MLTABLE = ",type=mltable"
+MLTABLE, URI_FOLDER = ",type=mltable", ",type=uri_folder"
 
 
 def data_input(given: str, option: str, wanted: str, mltable: bool = False) -> DataInput:
@@ -75,10 +75,11 @@ def data_input(given: str, option: str, wanted: str, mltable: bool = False) -> D
     `mltable`: the task reads an MLTable too (a local folder holding an MLTable file; an asset or URI followed by
     `,type=mltable`), which is then the input's type."""
     what = "a folder" if wanted == "uri_folder" else "a file"
-    if given.endswith(MLTABLE):
-        if not mltable:
-            raise SubmitError(f"{option} {given}: this task reads no MLTable; give {what}, as the task reads")
-        given, wanted = given.removesuffix(MLTABLE), "mltable"
+    for suffix, kind, name in ((MLTABLE, "mltable", "MLTable"), (URI_FOLDER, "uri_folder", "folder of tables")):
+        if given.endswith(suffix) and wanted != kind:
+            if not mltable:
+                raise SubmitError(f"{option} {given}: this task reads no {name}; give {what}, as the task reads")
+            given, wanted = given.removesuffix(suffix), kind
     if given.startswith("azureml:") and "://" not in given:
         return DataInput(parse_reference(given, option, "azureml:birds:1"), wanted)
     if not is_local(given):
@@ -90,6 +91,8 @@ def data_input(given: str, option: str, wanted: str, mltable: bool = False) -> D
         return DataInput(str(path.resolve()), "mltable")
     if wanted == "mltable":
         raise SubmitError(f"{option} {given}{MLTABLE}: not a folder holding an MLTable file; give one, or the file")
+    if mltable and path.is_dir():  # a table's folder of files (datamodules/table_sources.py)
+        return DataInput(str(path.resolve()), "uri_folder")
     if path.is_dir() != (wanted == "uri_folder"):
         raise SubmitError(f"{option} {given}: {'a folder' if path.is_dir() else 'a file'}; this task reads {what}")
     if wanted == "uri_file":  # --local true too: what runs here runs as in Azure ML
@@ -194,8 +197,8 @@ def plan_pipeline(
         raise SubmitError(f"--data: {configs[0]}'s datamodule takes no data_dir or csv_path to give it as")
     testing = data_input(test_data, "--test_data", wanted, mltable) if test_data else None
     for name, data_given in (("training_data", training), ("test_data", testing or training)):
-        if data_given is not None and data_given.type == "mltable":
-            components.input_types[name] = "mltable"
+        if data_given is not None and data_given.type != components.data_type:  # a table's MLTable or folder
+            components.input_types[name] = data_given.type
     # The config's own data path, where --data does not replace it, reaches the steps: in the code, or as --data.
     given = {components.data_option} if training is not None else set()
     fix = {components.data_option: f"--data {value_at(components.config, components.data_option)}"}
@@ -207,10 +210,11 @@ def plan_pipeline(
             (o, g) for o, g in (("--score_data", score_data), ("--test_data", test_data), ("--data", data)) if g
         )
         check_has_an_image(Path(scoring.path), " ".join(given))
-    if scoring is not None and scoring.type == "mltable":  # scripts.score reads a CSV of rows
+    if scoring is not None and mltable and scoring.type != "uri_file":  # scripts.score reads a CSV of rows
         option = "--score_data" if score_data else "--test_data" if test_data else "--data"
+        what = "an MLTable" if scoring.type == "mltable" else "a folder"
         raise SubmitError(
-            f"{option} is an MLTable, which the score step (scripts.score) does not read; give --score_data a CSV of "
+            f"{option} is {what}, which the score step (scripts.score) does not read; give --score_data a CSV of "
             "rows (a local file, or a uri_file asset azureml:NAME:VERSION)"
         )
     if scoring is None and not components_only:

@@ -700,3 +700,22 @@ def test_a_table_pipeline_runs_here_end_to_end_on_an_mltable(tmp_path, penguin_m
     rows = list(csv.reader((folder / "score/predictions/predictions.csv").read_text().splitlines()))
     assert rows[0] == ["input", "class", "probability"]
     assert len(rows) == 91 and {row[1] for row in rows[1:]} <= {"Adelie", "Chinstrap", "Gentoo"}
+
+
+def test_a_table_pipeline_takes_a_folder_of_parquet_files_as_a_uri_folder(tmp_path):
+    """A Spark-written Parquet folder (datamodules/table_sources.py) is the train and evaluate steps' uri_folder; the
+    score step, which reads a CSV of rows, is given its own."""
+    import pandas as pd
+
+    folder = tmp_path / "lake"
+    folder.mkdir()
+    pd.read_csv(PENGUINS).to_parquet(folder / "part-00000.snappy.parquet")
+    (folder / "_SUCCESS").write_text("")
+    job = table_job(tmp_path, "--data", str(folder), "--score_data", str(PENGUINS))
+    train, evaluate = job.jobs["train"], job.jobs["evaluate"]
+    assert (train.inputs["training_data"]._data.type, train.inputs["training_data"]._data.path) == (
+        "uri_folder", str(folder))  # fmt: skip
+    assert train.component.inputs["training_data"].type == evaluate.component.inputs["test_data"].type == "uri_folder"
+    result = run_module("scripts.pipeline", *TABLE, "--data", str(folder), "--compute", "cpu", "--dry_run", "true")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("error: --data is a folder, which the score step")
