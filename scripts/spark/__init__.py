@@ -54,16 +54,26 @@ from scripts.spark.task import (
 from scripts.spark.task_output import TaskErrors, failure_line, task_log
 
 
-def fit_on_spark(argv: list[str], spark=None) -> dict:
+def fit_on_spark(argv: list[str], spark=None, dataframe=None, test_dataframe=None, storage: str | None = None) -> dict:
     """Runs the fit of `argv` (scripts.spark's command line) on `spark` or the session this process has or starts;
-    returns rank 0's results (test_acc, best_checkpoint, run_id). Raises SparkFitError with the line to print."""
+    returns rank 0's results (test_acc, best_checkpoint, run_id). Raises SparkFitError with the line to print.
+    `dataframe` (and `test_dataframe`, tested on instead of a share of it): the table task's data, written once as
+    Parquet under `storage`, a folder every task reads (scripts/spark/dataframes.py)."""
     num_processes, master, args = split_options(argv)
+    if dataframe is not None:
+        args = [*args, "--data.init_args.csv_path", "(the DataFrame)"]  # checked with the rest, set once written
     config = resolve_trainer(args)
     check_launcher(config.trainer)  # before any Spark start; the GPUs of a task are known once a session is there
     from pyspark import cloudpickle
 
-    spark, local = session(spark, master, f"local[{num_processes}]", processes=num_processes)
+    spark, local = session(spark or (dataframe.sparkSession if dataframe is not None else None), master,
+                           f"local[{num_processes}]", processes=num_processes)  # fmt: skip
     try:
+        if dataframe is not None:
+            from scripts.spark.dataframes import dataframe_args
+
+            args = dataframe_args(args[:-2], config, dataframe, test_dataframe, storage)
+            config = resolve_trainer(args)  # with the data's folders, which the executors are asked about
         launch = plan_launch(config.trainer, num_processes, task_gpus(spark))
         check_slots(session_slots(spark), num_processes, launch.num_nodes)
         if local_slots(spark.conf.get("spark.master", "") or "") is None:  # executors elsewhere, not on this disk
@@ -108,6 +118,14 @@ def fit_on_spark(argv: list[str], spark=None) -> dict:
     finally:
         if local:
             local.stop()
+
+
+def predict_on_spark(model_uri: str, dataframe, spark=None, label: str | None = None):
+    """`dataframe` with the registered model's `prediction`, `prediction_index` and `probability` columns (and
+    `label_index` with `label`): scripts/spark/dataframes.py."""
+    from scripts.spark.dataframes import predict_on_spark as predict
+
+    return predict(model_uri, dataframe, spark, label)
 
 
 def score_on_spark(argv: list[str], spark=None) -> dict:
