@@ -1,8 +1,8 @@
 """The confusion matrix's picture for a test of more classes than a person can read cell by cell (past run_record.py's
 MOST_DRAWN, 30): the most frequent confusions as bars, and the matrix of the classes most mistaken, each row as
-shares of its true class. Its size does not grow with the classes (a 300-class matrix drawn cell by cell was 7599 x
-7620 px, 100 s and 4.24 GB); every count is in confusion_matrix.csv beside it. Loaded by the evaluation report only for
-such a test:
+shares of its true class. Its size and memory do not grow with the classes, as a matrix drawn cell by cell's do
+(docs/measured.md); every count is in confusion_matrix.csv beside it. Loaded by the evaluation report only for such a
+test:
 
     python -m scripts.train test --config configs/table.yaml --ckpt_path outputs/<exp>/<run>/checkpoints/best.ckpt
 """
@@ -37,13 +37,13 @@ def most_confused(counts: np.ndarray, most: int = MOST_CONFUSED) -> np.ndarray:
 
 def many_classes_figure(class_names: list[str], counts: np.ndarray, title: str):
     """Bars of the top confusions (left) and the row-normalised matrix of the most confused classes (right): about
-    1,800 x 1,000 px whatever the number of classes."""
+    1,300 x 850 px whatever the number of classes."""
     from matplotlib.figure import Figure
 
     names = [str(name) for name in class_names]
-    figure = Figure(figsize=(18, 10), layout="constrained")
+    figure = Figure(figsize=(16, 9))  # png()'s tight box, not a constrained layout, which peaks higher (measured.md)
     figure.suptitle(f"{title}; {len(names)} classes: the most frequent confusions (every count: confusion_matrix.csv)")
-    bars, grid = figure.subplots(1, 2, width_ratios=(2, 3))
+    bars, grid = figure.subplots(1, 2, width_ratios=(2, 3), gridspec_kw={"wspace": 0.35})
     pairs = top_confusions(counts)
     if not pairs:
         for axes in (bars, grid):
