@@ -92,6 +92,7 @@ class ImageFolderDataModule(ClassificationDataModule):
 
     preprocessing_options = ("image_size",)
     serving_kind = "images"
+    tests_on_validation = False  # set by setup("test"): no test/, so the validation images stand in
 
     def __init__(
         self,
