@@ -35,10 +35,10 @@ class ClassificationDataModule(L.LightningDataModule):
     member is for. Batches are `(inputs, labels)`, `(inputs,)` to predict. `batch_size`: per step and process; `seed`:
     of the data's own randomness (the split; shuffling is Lightning's seed_everything), alike in every process.
     Subclasses also provide `class_names`, `predict_names` after `setup("predict")`, `preprocessing_options`,
-    optionally `images_to_show(inputs)` (scripts/training/mistakes.py) and, to be served, `serving_kind`,
-    `serving_state()`, `serving_preprocess` (`staticmethod(f)` or `LazyFunction`, in a module the model ships) and for
-    rows `serving_example()`, `serving_columns()`, `serving_column_kinds()`.
-    """
+    optionally `images_to_show(inputs)` (scripts/training/mistakes.py), `tests_on_validation` (True: no test split, so
+    `test` scores the validation split) and, to be served, `serving_kind`, `serving_state()`, `serving_preprocess`
+    (`staticmethod(f)` or `LazyFunction`, in a module the model ships), for rows `serving_example()`,
+    `serving_columns()`, `serving_column_kinds()`."""
 
     serving_kind: ClassVar[Literal["rows", "images"] | None] = None
 

@@ -92,6 +92,7 @@ class ImageFolderDataModule(ClassificationDataModule):
 
     preprocessing_options = ("image_size",)
     serving_kind = "images"
+    tests_on_validation = False  # set by setup("test"): no test/, so the validation images stand in
 
     def __init__(
         self,
@@ -231,8 +232,15 @@ class ImageFolderDataModule(ClassificationDataModule):
             self.splits["train"], self.splits["val"] = self.flatten(pictures["train"]), self.flatten(pictures["val"])
             self.fit_batch_to_training_set()
         if stage == "test" and "test" not in self.splits:
-            pictures = self.pictures()  # no test/: the validation images stand in
-            self.splits["test"] = self.flatten(pictures["test"] if "test" in pictures else pictures["val"])
+            pictures = self.pictures()
+            self.tests_on_validation = "test" not in pictures  # the evaluation report and test_acc's line say so too
+            self.splits["test"] = self.flatten(pictures["val" if self.tests_on_validation else "test"])
+            if self.tests_on_validation and (self.trainer is None or self.trainer.is_global_zero):
+                print(
+                    f"{self.hparams.data_dir}: no test/ folder, so `test` scores the validation split, which chose the "
+                    "checkpoint: its scores are optimistic; add a test/ folder of class subfolders for a fair score",
+                    file=sys.stderr,
+                )
         if stage == "predict":
             files = self.predict_files()
             self.splits["predict"] = (files, None)

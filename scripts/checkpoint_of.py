@@ -177,9 +177,10 @@ def checkpoint_of(args: list[str]) -> Path:
         )
     listed = "; ".join(f"{best} ({describe(data)})" for best, data in recorded[:10])
     more = f" and {len(recorded) - 10} more" if len(recorded) > 10 else ""
+    options = ", ".join(f"--data.init_args.{key}" for key in sorted(keys))  # a table's config names no data at all
     raise SystemExit(
-        f"error: no run under {root}/ trained {describe(wanted)}; give CKPT= one of: {listed}{more}, or train on "
-        "this data first"
+        f"error: no run under {root}/ trained {describe(wanted)}; give the fit's {options} in ARGS (FIT_ARGS for "
+        f"export and serve), or CKPT= one of: {listed}{more}, or train on this data first"
     )
 
 

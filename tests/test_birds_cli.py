@@ -34,7 +34,12 @@ def test_cli_fit_then_predict_a_folder(tmp_path, train_cli):
     ]  # fmt: skip
     fit = train_cli("fit", *data, "--trainer.max_epochs", "2", "--trainer.callbacks.unfreeze_backbone_at_epoch", "1")
     assert fit.returncode == 0, fit.stderr[-3000:]
-    assert "test_acc: " in fit.stdout
+    # No test/: the test scores the validation split, which chose the checkpoint; the fit says so, once, and its end.
+    (score,) = [line for line in fit.stdout.splitlines() if line.startswith("test_acc: ")]
+    assert score.endswith(" (validation split: optimistic)"), score
+    assert fit.stderr.count(f"{root}: no test/ folder, so `test` scores the validation split, which chose the") == 1
+    (report,) = (tmp_path / "outputs").glob("*/*/evaluation/per_class.csv")
+    assert sum(int(row.rsplit(",", 1)[1]) for row in report.read_text().splitlines()[1:]) == 2 * 4  # val/: 4 a class
     checkpoint = next(line.split(": ", 1)[1] for line in fit.stdout.splitlines() if line.startswith("best checkpoint"))
 
     predict = train_cli(

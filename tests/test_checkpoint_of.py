@@ -94,6 +94,9 @@ def test_a_table_run_is_found_by_its_file_and_its_label_column(tmp_path):
     other = run_module("scripts.checkpoint_of", "--config", "configs/table.yaml", "--data.init_args.csv_path",
                        table, "--data.init_args.label", "age", "--trainer.default_root_dir", outputs)  # fmt: skip
     assert other.returncode == 1 and "label=age" in other.stderr and str(outcome) in other.stderr
+    bare = run_module("scripts.checkpoint_of", "--config", "configs/table.yaml", "--trainer.default_root_dir", outputs)
+    (line,) = bare.stderr.strip().splitlines()  # the config names no table: the line says which options to give
+    assert bare.returncode == 1 and "give the fit's --data.init_args.csv_path, --data.init_args.label in ARGS" in line
 
 
 def test_no_run_at_all_says_train_first(tmp_path):

@@ -2,7 +2,10 @@
 torchrun, mpirun or horovodrun) is parsed by its own command line, nothing run. jsonargparse's commands parse it with
 --print_config (a renamed or mistyped option fails there; --help would stop before checking); the argparse ones
 (score, plot, build_horovod, the benches) must list every option it gives in their --help. A renamed option fails
-this test, not a user."""
+this test, not a user. A shown `make predict`, `evaluate` or `validate` (which find their checkpoint by the fit's data:
+scripts/checkpoint_of.py) must find the one of a fit shown in its block: the fits' config.yaml as they would record it
+(--print_config), the commands as `make -n` spells them.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import importlib
 import io
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -149,3 +153,80 @@ def test_a_subcommands_help_lists_its_options():
     ]:
         status, output = run_main(module, args)
         assert status == 0 and option in output, (module, args, output)
+
+
+# ---- documented make lines: predict, evaluate and validate find the checkpoint of the fit shown beside them --------
+LOOKUPS = ("predict", "evaluate", "validate")  # the verbs that look the checkpoint up by the fit's data
+
+
+def fenced_blocks() -> list[tuple[str, list[tuple[int, str]]]]:
+    """(page, its (line number, text) pairs) of each fenced block of each page, but ```text ones (what a command
+    printed)."""
+    blocks = []
+    for page in PAGES:
+        lines, shown = None, False
+        for number, line in enumerate(page.read_text().replace("\\\n", " ").splitlines(), 1):
+            if line.lstrip().startswith("```") and lines is None:
+                lines, shown = [], line.strip() != "```text"
+            elif line.lstrip().startswith("```"):
+                blocks += [(str(page.relative_to(REPO)), lines)] if shown else []
+                lines = None
+            elif lines is not None:
+                lines.append((number, line))
+    return blocks
+
+
+def make_lookups() -> list[tuple[str, list[str], list[list[str]]]]:
+    """(where, arguments after `make`, the fits shown in its block) of each `make predict|evaluate|validate` line; a fit
+    is `make train ...`'s arguments, or `python -m scripts.train fit ...`'s as ["-", ...]."""
+    found = []
+    for page, lines in fenced_blocks():
+        makes = [(number, shlex.split(text, comments=True)[1:]) for number, text in lines if text.startswith("make ")]
+        fits = [arguments for _, arguments in makes if arguments[0] == "train"]
+        for _, text in lines:
+            if "-m scripts.train fit " in text:
+                tokens = shlex.split(text[text.find("-m scripts.train") :], comments=True)[2:]
+                ends = [index for index, token in enumerate(tokens) if token in SHELL_ENDS]
+                fits.append(["-", *tokens[: ends[0] if ends else len(tokens)]])
+        found += [(f"{page}:{number}", arguments, fits) for number, arguments in makes if arguments[0] in LOOKUPS]
+    return found
+
+
+def made(arguments: list[str], module: str) -> list[str]:
+    """The arguments `make -n` (nothing run) gives `python -m <module>` in the recipe of `make <arguments>`."""
+    venv = Path(sys.executable).parent.parent
+    dry = subprocess.run(["make", "-n", "--no-print-directory", f"--old-file={venv}/installed", f"VENV={venv}",
+                          *arguments], cwd=REPO, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    (command,) = re.findall(rf"-m {re.escape(module)} ([^)\n]*)", dry)
+    return shlex.split(command)
+
+
+LOOKUP_LINES = make_lookups()
+
+
+def test_the_pages_show_make_predict_lines():
+    assert {arguments[0] for _, arguments, _ in LOOKUP_LINES} >= {"predict"}
+
+
+@pytest.mark.parametrize(("where", "arguments", "fits"), LOOKUP_LINES, ids=[where for where, _, _ in LOOKUP_LINES])
+def test_a_documented_make_predict_finds_the_checkpoint_of_a_fit_shown_beside_it(where, arguments, fits, tmp_path):
+    from scripts.checkpoint_of import checkpoint_of
+
+    assert fits, f"{where}: make {shlex.join(arguments)} shows no fit beside it"
+    runs = []
+    for index, fit in enumerate(fits):  # each fit's run folder as scripts.train leaves it: config.yaml, best.ckpt
+        args = fit[1:] if fit[0] == "-" else made(fit, "scripts.train")
+        status, config = run_main("scripts.train", [*args, "--print_config"])
+        assert status == 0, f"{where}: python -m scripts.train {shlex.join(args)}\n{config}"
+        (tmp_path / "1" / str(index) / "checkpoints").mkdir(parents=True)
+        (tmp_path / "1" / str(index) / "config.yaml").write_text(config)
+        runs.append(tmp_path / "1" / str(index) / "checkpoints" / "best.ckpt")
+        runs[-1].write_bytes(b"")
+    try:
+        found = checkpoint_of([*made(arguments, "scripts.checkpoint_of"), "--trainer.default_root_dir", str(tmp_path)])
+    except SystemExit as refused:
+        pytest.fail(f"{where}: make {shlex.join(arguments)}, after the fit shown beside it, is refused: {refused}")
+    assert found in runs
+    command = [str(found) if arg == "$ckpt" else arg for arg in made(arguments, "scripts.train")]
+    status, output = run_main("scripts.train", [*command, "--print_config"])  # the command it then runs parses
+    assert status == 0, f"{where}: python -m scripts.train {shlex.join(command)}\n{output}"

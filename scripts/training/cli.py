@@ -177,7 +177,8 @@ class TemplateCLI(LightningCLI):
         if self.config.fit.test_after_fit:
             ckpt_path = "best" if checkpoint is not None and checkpoint.best_model_path else None
             (results,) = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt_path)
-            rank_zero_print(f"test_acc: {results['test_acc']:.4f}")  # reduced over all processes
+            validation = getattr(self.datamodule, "tests_on_validation", False)  # results: reduced over processes
+            rank_zero_print(f"test_acc: {results['test_acc']:.4f}" + " (validation split: optimistic)" * validation)
             metrics.update(results)
         config = self.config.fit
         if config.metrics_file and self.trainer.is_global_zero:

@@ -61,7 +61,7 @@ def to_show(worst: Worst, datamodule) -> Worst:
     return confidences, images, labels, predicted
 
 
-def mistakes_figure(class_names: list[str], worst: Worst):
+def mistakes_figure(class_names: list[str], worst: Worst, split: str = "test split"):
     """The most confident mistakes, most confident first, four to a row; each titled true / predicted (confidence)."""
     from matplotlib.figure import Figure
 
@@ -69,7 +69,7 @@ def mistakes_figure(class_names: list[str], worst: Worst):
     wrong = [i for i in confidences.argsort(descending=True).tolist() if confidences[i] > NO_CONFIDENCE]
     if not wrong:
         figure = Figure(figsize=(4, 1))
-        figure.text(0.5, 0.5, "no mistakes in the test split", ha="center", va="center")
+        figure.text(0.5, 0.5, f"no mistakes in the {split}", ha="center", va="center")
         return figure
     columns = min(4, len(wrong))
     rows = -(-len(wrong) // columns)

@@ -105,6 +105,7 @@ def write_metrics(metrics: dict, path: Path) -> None:
 
 FOLDER = "evaluation"  # in the run's folder and in its MLflow artifacts
 MISTAKES = 16  # the most confident mistakes shown
+MOST_DRAWN = 30  # classes whose every count the confusion matrix's picture shows
 
 
 class EvaluationReport(L.Callback):
@@ -121,15 +122,14 @@ class EvaluationReport(L.Callback):
     def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         classes = len(pl_module.class_names)
         self.matrix = torch.zeros(classes * classes, dtype=torch.long, device=pl_module.device)
-        self.worst, self.written = None, []
+        self.worst, self.written, self.absent = None, [], []  # absent: the classes the split holds no item of
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         if not isinstance(outputs, torch.Tensor):  # a test_step that gives no logits
             return
         inputs, labels = batch[0], batch[1]
-        predicted = outputs.argmax(dim=1)
         # index_put_ rather than bincount: on a GPU bincount waits for the device to size its result.
-        cells = labels * len(pl_module.class_names) + predicted
+        cells = labels * len(pl_module.class_names) + outputs.argmax(dim=1)
         self.matrix.index_put_((cells,), torch.ones_like(cells), accumulate=True)
         if self.mistakes and inputs.dim() == 4:
             from scripts.training.mistakes import keep_mistakes
@@ -149,20 +149,20 @@ class EvaluationReport(L.Callback):
         if matrix.sum() == 0:
             return
         scores = per_class_scores(matrix)
-        # Every process logs the same averages (Lightning's table, --metrics_file), as torchmetrics': over the classes
-        # the split holds or the network predicted.
-        seen = (matrix.sum(dim=0) + matrix.sum(dim=1)) > 0
-        pl_module.log_dict(
-            {f"test_{name}_macro": scores[name][seen].mean().item() for name in ("precision", "recall", "f1")}
-        )
+        # 0 / 0 is n/a, not 0: recall and F1 of a class the split lacks, its precision if never predicted either. Each
+        # process logs the same macro averages (Lightning's table, --metrics_file), as torchmetrics': over those seen.
+        held, seen = scores["support"] > 0, (matrix.sum(dim=0) + matrix.sum(dim=1)) > 0
+        known = {"precision": seen, "recall": held, "f1": held}
+        pl_module.log_dict({f"test_{name}_macro": scores[name][seen].mean().item() for name in known})
         if not trainer.is_global_zero:
             return
         keys = list(enumerate(metric_names(pl_module.class_names)))
-        per_class = {f"test_{m}/{key}": scores[m][i].item() for m in ("precision", "recall", "f1") for i, key in keys}
+        per_class = {f"test_{m}/{key}": scores[m][i].item() for m in known for i, key in keys if known[m][i]}
         for logger in trainer.loggers:  # the epoch, as Lightning gives its own epoch metrics
             logger.log_metrics({**per_class, "epoch": trainer.current_epoch}, step=trainer.global_step)
+        self.split = "validation split" if getattr(trainer.datamodule, "tests_on_validation", False) else "test split"
         self.folder = run_dir(trainer) / FOLDER
-        self.written = write_report(self.folder, pl_module.class_names, matrix, scores, worst)
+        self.written = write_report(self.folder, pl_module.class_names, matrix, scores, known, worst, self.split)
         for mlflow in (logger for logger in trainer.loggers if isinstance(logger, MLFlowLogger)):
             for path in self.written:  # into the run's artifacts `evaluation/`, in line behind the metrics
                 upload = partial(mlflow.experiment.log_artifact, mlflow.run_id, str(path), FOLDER)
@@ -170,20 +170,22 @@ class EvaluationReport(L.Callback):
                     mlflow.send(upload, "the evaluation's files")
                 else:
                     upload()
+        self.absent = [name for name, has in zip(pl_module.class_names, held.tolist()) if not has]
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero and self.written:  # here, not as written: the progress bar has closed its line
             print(f"evaluation: {self.folder} ({', '.join(path.name for path in self.written)})")
+            if absent := self.absent:
+                names = ", ".join(absent[:5]) + f" and {len(absent) - 5} more" * (len(absent) > 5)
+                print(f"evaluation: {names}: none in the {self.split}; n/a in per_class.csv (not 0), no metric logged")
 
 
 def per_class_scores(matrix: torch.Tensor) -> dict[str, torch.Tensor]:
     """Each class's precision, recall, F1 and support (`matrix`: rows true, columns predicted); 0 for 0 / 0."""
     matrix = matrix.double()
     right, predicted, support = matrix.diag(), matrix.sum(dim=0), matrix.sum(dim=1)
-    precision = torch.where(predicted > 0, right / predicted.clamp_min(1), 0.0)
-    recall = torch.where(support > 0, right / support.clamp_min(1), 0.0)
-    both = precision + recall
-    f1 = torch.where(both > 0, 2 * precision * recall / both.clamp_min(1e-300), 0.0)
+    precision, recall = right / predicted.clamp_min(1), right / support.clamp_min(1)  # right is 0 where either is
+    f1 = 2 * right / (predicted + support).clamp_min(1)  # 2PR / (P + R)
     return {"precision": precision, "recall": recall, "f1": f1, "support": support.long()}
 
 
@@ -193,28 +195,30 @@ def metric_names(class_names: list[str]) -> list[str]:
     names: list[str] = []
     for index, name in enumerate(class_names):
         safe = re.sub(r"[^A-Za-z0-9_. -]", "_", str(name)).strip()
-        if not safe.strip("."):  # "", "." or "..": a path, to MLflow
-            safe = f"class_{index}"
+        safe = safe if safe.strip(".") else f"class_{index}"  # "", "." or "..": a path, to MLflow
         names.append(f"{safe}_{index}" if safe in names else safe)
     return names
 
 
-def write_report(folder: Path, class_names: list[str], matrix: torch.Tensor, scores: dict, worst: tuple | None):
-    """The report's files in `folder`, each written whole (a killed process leaves none half-written); their paths."""
-    written = [folder / "per_class.csv", folder / "confusion_matrix.png"]
-    table = io.StringIO()
-    out = csv.writer(table, lineterminator="\n")
-    out.writerow(["class", "precision", "recall", "f1", "support"])
-    for index, name in enumerate(class_names):
-        row = [f"{scores[key][index].item():.4f}" for key in ("precision", "recall", "f1")]
-        out.writerow([name, *row, scores["support"][index].item()])
-    write_whole(written[0], table.getvalue().encode())
-    write_whole(written[1], png(confusion_figure(class_names, matrix)))
+def write_report(folder: Path, class_names: list[str], matrix: torch.Tensor, scores: dict, known: dict,
+                 worst: tuple | None, split: str = "test split") -> list[Path]:  # fmt: skip
+    """The report's files in `folder`, each written whole (a killed process leaves none half-written); their paths.
+    `known`: by score, whether each class has one (else n/a). confusion_matrix.csv has every count, drawn or not."""
+    written = [folder / "per_class.csv", folder / "confusion_matrix.csv", folder / "confusion_matrix.png"]
+    rows = [[f"{scores[m][i].item():.4f}" if known[m][i] else "n/a" for m in known] for i in range(len(class_names))]
+    support = scores["support"].tolist()
+    per_class = [["class", *known, "support"], *([n, *row, s] for n, row, s in zip(class_names, rows, support))]
+    counts = [["true \\ predicted", *class_names], *([n, *row] for n, row in zip(class_names, matrix.tolist()))]
+    for path, table in zip(written, (per_class, counts)):
+        text = io.StringIO()
+        csv.writer(text, lineterminator="\n").writerows(table)
+        write_whole(path, text.getvalue().encode())
+    write_whole(written[2], png(confusion_figure(class_names, matrix, split)))
     if worst is not None:
         from scripts.training.mistakes import mistakes_figure
 
         written.append(folder / "most_confident_mistakes.png")
-        write_whole(written[2], png(mistakes_figure(class_names, worst)))
+        write_whole(written[3], png(mistakes_figure(class_names, worst, split)))
     return written
 
 
@@ -225,23 +229,26 @@ def png(figure) -> bytes:
     return buffer.getvalue()
 
 
-def confusion_figure(class_names: list[str], matrix: torch.Tensor):
-    """Counts in cells, darker for more; the axes named by class, readable from 2 to some 50 classes."""
+def confusion_figure(class_names: list[str], matrix: torch.Tensor, split: str = "test split"):
+    """Counts in cells, darker for more, the axes named by class; past MOST_DRAWN classes, confusions.py's picture."""
     from matplotlib.figure import Figure
 
-    classes = len(class_names)
+    classes, counts = len(class_names), matrix.numpy()
+    title = f"{split}: {counts.sum()} items, {counts.trace() / counts.sum():.1%} right"
+    if classes > MOST_DRAWN:
+        from scripts.training.confusions import many_classes_figure
+
+        return many_classes_figure(class_names, counts, title)
     side = max(4.0, 1.5 + 0.32 * classes)  # inches: about a third of an inch a class
     figure = Figure(figsize=(side + 1, side))
     axes = figure.add_subplot()
-    counts = matrix.numpy()
     axes.imshow(counts, cmap="Blues", vmin=0)
     label_size, count_size = (10, 10) if classes <= 12 else (8, 7) if classes <= 25 else (7, 5)
     ticks = range(classes)
     axes.set_xticks(ticks, [str(name) for name in class_names], rotation=45 if classes <= 12 else 90, ha="right",
                     rotation_mode="anchor", fontsize=label_size)  # fmt: skip
-    axes.set_yticks(ticks, [str(name) for name in class_names], fontsize=label_size)
-    total, right = int(counts.sum()), int(counts.trace())
-    title = f"test split: {total} items, {right / total:.1%} right"
+    rows = [f"{name} (no items)" if not held else str(name) for name, held in zip(class_names, counts.sum(axis=1))]
+    axes.set_yticks(ticks, rows, fontsize=label_size)
     axes.set(xlabel="predicted class", ylabel="true class", title=title)
     dark = counts.max() / 2
     for (true, predicted), count in np.ndenumerate(counts):
