@@ -291,8 +291,8 @@ class TableDataModule(InMemoryDataModule):
             self.splits[name] = (self.features(frame, names, self.hparams.csv_path), targets)
         return unreadable
 
-    def features(self, frame, names: list[str], where: str) -> torch.Tensor:
-        return torch.from_numpy(preprocessing.serving_batch(self.state, frame, names, where))
+    def features(self, frame, names: list[str], where: str, say_unseen: bool = False) -> torch.Tensor:
+        return torch.from_numpy(preprocessing.serving_batch(self.state, frame, names, where, say_unseen))
 
     def load_state_dict(self, state: dict) -> None:
         # After setup, before the dataloaders: the inputs become what the checkpoint's network was trained on.
@@ -303,7 +303,7 @@ class TableDataModule(InMemoryDataModule):
 
     def predict_dataloader(self):
         where = self.hparams.predict_path
-        self.splits["predict"] = (self.features(self.predict_frame, self.predict_names, where),)
+        self.splits["predict"] = (self.features(self.predict_frame, self.predict_names, where, say_unseen=True),)
         return super().predict_dataloader()
 
     def serving_state(self) -> dict:

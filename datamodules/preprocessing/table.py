@@ -25,10 +25,15 @@ and those the user leaves out (`drop`).
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pandas as pd
 
 from datamodules.errors import DataError
+from datamodules.preprocessing.table_schema import check_columns
+
+log = logging.getLogger(__name__)
 
 # Cells read as missing, in any case (`na`, `Null`, `N/A`): what spreadsheets, R, databases and UCI's files write for
 # an empty cell. `nat`: pandas' missing timestamp.
@@ -212,23 +217,13 @@ def example_row(state: dict) -> pd.DataFrame:
     return pd.DataFrame({column["name"]: [example(column)] for column in state["columns"]})
 
 
-def serving_batch(state: dict, inputs, names: list[str], where: str = "request") -> np.ndarray:
+def serving_batch(state: dict, inputs, names: list[str], where: str = "request", say_unseen: bool = True) -> np.ndarray:
     """Rows (a pandas DataFrame in the training file's column names; others ignored; one name per row for messages)
-    as the network's input batch (N, width(state)), float32. A missing cell follows the policy above; a column the
-    model reads that is absent, or a cell of a numeric column that is no number, is a DataError naming it."""
+    as the network's input batch (N, width(state)), float32. A missing cell follows the policy above; columns are
+    checked as table_schema.py says; a cell of a numeric or date column that is none is a DataError naming it. Cells
+    of categories the training split did not have are counted in one log line (`say_unseen`)."""
     frame = inputs.reset_index(drop=True)
-    absent = [column["name"] for column in state["columns"] if column["name"] not in frame.columns]
-    if absent:
-        listed = ", ".join(repr(name) for name in absent)
-        # A column renamed since the fit: the rows' own names that the model does not read (the label's and those the
-        # fit left out aside) say which one.
-        known = {column["name"] for column in state["columns"]} | set(state["left_out"]) | {state["label"]}
-        unread = [repr(name) for name in frame.columns if name not in known][:5]
-        raise DataError(
-            f"{where}: no column {listed}; send every column the model was trained on "
-            f"({', '.join(repr(column['name']) for column in state['columns'])}), a missing value as an empty cell"
-            + (f" (it has {', '.join(unread)}, which the model does not read)" if unread else "")
-        )
+    check_columns(state, frame, names, where)
     parts = []
     for column in state["columns"]:
         values = frame[column["name"]]
@@ -258,6 +253,14 @@ def serving_batch(state: dict, inputs, names: list[str], where: str = "request")
             categories = column["categories"]
             index = {category: i for i, category in enumerate(categories)}
             other = len(categories)  # a missing cell, or a category the training split had not
-            positions = [index.get(value, other) for value in as_text(values)]
+            text = as_text(values)
+            positions = [index.get(value, other) for value in text]
             parts.append(np.eye(other + 1)[np.asarray(positions, dtype=np.int64)])
+            unseen = [(row, value) for row, value in enumerate(text) if value is not None and value not in index]
+            if unseen and say_unseen:
+                row, value = unseen[0]
+                log.warning(
+                    "%s: %d cell(s) of column %r hold a category the training split did not have (%s: %r), answered "
+                    "as its other or missing one", where, len(unseen), column["name"], names[row], value,
+                )  # fmt: skip
     return np.concatenate(parts, axis=1).astype(np.float32)
