@@ -7,7 +7,7 @@ ships this file) both turn rows into the network's input here, so both answer al
 
 The state (`describe_columns`, kept in every checkpoint and in the registered model) lists each feature column in the
 file's order:
-- numeric (every cell given in the training split is a number, but for at most FEW_UNREADABLE: `TOLERATED`): missing
+- numeric (every cell given in the training split is a number, but for a few: `tolerated`): missing
   cells (MISSING's spellings, any case; `inf`; the few unreadable cells, named on stderr by the datamodule) become
   the training split's median; a column with missing training cells also gets a 0/1 "was missing" input; then
   standardised with the training split's mean and standard deviation (of the filled column);
