@@ -145,7 +145,8 @@ def predict(spark, model_uri: str, frame, path: str):
     # is loaded on the executors: Spark reads one row of the input to tell.
     if frame.isEmpty():
         raise SparkScoreError(nothing_to_score(path))
-    check_header(spark, path, inputs)
+    if path.lower().endswith(".csv"):
+        check_header(spark, path, inputs)
     if model_checks_columns(model_uri):  # every column, as the model is given a CSV's elsewhere: it names the odd ones
         given = {name: name.strip() for name in frame.columns}
     udf = model_udf(spark, model_uri, outputs)
