@@ -141,9 +141,14 @@ def stratified_split(
     return train, val, test
 
 
+COPIES_SAID: set[tuple[str, int]] = set()  # (table, count) already said in this process
+
+
 def say_copies(count: int, where: str, trainer) -> None:
-    """One line on stderr (global rank 0) for rows that are exact copies of others, which the split keeps together."""
-    if count and (trainer is None or trainer.is_global_zero):
+    """One line on stderr (global rank 0) for rows that are exact copies of others, which the split keeps together:
+    once per table and process, where a datamodule's setup runs again for each stage (fit, test, registration)."""
+    if count and (trainer is None or trainer.is_global_zero) and (where, count) not in COPIES_SAID:
+        COPIES_SAID.add((where, count))
         print(
             f"{where}: {count} row{'s are exact copies' if count > 1 else ' is an exact copy'} of others (every column "
             "and the label): each kept in one split with its copies, so none is both trained and tested on",

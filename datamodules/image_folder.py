@@ -332,14 +332,19 @@ class ImageFolderDataModule(ClassificationDataModule):
         return self._loader("predict")
 
     def serving_state(self) -> dict:
-        return {"image_size": self.hparams.image_size}
+        """The crop's size, and the colour of the training images: the registered model refuses a request of grey
+        pictures only for a network trained on colour ones only, as predict refuses such a folder."""
+        if "train" in self.splits and self._colour is None:  # fitting: grey images (digits) or colour ones learnt
+            self._colour = colour_share(self.splits["train"][0])
+        return {
+            "image_size": self.hparams.image_size,
+            **({"colour_share": self._colour} if "train" in self.splits else {}),
+        }
 
     def state_dict(self) -> dict:
         state = super().state_dict()
-        if "train" in self.splits:  # fitting: whether the network learnt grey images (digits) or colour ones
-            if self._colour is None:
-                self._colour = colour_share(self.splits["train"][0])
-            state["colour_share"] = self._colour
+        if "train" in self.splits:
+            state["colour_share"] = self.serving_state()["colour_share"]
         return state
 
     def load_state_dict(self, state: dict) -> None:

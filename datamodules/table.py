@@ -2,9 +2,10 @@
 
     python -m scripts.train fit --config configs/table.yaml --data.init_args.csv_path FILE --data.init_args.label COLUMN
 
-The split is stratified, seeded and made before anything is learnt (70/15/15 by default). Which columns are numbers and
-which categories, the missing-cell policy, the scaling statistics and the columns left out (IDs, constants: named on
-stderr) come from the training split alone (datamodules/preprocessing/table.py), are kept in every checkpoint and in
+The split is stratified, seeded and made before anything is learnt (70/15/15 by default). Which columns are numbers,
+dates and categories, the missing-cell policy, the scaling statistics and the columns left out (IDs, constants, free
+text, those of data.init_args.drop: each column's kind printed once on stderr and kept as the run's `columns.json`)
+come from the training split alone (datamodules/preprocessing/table.py), are kept in every checkpoint and in
 the registered model, and decide the network's input width (TableNet's lazy first layer takes it from the first batch:
 lightning_modules/classifier.py). Class names are the label column's values, sorted (whole
 numbers by value).
@@ -15,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import sys
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -84,6 +86,11 @@ def read_file(path: str, delimiter: str | None):
     return frame.reset_index(drop=True), lambda index: f"line {int(lines[index]) + 2}"
 
 
+def holds_many(value) -> bool:
+    """Whether a cell holds several values (a list, an array, a dict: Parquet's nested types)."""
+    return hasattr(value, "__len__") and not isinstance(value, str | bytes)
+
+
 def class_labels(values, where: str, label: str, row_name) -> tuple[list[str], list[str]]:
     """Each row's class name and the sorted class names (whole numbers sorted by value) of a label column."""
     text = preprocessing.as_text(values)
@@ -103,7 +110,9 @@ def class_labels(values, where: str, label: str, row_name) -> tuple[list[str], l
                 f"{where}: label column {label!r} holds numbers that are not whole ({text[(numbers % 1 != 0)].iloc[0]})"
                 "; a classifier needs classes (names or whole numbers): is it a measurement rather than the label?"
             )
-        classes = sorted(classes, key=float)
+        # `0.0` (a CSV written from floats) is named `0`, as the same labels read from Parquet are.
+        labels = [str(int(number)) if "." in name else name for name, number in zip(labels, numbers)]
+        classes = sorted(set(labels), key=float)
     if len(classes) < 2:
         raise DataError(
             f"{where}: every row of label column {label!r} is {classes[0]!r}; a classifier needs rows of two classes "
@@ -118,6 +127,7 @@ class TableDataModule(InMemoryDataModule):
         csv_path: the table: a CSV (.csv, .tsv) or Parquet file, or a folder holding an MLTable file (an Azure ML data
             asset mounted as a folder) whose paths name one.
         label: the column holding each row's class; every other column is a candidate feature.
+        drop: columns to leave out of the features (a date the model should not learn from, a leaky column).
         predict_path: a CSV or Parquet file of rows to classify (the label column not needed).
         classes: class names in index order; None: the label column's values, sorted (whole numbers by value). At
             validate, test and predict the checkpoint's (then predict needs no training data).
@@ -139,6 +149,7 @@ class TableDataModule(InMemoryDataModule):
         val_fraction: float = 0.15,
         test_fraction: float = 0.15,
         seed: int = 42,
+        drop: list[str] | None = None,
     ) -> None:
         super().__init__(batch_size, seed)
         check_fractions(val_fraction, test_fraction)
@@ -150,6 +161,7 @@ class TableDataModule(InMemoryDataModule):
         self.save_hyperparameters()
         self.state: dict | None = None
         self._table = None
+        self.set_aside: dict[str, str] = {}  # column: why it is no feature (data.init_args.drop, lists)
 
     def table(self):
         """The training table, its row names, each row's class and the class names: read once."""
@@ -165,9 +177,28 @@ class TableDataModule(InMemoryDataModule):
                 near = [name for name in frame.columns if name.strip().lower() == str(label).strip().lower()]
                 hint = f"did you mean {near[0]!r}?" if near else f"its columns: {', '.join(map(str, frame.columns))}"
                 raise DataError(f"{path}: no label column {label!r} ({hint}); give data.init_args.label one of them")
+            frame = self.set_columns_aside(frame, path, label)
             labels, classes = class_labels(frame[label], path, label, row_name)
             self._table = frame, row_name, labels, classes
         return self._table
+
+    def set_columns_aside(self, frame, path: str, label: str):
+        """`frame` less its columns of lists (a Parquet list column: no one value a cell, and unhashable where the
+        split looks for copies); those and data.init_args.drop's are named in `set_aside`."""
+        columns = list(map(str, frame.columns))
+        for name in self.hparams.drop or []:
+            if name not in columns or name == label:
+                what = "the label" if name == label else f"no column {name!r} in {path}"
+                raise DataError(
+                    f"data.init_args.drop: {what}; give columns of the table to leave out (its columns: "
+                    f"{', '.join(repr(column) for column in columns if column != label)})"
+                )
+            self.set_aside[name] = "data.init_args.drop names it"
+        # A Parquet column's cells are all of its one type: its first given cell tells (a CSV's are all text).
+        lists = [column for column in frame.columns if frame[column].dropna().head(1).map(holds_many).any()]
+        for column in lists:
+            self.set_aside[column] = "lists, not one value a cell (give one number or text a cell to use it)"
+        return frame.drop(columns=lists)
 
     @property
     def class_names(self) -> list[str]:
@@ -207,26 +238,40 @@ class TableDataModule(InMemoryDataModule):
             name: (frame.iloc[part.numpy()], [row_name(int(i)) for i in part], targets[part])
             for name, part in zip(("train", "val", "test"), rows)
         }
+        if len(self.raw["test"][2]) == 0 and len(classes) * 5 > len(frame):
+            raise DataError(
+                f"{self.hparams.csv_path}: label column {self.hparams.label!r} has {len(classes)} classes in "
+                f"{len(frame)} rows ({sum(n == 1 for n in Counter(labels).values())} of one row); a classifier "
+                "needs several rows of each class: give the column of each row's class as data.init_args.label"
+            )
         if len(self.raw["test"][2]) == 0:
             raise DataError(
                 f"{self.hparams.csv_path}: {len(frame)} rows leave no test rows at test_fraction "
                 f"{self.hparams.test_fraction}; give more rows or a larger data.init_args.test_fraction"
             )
-        self.state = preprocessing.describe_columns(self.raw["train"][0], self.hparams.label, self.hparams.csv_path)
+        where = self.hparams.csv_path
+        self.state = preprocessing.describe_columns(self.raw["train"][0], self.hparams.label, where, self.set_aside)
+        unreadable = self.featurise()
         if self.trainer is None or self.trainer.is_global_zero:
-            for column, reason in self.state["left_out"].items():
-                print(f"{self.hparams.csv_path}: column {column!r} left out: {reason}", file=sys.stderr)
-        self.featurise()
+            print("\n".join(column_lines(where, self.state, unreadable)), file=sys.stderr)
 
-    def featurise(self) -> None:
-        """Each split's network inputs from its raw rows and the state (the checkpoint's, once restored)."""
-        self.splits = {
-            name: (self.features(frame, names, self.hparams.csv_path), targets)
-            for name, (frame, names, targets) in getattr(self, "raw", {}).items()
-        }
+    def featurise(self) -> list[tuple[str, str, object]]:
+        """Each split's network inputs from its raw rows and the state (the checkpoint's, once restored). A numeric or
+        date column's cells that are none (the few the state tolerates, `inf`) are read as missing: returned as (row,
+        column, value)."""
+        self.splits, unreadable = {}, []
+        for name, (frame, names, targets) in getattr(self, "raw", {}).items():
+            cells = preprocessing.unreadable_cells(self.state, frame)
+            if cells:
+                frame = frame.copy()
+                for column, bad in cells.items():
+                    unreadable += [(names[i], column, frame[column].iloc[i]) for i in bad.nonzero()[0]]
+                    frame[column] = frame[column].where(~bad, None)
+            self.splits[name] = (self.features(frame, names, self.hparams.csv_path), targets)
+        return unreadable
 
-    def features(self, frame, names: list[str], where: str) -> torch.Tensor:
-        return torch.from_numpy(preprocessing.serving_batch(self.state, frame, names, where))
+    def features(self, frame, names: list[str], where: str, say_unseen: bool = False) -> torch.Tensor:
+        return torch.from_numpy(preprocessing.serving_batch(self.state, frame, names, where, say_unseen))
 
     def load_state_dict(self, state: dict) -> None:
         # After setup, before the dataloaders: the inputs become what the checkpoint's network was trained on.
@@ -237,7 +282,7 @@ class TableDataModule(InMemoryDataModule):
 
     def predict_dataloader(self):
         where = self.hparams.predict_path
-        self.splits["predict"] = (self.features(self.predict_frame, self.predict_names, where),)
+        self.splits["predict"] = (self.features(self.predict_frame, self.predict_names, where, say_unseen=True),)
         return super().predict_dataloader()
 
     def serving_state(self) -> dict:
@@ -260,3 +305,24 @@ class TableDataModule(InMemoryDataModule):
 
     def serving_column_kinds(self) -> dict[str, str]:
         return {column["name"]: column["kind"] for column in self.trained_state()["columns"]}
+
+    def columns_record(self) -> dict[str, str]:
+        """Each column's kind as read, or why it is left out: the run's `columns.json` (scripts/training/run_record)."""
+        return preprocessing.describe_kinds(self.state) if self.state else {}
+
+
+def column_lines(where: str, state: dict, unreadable: list[tuple[str, str, object]], shown: int = 10) -> list[str]:
+    """The stderr block that says how the table was read: each column's kind (or why it is left out), then the cells
+    read as missing that were no number or date (`inf` in one line a column)."""
+    kinds = preprocessing.describe_kinds(state).items()
+    lines = [f"{where}: column {name!r}{' ' if kind.startswith('left') else ': '}{kind}" for name, kind in kinds]
+    infinite = [(row, column) for row, column, value in unreadable if preprocessing.infinite(value)]
+    for column in dict.fromkeys(column for _, column in infinite):
+        rows = [row for row, named in infinite if named == column]
+        lines.append(f"{where}: column {column!r}: {len(rows)} inf cell(s) ({', '.join(rows[:shown])}) read as missing")
+    others = [(row, column, value) for row, column, value in unreadable if (row, column) not in set(infinite)]
+    for row, column, value in others[:shown]:
+        lines.append(f"{where}: {row}, column {column!r}: {value!r} is no number or date: read as missing")
+    if len(others) > shown:
+        lines.append(f"{where}: {len(others) - shown} more such cells read as missing")
+    return lines

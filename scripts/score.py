@@ -128,8 +128,12 @@ class Model:
         self.folder = folder
         self.python_model = self.pyfunc.unwrap_python_model()
         self.kind, self.class_names = self.python_model.kind, self.python_model.class_names
-        schema = self.pyfunc.metadata.get_input_schema()  # the columns the model reads: others it ignores
+        # The columns the model reads (others it ignores): its signature's, or for a model that checks its columns
+        # itself (a table's, saved without an input schema) its metadata's.
+        schema = self.pyfunc.metadata.get_input_schema()
         self.columns = set(schema.input_names()) if schema is not None and schema.has_input_names() else None
+        if self.columns is None and isinstance((self.pyfunc.metadata.metadata or {}).get("columns"), dict):
+            self.columns = set(self.pyfunc.metadata.metadata["columns"])
         self.backend = BACKEND
 
     def predict(self, inputs, names: list[str]) -> list[dict]:

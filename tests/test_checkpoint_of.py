@@ -211,6 +211,23 @@ def test_make_predict_refuses_grey_digits_for_a_checkpoint_of_colour_photos_in_o
         "data?); give it images like its training data, or give --ckpt_path a checkpoint trained on pictures like "
         "these (make predict takes the newest trained on the config's data_dir)"
     )
+    # extra: serving
+    # The registered model of that checkpoint (scripts.serve's, batch scoring's) refuses them alike (it answered
+    # "chickens", HTTP 200).
+    import mlflow
+    import pandas as pd
+
+    from scripts.serve import from_checkpoint
+    from scripts.serving.pyfunc_model import ClassifierModel, InputError
+
+    served = from_checkpoint(run_of(two_folders, "a"), two_folders["root"] / "served")
+    model = mlflow.pyfunc.load_model(str(served))
+    assert isinstance(model.unwrap_python_model(), ClassifierModel)
+    images = pd.DataFrame({"image": [path.read_bytes() for path in sorted(digits.iterdir())]})
+    with pytest.raises(InputError, match=r"^image 1: grey pictures, but this model was trained on colour images only"):
+        model.predict(images)
+    model.predict(pd.DataFrame({"image": [next((two_folders["photos"]).rglob("*.*")).read_bytes()]}))  # colour: fine
+    # end extra: serving
 
 
 @pytest.mark.parametrize(

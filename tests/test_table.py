@@ -178,6 +178,16 @@ def test_a_fit_reaches_a_logistic_regression_on_the_same_split(fitted, request):
     assert run["test_acc"] >= floor, (run["test_acc"], floor)
     assert run["test_acc"] >= 0.8  # the classes are learnable: far above a constant answer
     assert "column 'row id' left out" in run["stderr"] and "column 'site' left out" in run["stderr"]
+    # Each column's kind, said once on stderr and kept in the run.
+    assert run["stderr"].count(f"{run['source']}: column '{COLOUR}': categorical, 3 categories") == 1
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{run['folder'] / 'outputs' / 'mlflow.db'}")
+    (found,) = client.search_runs([e.experiment_id for e in client.search_experiments() if e.name == "table"])
+    columns = json.loads(
+        Path(client.download_artifacts(found.info.run_id, "columns.json", str(run["folder"]))).read_text()
+    )
+    assert columns[LENGTH] == "numeric, some missing" and columns["site"].startswith("left out: one value")
 
 
 @pytest.mark.slow

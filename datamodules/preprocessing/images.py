@@ -245,4 +245,14 @@ def photo_batch(state: dict, inputs: list[bytes], names: list[str]) -> np.ndarra
     """Encoded photos (one name each, for messages) as the network's input batch (N, 3, S, S), S: image_size."""
     size = state["image_size"]
     crops = [centre_crop(read(data, name), size, name).transpose(2, 0, 1) for data, name in zip(inputs, names)]
+    # A network of colour photos only answers grey pictures (another task's digits) with confidence: refused when the
+    # request holds grey ones only, as predict refuses such a folder (datamodules/image_folder.py). A grey picture's
+    # channels differ by under 2 levels on average (a grey JPEG's colour noise), as the fit measured its images.
+    if state.get("colour_share") == 1 and all(
+        np.abs(crop.astype(np.int16) - np.roll(crop, 1, axis=0)).mean() < 2 for crop in crops
+    ):
+        raise DataError(
+            f"{names[0]}: grey pictures, but this model was trained on colour images only (another task's data?); "
+            "send pictures like its training data"
+        )
     return normalize_photos(np.stack(crops))

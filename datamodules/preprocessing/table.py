@@ -7,24 +7,42 @@ ships this file) both turn rows into the network's input here, so both answer al
 
 The state (`describe_columns`, kept in every checkpoint and in the registered model) lists each feature column in the
 file's order:
-- numeric (every cell given in the training split is a finite number): missing cells become the training split's
-  median; a column with missing training cells also gets a 0/1 "was missing" input; then standardised with the
-  training split's mean and standard deviation (of the filled column);
+- numeric (every cell given in the training split is a number, but for a few: `tolerated`): missing
+  cells (MISSING's spellings, any case; `inf`; the few unreadable cells, named on stderr by the datamodule) become
+  the training split's median; a column with missing training cells also gets a 0/1 "was missing" input; then
+  standardised with the training split's mean and standard deviation (of the filled column);
+- date (otherwise, every cell an ISO date or date-time, `2024-03-01`, `2024-03-01T12:30:00Z`, or a Parquet date or
+  timestamp, with the same tolerance): days since 1970-01-01 (UTC; a time is a fraction of a day), then as numeric;
 - categorical (any other): one 0/1 input per category of the training split (sorted), and one more for a missing cell
-  or a category the training split did not have.
+  or a category the training split did not have. More than MAX_CATEGORIES categories: the MAX_CATEGORIES commonest
+  are kept and the others read as that "other" input (a city or a product code still informs; thousands of one-hot
+  inputs of rare values would mostly learn noise).
 Columns left out (named in `left_out`, and on stderr by the datamodule): every training cell distinct (an ID, a
-row number: nothing a new row could be judged by) and columns of one value (or none) in the training split.
+row number: nothing a new row could be judged by), more than MAX_CATEGORIES categories that are more than half the
+cells (free text: no category a new row is likely to share), columns of one value (or none) in the training split,
+and those the user leaves out (`drop`).
 """
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import pandas as pd
 
 from datamodules.errors import DataError
+from datamodules.preprocessing.table_schema import check_columns
 
-# Cells read as missing in a CSV; pandas' other defaults (e.g. "nan", "NaN") are read as missing too by to_numeric.
-MISSING = ["", "NA", "N/A", "n/a", "#N/A", "#NA", "<NA>", "NA/NA", "NULL", "null", "None", "none", "nan", "NaN", "-"]
+log = logging.getLogger(__name__)
+
+# Cells read as missing, in any case (`na`, `Null`, `N/A`): what spreadsheets, R, databases and UCI's files write for
+# an empty cell. `nat`: pandas' missing timestamp.
+MISSING = ["", "?", "-", "--", "NA", "N/A", "#N/A", "#NA", "<NA>", "NA/NA", "NULL", "None", "nan", "NaT"]
+MISSING_TEXT = frozenset(text.lower() for text in MISSING)
+MAX_CATEGORIES = 50
+FEW_UNREADABLE = 5  # at most this many unreadable cells, and at most 1% of the column's given cells
+ISO_DATE = r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?)?(?:Z|[+-]\d{2}(?::?\d{2})?)?"
+EPOCH = pd.Timestamp("1970-01-01", tz="UTC")
 
 
 def as_text(values: pd.Series) -> pd.Series:
@@ -39,7 +57,7 @@ def as_text(values: pd.Series) -> pd.Series:
         if isinstance(value, float | np.floating) and float(value).is_integer():
             return str(int(value))
         text = str(value).strip()
-        return None if text in MISSING else text
+        return None if text.lower() in MISSING_TEXT else text
 
     return values.map(name).astype(object)
 
@@ -53,44 +71,57 @@ def as_numbers(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     return numbers, bad
 
 
-def describe_columns(train: pd.DataFrame, label: str, where: str = "the table") -> dict:
-    """The state of a table whose training split is `train` (every column but `label` is a candidate feature);
-    `where` names the table in messages."""
-    columns, left_out = [], {}
+def infinite(value) -> bool:
+    """Whether a cell is `inf` or `-inf` (a float, or text such as `inf`, `-Infinity`)."""
+    return bool(np.isinf(as_numbers(pd.Series([value], dtype=object))[0][0]))
+
+
+def as_days(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """The cells as days since 1970-01-01 UTC (NaN where missing; a date-time without a zone taken as UTC) and a mask
+    of the cells given that are no ISO date or date-time."""
+    text = as_text(values)
+    given = text.notna().to_numpy()
+    iso = text.str.fullmatch(ISO_DATE, na=False).to_numpy(dtype=bool)
+    stamps = pd.to_datetime(text.where(iso, None), utc=True, format="ISO8601", errors="coerce")
+    days = ((stamps - EPOCH) / pd.Timedelta(days=1)).to_numpy(dtype=np.float64, na_value=np.nan)
+    return days, given & ~np.isfinite(days)
+
+
+def cell_numbers(values: pd.Series, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """A numeric or date column's cells as numbers, and the mask of the given cells that are none."""
+    return as_days(values) if kind == "date" else as_numbers(values)
+
+
+def tolerated(unreadable: int, given: int) -> bool:
+    """Whether a column of `given` cells, `unreadable` of them not of its kind, is still of that kind: a few typing
+    slips (`12..5`, `n.a.`) in a column of numbers, not a column of text that holds some numbers."""
+    return unreadable <= min(FEW_UNREADABLE, given // 100)
+
+
+def unreadable_cells(state: dict, frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Per numeric or date column of `state`, the mask of `frame`'s cells given that are not of its kind: the
+    training file's few unreadable cells (and `inf`), which the datamodule reads as missing and names."""
+    found = {}
+    for column in state["columns"]:
+        if column["kind"] in ("numeric", "date") and column["name"] in frame.columns:
+            bad = cell_numbers(frame[column["name"]], column["kind"])[1]
+            if bad.any():
+                found[column["name"]] = bad
+    return found
+
+
+def describe_columns(train: pd.DataFrame, label: str, where: str = "the table", drop: dict | None = None) -> dict:
+    """The state of a table whose training split is `train` (every column but `label` and those of `drop`, a dict of
+    column: why, is a candidate feature); `where` names the table in messages."""
+    columns, left_out = [], dict(drop or {})
     for column in train.columns:
-        if column == label:
+        if column == label or column in left_out:
             continue
-        text = as_text(train[column])
-        given = text.dropna()
-        if given.nunique() <= 1:
-            left_out[column] = f"one value ({given.iloc[0]!r}) in the training split" if len(given) else "empty"
-            continue
-        numbers, bad = as_numbers(train[column])
-        numeric = not bad.any()
-        distinct = given.nunique() == len(train)
-        if distinct and not numeric:
-            left_out[column] = "a different value on every training row (an ID?)"
-            continue
-        if distinct and numeric:
-            whole = numbers[np.isfinite(numbers)]
-            # Whole numbers, each once, spread no wider than twice the rows: row numbers or IDs, not a measurement.
-            if np.all(whole == np.round(whole)) and whole.max() - whole.min() < 2 * len(whole):
-                left_out[column] = "whole numbers, a different one on every training row (an ID or row number?)"
-                continue
-        if numeric:
-            missing = np.isnan(numbers)
-            median = float(np.median(numbers[~missing]))
-            filled = np.where(missing, median, numbers)
-            columns.append({
-                "name": column, "kind": "numeric", "median": median, "mean": float(filled.mean()),
-                "std": max(float(filled.std()), 1e-6), "indicator": bool(missing.any()),
-            })  # fmt: skip
+        described = describe_column(train[column], column, len(train))
+        if isinstance(described, str):
+            left_out[column] = described
         else:
-            counts = given.value_counts()
-            columns.append({
-                "name": column, "kind": "categorical", "categories": sorted(counts.index.tolist()),
-                "example": str(counts.index[0]),
-            })  # fmt: skip
+            columns.append(described)
     if not columns:
         raise DataError(
             f"{where}: no column to learn from: every column but the label {label!r} is left out ("
@@ -102,10 +133,61 @@ def describe_columns(train: pd.DataFrame, label: str, where: str = "the table") 
     return {"label": label, "columns": columns, "left_out": left_out, "fills_missing_cells": True}
 
 
+def describe_column(values: pd.Series, name: str, rows: int) -> dict | str:
+    """One training column's state, or why it is left out."""
+    given = as_text(values).dropna()
+    if given.nunique() <= 1:
+        return f"one value ({given.iloc[0]!r}) in the training split" if len(given) else "empty"
+    numbers, bad = as_numbers(values)
+    kind = "numeric" if tolerated(int((bad & ~np.isinf(numbers)).sum()), len(given)) else None
+    if kind is None and tolerated(int((days := as_days(values))[1].sum()), len(given)):
+        kind, (numbers, bad) = "date", days
+    distinct = given.nunique() == rows
+    if distinct and kind is None:
+        return "a different value on every training row (an ID?)"
+    if distinct and kind == "numeric":
+        whole = numbers[np.isfinite(numbers)]
+        # Whole numbers, each once, spread no wider than twice the rows: row numbers or IDs, not a measurement.
+        if np.all(whole == np.round(whole)) and whole.max() - whole.min() < 2 * len(whole):
+            return "whole numbers, a different one on every training row (an ID or row number?)"
+    if kind is not None:
+        missing = ~np.isfinite(numbers)
+        median = float(np.median(numbers[~missing]))
+        filled = np.where(missing, median, numbers)
+        return {
+            "name": name, "kind": kind, "median": median, "mean": float(filled.mean()),
+            "std": max(float(filled.std()), 1e-6), "indicator": bool(missing.any()),
+        }  # fmt: skip
+    counts = given.value_counts()
+    if len(counts) > MAX_CATEGORIES and len(counts) > len(given) / 2:
+        return f"{len(counts)} different texts in {len(given)} cells (free text or an ID?)"
+    # The commonest first, ties by name: the MAX_CATEGORIES kept do not depend on the order of the rows.
+    kept = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:MAX_CATEGORIES]
+    return {
+        "name": name, "kind": "categorical", "categories": sorted(category for category, _ in kept),
+        "example": str(kept[0][0]), **({"others": len(counts) - len(kept)} if len(counts) > len(kept) else {}),
+    }  # fmt: skip
+
+
+def describe_kinds(state: dict) -> dict[str, str]:
+    """Each column of the table as read, in a few words: its kind (and what it becomes) or why it is left out."""
+    kinds = {}
+    for column in state["columns"]:
+        kind = column["kind"]
+        if kind == "categorical":
+            kind += f", {len(column['categories'])} categories"
+            if column.get("others"):
+                kind += f" (the commonest; {column['others']} rarer ones read as other)"
+        elif kind == "date":
+            kind += " (as days since 1970-01-01)"
+        kinds[column["name"]] = kind + (", some missing" if column.get("indicator") else "")
+    return kinds | {name: f"left out: {why}" for name, why in state["left_out"].items()}
+
+
 def width(state: dict) -> int:
     """The network's input width for `state`: what the datamodule sizes the network by."""
     return sum(
-        1 + column["indicator"] if column["kind"] == "numeric" else len(column["categories"]) + 1
+        1 + column["indicator"] if column["kind"] != "categorical" else len(column["categories"]) + 1
         for column in state["columns"]
     )
 
@@ -115,7 +197,7 @@ def feature_names(state: dict) -> list[str]:
     `col=(other or missing)`."""
     names = []
     for column in state["columns"]:
-        if column["kind"] == "numeric":
+        if column["kind"] != "categorical":
             names += [column["name"]] + ([f"{column['name']} (missing)"] if column["indicator"] else [])
         else:
             names += [f"{column['name']}={category}" for category in column["categories"]]
@@ -126,31 +208,22 @@ def feature_names(state: dict) -> list[str]:
 def example_row(state: dict) -> pd.DataFrame:
     """One raw row (each numeric column's training median, each categorical column's commonest category): the
     registered model's input example."""
-    return pd.DataFrame(
-        {
-            column["name"]: [column["median"] if column["kind"] == "numeric" else column["example"]]
-            for column in state["columns"]
-        }
-    )
+
+    def example(column: dict):
+        if column["kind"] == "date":
+            return (EPOCH + pd.Timedelta(days=column["median"])).strftime("%Y-%m-%d")
+        return column["median"] if column["kind"] == "numeric" else column["example"]
+
+    return pd.DataFrame({column["name"]: [example(column)] for column in state["columns"]})
 
 
-def serving_batch(state: dict, inputs, names: list[str], where: str = "request") -> np.ndarray:
+def serving_batch(state: dict, inputs, names: list[str], where: str = "request", say_unseen: bool = True) -> np.ndarray:
     """Rows (a pandas DataFrame in the training file's column names; others ignored; one name per row for messages)
-    as the network's input batch (N, width(state)), float32. A missing cell follows the policy above; a column the
-    model reads that is absent, or a cell of a numeric column that is no number, is a DataError naming it."""
+    as the network's input batch (N, width(state)), float32. A missing cell follows the policy above; columns are
+    checked as table_schema.py says; a cell of a numeric or date column that is none is a DataError naming it. Cells
+    of categories the training split did not have are counted in one log line (`say_unseen`)."""
     frame = inputs.reset_index(drop=True)
-    absent = [column["name"] for column in state["columns"] if column["name"] not in frame.columns]
-    if absent:
-        listed = ", ".join(repr(name) for name in absent)
-        # A column renamed since the fit: the rows' own names that the model does not read (the label's and those the
-        # fit left out aside) say which one.
-        known = {column["name"] for column in state["columns"]} | set(state["left_out"]) | {state["label"]}
-        unread = [repr(name) for name in frame.columns if name not in known][:5]
-        raise DataError(
-            f"{where}: no column {listed}; send every column the model was trained on "
-            f"({', '.join(repr(column['name']) for column in state['columns'])}), a missing value as an empty cell"
-            + (f" (it has {', '.join(unread)}, which the model does not read)" if unread else "")
-        )
+    check_columns(state, frame, names, where)
     parts = []
     for column in state["columns"]:
         values = frame[column["name"]]
@@ -161,14 +234,15 @@ def serving_batch(state: dict, inputs, names: list[str], where: str = "request")
                 f"{where}: {names[row]}, column {column['name']!r}: a {type(values[row]).__name__}; give one string "
                 "or number per cell"
             )
-        if column["kind"] == "numeric":
-            numbers, bad = as_numbers(values)
+        if column["kind"] != "categorical":
+            numbers, bad = cell_numbers(values, column["kind"])
             if bad.any():
                 row = int(bad.argmax())
                 value = values[row].item() if isinstance(values[row], np.generic) else values[row]  # inf, not numpy's
+                wanted = "a date (2024-03-01, or 2024-03-01T12:30:00)" if column["kind"] == "date" else "a number"
                 raise DataError(
-                    f"{where}: {names[row]}, column {column['name']!r}: {value!r} is not a number; give a "
-                    "number, or leave the cell empty"
+                    f"{where}: {names[row]}, column {column['name']!r}: {value!r} is not {wanted}; give "
+                    f"{wanted.split(' (')[0]}, or leave the cell empty"
                 )
             missing = np.isnan(numbers)
             filled = np.where(missing, column["median"], numbers)
@@ -179,6 +253,14 @@ def serving_batch(state: dict, inputs, names: list[str], where: str = "request")
             categories = column["categories"]
             index = {category: i for i, category in enumerate(categories)}
             other = len(categories)  # a missing cell, or a category the training split had not
-            positions = [index.get(value, other) for value in as_text(values)]
+            text = as_text(values)
+            positions = [index.get(value, other) for value in text]
             parts.append(np.eye(other + 1)[np.asarray(positions, dtype=np.int64)])
+            unseen = [(row, value) for row, value in enumerate(text) if value is not None and value not in index]
+            if unseen and say_unseen:
+                row, value = unseen[0]
+                log.warning(
+                    "%s: %d cell(s) of column %r hold a category the training split did not have (%s: %r), answered "
+                    "as its other or missing one", where, len(unseen), column["name"], names[row], value,
+                )  # fmt: skip
     return np.concatenate(parts, axis=1).astype(np.float32)

@@ -234,6 +234,11 @@ def save_model(
         # it), and of "string" refuses numbers (a category "3" sent as 3), where the preprocessing reads both. The
         # columns' kinds are in the metadata (`columns`) instead; docs/tasks.md says what each typing refused.
         columns = [ColSpec(AnyType(), column, required=False) for column in inputs["columns"]]
+        if (inputs.get("state") or {}).get("fills_missing_cells"):
+            # No input schema: MLflow's enforcement of one drops the columns it does not name before the model sees
+            # them, and a JSON row's misspelt key became an empty cell, filled by the policy (a wrong answer). The
+            # model checks its columns itself (datamodules/preprocessing/table_schema.py); `columns` below names them.
+            columns = []
     else:
         raw = pd.DataFrame({IMAGE_COLUMN: list(inputs["example"])})
         columns = [ColSpec("binary", IMAGE_COLUMN)]
@@ -268,7 +273,7 @@ def save_model(
                 artifacts={"onnx": str(onnx), "pt2": str(pt2)},
                 code_paths=[str(path) for path in code],
                 model_config=config,
-                signature=ModelSignature(inputs=Schema(columns), outputs=Schema(outputs)),
+                signature=ModelSignature(inputs=Schema(columns) if columns else None, outputs=Schema(outputs)),
                 input_example=raw,
                 pip_requirements=serving_requirements(),
                 # MLflow copies a uv project's uv.lock and pyproject.toml into the model, for `--env-manager uv` to

@@ -63,6 +63,8 @@ def model_columns(model_uri: str) -> tuple[list[str], list[str], list[str]]:
             f"{model_uri}: no probability_<class> outputs in its signature; give a model registered by "
             "`fit --register_model` (an MLflow pyfunc model of this project)"
         )
+    if info.signature.inputs is None:  # a table's model checks its columns itself: its metadata names them
+        return list((info.metadata or {}).get("columns") or {}), outputs, classes
     return info.signature.inputs.input_names(), outputs, classes
 
 
@@ -75,6 +77,26 @@ def model_udf(spark, model_uri: str, outputs: list[str]):
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # the copy spark_udf makes: no bars
     types = ", ".join(f"`{name}` {'string' if name == 'class' else 'double'}" for name in outputs)
     return mlflow.pyfunc.spark_udf(spark, model_uri, result_type=types, env_manager="local")
+
+
+def model_checks_columns(model_uri: str) -> bool:
+    """Whether the model has no input schema and checks its columns itself (a table's model)."""
+    import mlflow
+
+    return mlflow.models.get_model_info(model_uri).signature.inputs is None
+
+
+def check_header(spark, path: str, inputs: list[str]) -> None:
+    """A CSV header naming a column the model reads twice: Spark renames the copies (`age0`, `age3`) and the model was
+    told of no column `age`, where the other runtimes refuse the name given twice."""
+    import csv
+
+    first = spark.read.text(path).first()
+    names = [name.lstrip("\ufeff").strip() for name in next(csv.reader([first.value]), [])] if first else []
+    if twice := next((name for name in names if name in inputs and names.count(name) > 1), None):
+        raise SparkScoreError(
+            f"{path}: column {twice} is named {names.count(twice)} times in its header; keep one, or rename the others"
+        )
 
 
 def check_kind(path: str, model_uri: str, inputs: list[str]) -> None:
@@ -123,6 +145,10 @@ def predict(spark, model_uri: str, frame, path: str):
     # is loaded on the executors: Spark reads one row of the input to tell.
     if frame.isEmpty():
         raise SparkScoreError(nothing_to_score(path))
+    if path.lower().endswith(".csv"):
+        check_header(spark, path, inputs)
+    if model_checks_columns(model_uri):  # every column, as the model is given a CSV's elsewhere: it names the odd ones
+        given = {name: name.strip() for name in frame.columns}
     udf = model_udf(spark, model_uri, outputs)
     columns = [F.col(f"`{name}`").alias(stripped) for name, stripped in given.items()]
     scored = frame.withColumn("prediction_struct", udf(F.struct(*columns)))

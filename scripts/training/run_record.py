@@ -55,6 +55,10 @@ class TrackConfig(SaveConfigCallback):
                 for start in range(0, len(new), 100):  # MLflow's most parameters a request
                     client.log_batch(run_id, params=new[start : start + 100])
                 client.log_artifact(run_id, str(path))
+                # Each column's kind as the data was read (a table's: datamodules/table.py), once per fit.
+                record = getattr(trainer.datamodule, "columns_record", None)
+                if stage == "fit" and record is not None and (columns := record()):
+                    client.log_dict(run_id, columns, "columns.json")
             if stage == "fit" and self.config.get("checkpoint_dir"):
                 from scripts.training.resume import keep_run_id
 

@@ -52,8 +52,7 @@ def test_the_saved_model_answers_raw_rows_in_the_users_column_names_as_predict(t
     check_answers(model.predict(pd.read_csv(three_classes["rows"])), three_classes["answers"])
     records = json.loads(NEW_ROWS.to_json(orient="records"))  # JSON's null for a missing cell, as a client sends
     check_answers(model.predict(pd.DataFrame(records)), three_classes["answers"])
-    schema = model.metadata.get_input_schema().input_names()
-    assert schema == [LENGTH, COLOUR, WEIGHT]
+    assert list(model.metadata.metadata["columns"]) == [LENGTH, COLOUR, WEIGHT]  # the model's own schema
 
 
 # What a client sends that MLflow's schema enforcement could refuse where the model's own preprocessing reads it:
@@ -136,6 +135,61 @@ def test_the_scoring_script_refuses_a_tables_rows_in_words_of_rows_and_columns_a
     ]
 
 
+# A misspelt key in one of several JSON rows (pandas makes it an empty cell of the right column beside a column of the
+# wrong name: answered as if the cell were empty), a column named twice (a CSV's second `colour` read as `colour.1`:
+# answered from the first), and the same in one row.
+MISSPELT = [{LENGTH: 0.2, COLOUR: "green", WEIGHT: 48.0}, {LENGTH: 0.4, "Colour": "red", WEIGHT: 51.0}]
+MISSPELT_LINE = f"row 2: no value for column '{COLOUR}' but one for 'Colour', which the model does not read"
+TWICE_CSV = f"{LENGTH},{COLOUR},{WEIGHT},{COLOUR}\n0.2,green,48,red\n".encode()
+TWICE_LINE = f"column '{COLOUR}' is named 2 times (the second read as '{COLOUR}.1')"
+
+
+@pytest.mark.slow
+def test_the_saved_model_refuses_misspelt_and_doubled_columns_and_counts_unseen_categories(three_classes, caplog):
+    import io
+
+    import mlflow
+
+    from scripts.serving.pyfunc_model import InputError
+
+    model = mlflow.pyfunc.load_model(str(three_classes["folder"] / "model"))
+    assert model.metadata.get_input_schema() is None  # MLflow's would drop the columns it does not name
+    for rows, line in ((pd.DataFrame(MISSPELT), MISSPELT_LINE), (pd.DataFrame(MISSPELT[1:]), "no column 'colour'"),
+                       (pd.read_csv(io.BytesIO(TWICE_CSV)), TWICE_LINE)):  # fmt: skip
+        with pytest.raises(InputError) as error:
+            model.predict(rows)
+        assert line in str(error.value) and "\n" not in str(error.value)
+    # A column the model does not know, given in every row, is ignored (docs/serving.md), as the label's is.
+    answered = model.predict(NEW_ROWS.assign(notes="x"))
+    assert answered["class"].tolist() == [answer[1] for answer in three_classes["answers"]]
+    assert "1 cell(s) of column 'colour' hold a category the training split did not have (row 4: 'purple')" in (
+        caplog.text
+    )
+
+
+@pytest.mark.slow
+def test_the_scoring_script_and_batch_scoring_refuse_misspelt_and_doubled_columns(three_classes, tmp_path, caplog):
+    from werkzeug.test import EnvironBuilder
+    from werkzeug.wrappers import Request
+
+    from scripts.serving import batch_score
+
+    os.environ["AZUREML_MODEL_DIR"] = str(three_classes["folder"] / "model")
+    try:
+        score.init()
+    finally:
+        del os.environ["AZUREML_MODEL_DIR"]
+    for body, content_type, line in ((json.dumps(MISSPELT).encode(), "application/json", MISSPELT_LINE),
+                                     (TWICE_CSV, "text/csv", TWICE_LINE)):  # fmt: skip
+        request = Request(EnvironBuilder(method="POST", data=body, content_type=content_type).get_environ())
+        response = score.run(request)
+        assert response.status_code == 400 and line in json.loads(response.get_data())["message"]
+    (tmp_path / "twice.csv").write_bytes(TWICE_CSV)
+    batch_score.init(str(three_classes["folder"] / "model"))
+    assert batch_score.run([str(tmp_path / "twice.csv")]).empty
+    assert TWICE_LINE in caplog.text
+
+
 @pytest.mark.slow
 def test_the_saved_model_answers_where_there_is_no_torch(three_classes):
     serve_python = REPO / ".venv-serve" / "bin" / "python"
@@ -185,12 +239,16 @@ def test_mlflow_models_serve_answers_the_users_rows_as_predict(three_classes):
         records = json.loads(odd.to_json(orient="records"))
         odd_status, odd_answer = server.post(json.dumps({"dataframe_records": records}).encode())
         same_answer = model_classes(three_classes, same)
+        misspelt_status, misspelt = server.post(json.dumps({"dataframe_records": MISSPELT}).encode())
+        twice_status, twice = server.post(TWICE_CSV, "text/csv")
     finally:
         server.stop()
     assert status == 200, answer
     check_answers(pd.DataFrame(answer["predictions"]), three_classes["answers"])
     assert odd_status == 200, odd_answer  # JSON's integers and text where the training split had other types
     assert pd.DataFrame(odd_answer["predictions"])["class"].tolist() == list(same_answer)
+    assert misspelt_status == 400 and MISSPELT_LINE in misspelt["message"], misspelt
+    assert twice_status == 400 and TWICE_LINE in twice["message"], twice
 
 
 # extra: spark
@@ -204,6 +262,13 @@ def test_spark_udf_answers_the_users_rows_as_predict(three_classes, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     answers = pd.concat([pd.read_csv(part) for part in sorted((tmp_path / "out").glob("part-*.csv"))])
     check_answers(answers, three_classes["answers"])
+    (tmp_path / "twice.csv").write_bytes(TWICE_CSV)  # Spark renamed the copies (colour1, colour3): "no column"
+    twice = run_module("scripts.spark", "score", three_classes["folder"] / "model", tmp_path / "twice.csv", "--output",
+                       tmp_path / "out2", "--master", "local[1]", env=own_tmpdir(tmp_path))  # fmt: skip
+    assert twice.returncode == 1 and twice.stderr.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'twice.csv'}: column {COLOUR} is named 2 times in its header; keep one, or rename the "
+        "others"
+    ), twice.stderr[-2000:]
 
 
 # end extra: spark
