@@ -1,6 +1,6 @@
 """What every task's datamodule gives the rest of the template: `ClassificationDataModule`; for splits that are tensors
 in memory (penguins, MNIST, any table) `InMemoryDataModule`, whose batches are slices of the permuted tensors (one
-gather a batch, not `batch_size` calls to `__getitem__`); `stratified_split`.
+gather a batch, not `batch_size` calls to `__getitem__`).
 
     python -m scripts.train fit --config configs/penguins.yaml --data.init_args.batch_size 32
 """
@@ -80,6 +80,8 @@ class ClassificationDataModule(L.LightningDataModule):
         state = {"preprocessing": {name: self.hparams[name] for name in self.preprocessing_options}}
         if self.serving_kind is not None:  # Lightning saves it while fitting, after setup
             state["serving"] = self.serving_state()
+        if getattr(self, "identity", None):  # the data the fit saw (datamodules/row_split.py)
+            state["identity"] = self.identity
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -93,6 +95,10 @@ class ClassificationDataModule(L.LightningDataModule):
                     file=sys.stderr,
                 )
             self.hparams[name] = trained
+        if getattr(self, "identity", None) and hasattr(self, "resplit"):  # split by a rule: the checkpoint's, compared
+            from datamodules.split_check import check_trained
+
+            check_trained(self, state.get("identity"))
 
     @property
     def rank_and_world_size(self) -> tuple[int, int]:  # (0, 1) without a Trainer
@@ -118,29 +124,6 @@ def check_fractions(val_fraction: float, test_fraction: float) -> None:
         )
 
 
-def stratified_split(
-    labels: torch.Tensor, fractions: tuple[float, float], seed: int, copies: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Row indices of train, validation and test: disjoint, each class in proportion, seeded. `copies` (one id per
-    row, equal for rows that are exact copies of each other: `copy_ids`) keeps every copy of a row in one split: a
-    test row that is also a training row would measure memory, not the model."""
-    generator = torch.Generator().manual_seed(seed)
-    parts: list[list[torch.Tensor]] = [[], [], []]
-    for label in labels.unique():
-        rows = (labels == label).nonzero().flatten()
-        rows = rows[torch.randperm(len(rows), generator=generator)]
-        n_val, n_test = (round(f * len(rows)) for f in fractions)
-        if copies is not None and copies[rows].unique().numel() < len(rows):
-            from datamodules.exact_copies import copies_together
-
-            rows, n_val, n_test = copies_together(rows, copies[rows], n_val, n_test)
-        parts[0].append(rows[n_val + n_test :])
-        parts[1].append(rows[:n_val])
-        parts[2].append(rows[n_val : n_val + n_test])
-    train, val, test = (torch.cat(p).sort().values for p in parts)
-    return train, val, test
-
-
 def say_copies(count: int, where: str, trainer) -> None:
     """One line on stderr (global rank 0) for rows that are exact copies of others, which the split keeps together."""
     if count and (trainer is None or trainer.is_global_zero):
@@ -149,13 +132,6 @@ def say_copies(count: int, where: str, trainer) -> None:
             "and the label): each kept in one split with its copies, so none is both trained and tested on",
             file=sys.stderr,
         )
-
-
-def copy_ids(frame) -> torch.Tensor:
-    """One id per row of a pandas DataFrame, equal for rows equal in every column (an exact copy)."""
-    import pandas as pd
-
-    return torch.from_numpy(pd.util.hash_pandas_object(frame, index=False).factorize()[0].astype("int64"))
 
 
 class InMemoryBatches:

@@ -2,8 +2,10 @@
 
     python -m scripts.train fit --config configs/table.yaml --data.init_args.csv_path FILE --data.init_args.label COLUMN
 
-The split is stratified, seeded and made before anything is learnt (70/15/15 by default). Which columns are numbers and
-which categories, the missing-cell policy, the scaling statistics and the columns left out (IDs, constants: named on
+The split is a rule on rows, made before anything is learnt (70/15/15 by default): a seeded hash of each row's cells,
+or of its `id_column`'s, decides its split (datamodules/row_split.py), so editing or appending rows moves no other row
+into training; the rule, the content's digest and the schema are kept in every checkpoint. Which columns are numbers
+and which categories, the missing-cell policy, the scaling statistics and the columns left out (IDs, constants: named on
 stderr) come from the training split alone (datamodules/preprocessing/table.py), are kept in every checkpoint and in
 the registered model, and decide the network's input width (TableNet's lazy first layer takes it from the first batch:
 lightning_modules/classifier.py). Class names are the label column's values, sorted (whole
@@ -17,9 +19,11 @@ import io
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from datamodules.base import InMemoryDataModule, check_fractions, copy_ids, say_copies, stratified_split
+from datamodules import row_split
+from datamodules.base import InMemoryDataModule, check_fractions, say_copies
 from datamodules.errors import DataError
 from datamodules.preprocessing import table as preprocessing
 from datamodules.preprocessing.csv_files import check_csv_layout, drop_blank_rows, not_utf8
@@ -143,8 +147,10 @@ class TableDataModule(InMemoryDataModule):
         classes: class names in index order; None: the label column's values, sorted (whole numbers by value). At
             validate, test and predict the checkpoint's (then predict needs no training data).
         batch_size: rows per step and process.
-        val_fraction, test_fraction: shares of each class held out, before anything is learnt.
+        val_fraction, test_fraction: the shares of rows held out (each class's, on average), before anything is learnt.
         seed: the split's seed; every process computes the same split.
+        id_column: a column naming each row (not learnt from): its value alone decides the row's split, so rows of
+            one id share a split and editing a row's cells never moves it; None: the row's cells decide.
     """
 
     serving_kind = "rows"
@@ -160,6 +166,7 @@ class TableDataModule(InMemoryDataModule):
         val_fraction: float = 0.15,
         test_fraction: float = 0.15,
         seed: int = 42,
+        id_column: str | None = None,
     ) -> None:
         super().__init__(batch_size, seed)
         check_fractions(val_fraction, test_fraction)
@@ -209,35 +216,55 @@ class TableDataModule(InMemoryDataModule):
             self.predict_frame = frame
             self.predict_names = [row_name(i) for i in range(len(frame))]
 
-    def split(self) -> None:
-        """The stratified split, the training split's column state, and each split's features by it."""
+    def split(self, rule: dict | None = None) -> None:
+        """The split by `rule` (a checkpoint's; None: this config's), the training split's column state, each split's
+        features by it, and the data's identity."""
         frame, row_name, labels, classes = self.table()
+        where, label, id_column = self.hparams.csv_path, self.hparams.label, self.hparams.id_column
         index = {name: i for i, name in enumerate(self.class_names)}
         unknown = next((name for name in labels if name not in index), None)
         if unknown is not None:
             raise DataError(
-                f"{self.hparams.csv_path}: label {unknown!r} is not one of the checkpoint's classes "
-                f"{self.class_names}; give the data it was trained on"
+                f"{where}: label {unknown!r} is not one of the checkpoint's classes {self.class_names}; give the data "
+                "it was trained on"
             )
+        if id_column is not None and id_column not in frame.columns:
+            raise DataError(f"{where}: no column {id_column!r}; give data.init_args.id_column one of its columns")
         targets = torch.tensor([index[name] for name in labels], dtype=torch.long)
-        fractions = (self.hparams.val_fraction, self.hparams.test_fraction)
-        copies = copy_ids(frame.assign(**{"\0label": list(labels)}))
-        say_copies(len(labels) - copies.unique().numel(), self.hparams.csv_path, self.trainer)
-        rows = stratified_split(targets, fractions, self.seed, copies)
+        keys = [id_column] if id_column is not None else list(frame.columns)
+        rule = rule or row_split.definition(self.seed, self.hparams.val_fraction, self.hparams.test_fraction, keys,
+                                            id_column)  # fmt: skip
+        if absent := [column for column in rule["columns"] if column not in frame.columns]:
+            raise DataError(
+                f"{where}: no column {absent[0]!r}, which the checkpoint's split was made by (it hashed "
+                f"{', '.join(map(repr, rule['columns']))}); give the table it was trained on"
+            )
+        hashes = row_split.row_hashes(frame[rule["columns"]])
+        content = hashes if rule["columns"] == list(frame.columns) else row_split.row_hashes(frame)
+        say_copies(len(content) - len(np.unique(content)), where, self.trainer)
+        rows = row_split.split_rows(rule, hashes, targets)
         self.raw = {
             name: (frame.iloc[part.numpy()], [row_name(int(i)) for i in part], targets[part])
-            for name, part in zip(("train", "val", "test"), rows)
+            for name, part in zip(row_split.SPLITS, rows)
         }
         if len(self.raw["test"][2]) == 0:
             raise DataError(
-                f"{self.hparams.csv_path}: {len(frame)} rows leave no test rows at test_fraction "
-                f"{self.hparams.test_fraction}; give more rows or a larger data.init_args.test_fraction"
+                f"{where}: {len(frame)} rows leave no test rows at test_fraction {self.hparams.test_fraction}; give "
+                "more rows or a larger data.init_args.test_fraction"
             )
-        self.state = preprocessing.describe_columns(self.raw["train"][0], self.hparams.label, self.hparams.csv_path)
+        train = self.raw["train"][0].drop(columns=[rule["id_column"]] if rule["id_column"] else [])  # not learnt
+        self.state = preprocessing.describe_columns(train, label, where)
         if self.trainer is None or self.trainer.is_global_zero:
             for column, reason in self.state["left_out"].items():
-                print(f"{self.hparams.csv_path}: column {column!r} left out: {reason}", file=sys.stderr)
+                print(f"{where}: column {column!r} left out: {reason}", file=sys.stderr)
+        schema = {column: "left out" for column in frame.columns} | {label: "label"}
+        schema |= {column["name"]: column["kind"] for column in self.state["columns"]}
+        self.identity = row_split.identity(str(where), content, hashes, rule, schema, rows)
         self.featurise()
+
+    def resplit(self, rule: dict) -> None:
+        """The split by a checkpoint's rule (datamodules/split_check.py); its column state follows at load."""
+        self.split(rule)
 
     def featurise(self) -> None:
         """Each split's network inputs from its raw rows and the state (the checkpoint's, once restored)."""
