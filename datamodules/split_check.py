@@ -22,23 +22,25 @@ OPTIONS = ("seed", "val_fraction", "test_fraction", "id_column")  # the rule's p
 def check_trained(datamodule, trained: dict | None) -> None:
     """Splits `datamodule` (split by its config's rule, its `identity` set) by the rule of the checkpoint whose
     datamodule state held `trained` (None: a checkpoint older than the rule, split by a seeded permutation), and says
-    what differs; a resumed fit on other columns is a DataError."""
-    given, say = datamodule.identity, datamodule.trainer is None or datamodule.trainer.is_global_zero
+    what differs, once; a resumed fit on other columns is a DataError."""
+    given, said = datamodule.identity, datamodule.__dict__.setdefault("said", set())
+    first = datamodule.trainer is None or datamodule.trainer.is_global_zero
+
+    def say(line: str) -> None:  # once: a resumed fit compares before its weights load and again at its datamodule's
+        if first and line not in said:
+            said.add(line)
+            print(line, file=sys.stderr)
+
     where = given["source"]
     rule = trained["split"] if trained else {**given["split"], "method": "seeded permutation"}
-    differ = [option for option in OPTIONS if rule.get(option) != given["split"].get(option)]
-    if rule["method"] != METHOD and say:
-        print(f"{where}: the checkpoint predates kept split rules: split as its fit split then (a seeded permutation "
-              f"of each class's rows, seed {rule['seed']})", file=sys.stderr)  # fmt: skip
-    elif differ and say:
-        print(
-            f"{where}: split as the checkpoint's fit split it ("
-            + ", ".join(
-                f"data.init_args.{option} {rule.get(option)}, not {given['split'].get(option)}" for option in differ
-            )
-            + "): its test rows are tested, none it trained on",
-            file=sys.stderr,
-        )
+    differ = [f"data.init_args.{option} {rule.get(option)}, not {given['split'].get(option)}" for option in OPTIONS
+              if rule.get(option) != given["split"].get(option)]  # fmt: skip
+    if rule["method"] != METHOD:
+        say(f"{where}: the checkpoint predates kept split rules: split as its fit split then (a seeded permutation of "
+            f"each class's rows, seed {rule['seed']})")  # fmt: skip
+    elif differ:
+        say(f"{where}: split as the checkpoint's fit split it ({', '.join(differ)}): its test rows are tested, none it "
+            "trained on")  # fmt: skip
     if rule != given["split"]:
         datamodule.resplit(rule)
         given = datamodule.identity
@@ -50,24 +52,17 @@ def check_trained(datamodule, trained: dict | None) -> None:
         removed = ", ".join(column for column in then if column not in schema) or "none"
         added = ", ".join(column for column in schema if column not in then) or "none"
         kinds = [
-            f"{column} {then[column]} -> {schema[column]}"
-            for column in then
-            if schema.get(column, then[column]) != then[column]
+            f"{column} {kind} -> {schema[column]}" for column, kind in then.items() if schema.get(column, kind) != kind
         ]
-        what = f"columns removed: {removed}; added: {added}" + (
-            f"; of another kind: {', '.join(kinds)}" if kinds else ""
-        )
         raise DataError(
-            f"{where}: not the columns the checkpoint was trained on ({what}); a resumed fit goes on with its columns: "
-            "give the table it was trained on, or a new --checkpoint_dir to train anew"
+            f"{where}: not the columns the checkpoint was trained on (removed: {removed}; added: {added}"
+            + (f"; of another kind: {', '.join(kinds)}" if kinds else "")
+            + "); a resumed fit goes on with its columns: give the table it was trained on, or a new --checkpoint_dir "
+            "to train anew"
         )
     now, before = given["row_hashes"].numpy(), trained["row_hashes"].numpy()
     added, removed = len(np.setdiff1d(now, before)), len(np.setdiff1d(before, now))
-    if say:
-        rows = f"{added} row{'s' * (added != 1)} added, {removed} removed"
-        goes_on = "the fit goes on" if fitting else "its test split is this table's by the checkpoint's rule"
-        print(
-            f"{where}: not the table the checkpoint saw ({rows}; digest {trained['digest']}, now {given['digest']}): "
-            f"each row keeps its split by its own hash, so {goes_on}, and no row it trained on is tested",
-            file=sys.stderr,
-        )
+    goes_on = "the fit goes on" if fitting else "its test split is this table's by the checkpoint's rule"
+    say(f"{where}: not the table the checkpoint saw ({added} row{'s' * (added != 1)} added, {removed} removed; digest "
+        f"{trained['digest']}, now {given['digest']}): each row keeps its split by its own hash, so {goes_on}, and no "
+        "row it trained on is tested")  # fmt: skip
