@@ -7,6 +7,7 @@ the run logs its datasets to MLflow.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -168,3 +169,36 @@ def test_a_resume_without_a_column_is_refused_in_one_line(fitted, tmp_path):
         f"error: {tmp_path / 'fewer.csv'}: no column 'colour', which the checkpoint's split was made by (it hashed "
         "'alcohol', 'acidity', 'colour', 'quality'); give the table it was trained on"
     )
+
+
+@pytest.mark.slow
+def test_a_tracking_server_without_the_datasets_route_costs_one_note(mlflow_server, tmp_path, monkeypatch):
+    """Azure ML's MLflow lacks some of MLflow's routes: a store that answers log-inputs 404 gets one line, and the run
+    has everything else."""
+    import re
+
+    from mlflow import MlflowClient
+
+    from tests import azure_world
+
+    lacks = re.compile(azure_world.AZURE_LACKS.pattern.replace("(logged-models", "(runs/log-inputs|logged-models"))
+    monkeypatch.setattr(azure_world, "AZURE_LACKS", lacks)
+    proxy = azure_world.AzureTrackingProxy(mlflow_server)
+    try:
+        env = {key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")}
+        args = ["--trainer.max_epochs", "1", "--trainer.default_root_dir", tmp_path / "outputs",
+                "--trainer.logger.init_args.experiment_name", tmp_path.name]  # fmt: skip
+        fit = run_module("scripts.train", "fit", "--config", "configs/penguins.yaml", *args,
+                         env={**env, "MLFLOW_TRACKING_URI": proxy.url})  # fmt: skip
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    (note,) = [line for line in fit.stderr.splitlines() if "did not take the run's datasets" in line]
+    assert (
+        note.startswith("note: the tracking store did not take the run's datasets (") and "ENDPOINT_NOT_FOUND" in note
+    )
+    assert any("runs/log-inputs" in path for path in proxy.refused)
+    client = MlflowClient(mlflow_server)
+    (run,) = client.search_runs([client.get_experiment_by_name(tmp_path.name).experiment_id])
+    assert run.info.status == "FINISHED" and "test_acc" in run.data.metrics and not run.inputs.dataset_inputs

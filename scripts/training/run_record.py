@@ -118,12 +118,23 @@ def log_datasets(trainer: L.Trainer, splits: tuple[str, ...]) -> None:
         inputs.append(
             DatasetInput(Dataset(**meta.to_dict(), profile=profile), [InputTag(MLFLOW_DATASET_CONTEXT, context)])
         )
-    try:
-        logger.experiment.log_inputs(logger.run_id, datasets=inputs)
-    except MlflowException as error:  # a store without the route: the run's metrics and model matter more
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        print(f"note: the tracking store did not take the run's datasets ({reason}); its checkpoints keep their "
-              "digests", file=sys.stderr)  # fmt: skip
+
+    def send() -> None:
+        if getattr(logger, "inputs_refused", False):  # said once: a fit's test would say it again
+            return
+        try:
+            logger.experiment.log_inputs(logger.run_id, datasets=inputs)
+        except MlflowException as error:
+            if not 400 <= error.get_http_status_code() < 500:  # down or failing: the Sender tries it again
+                raise
+            logger.inputs_refused = True  # a store without the route: the run's metrics and model matter more
+            print(f"note: the tracking store did not take the run's datasets ({str(error).strip().splitlines()[0]}); "
+                  "its checkpoints keep their digests", file=sys.stderr)  # fmt: skip
+
+    if isinstance(logger, BufferedMLFlowLogger):  # to a server: in line behind the metrics, never waited for
+        logger.send(send, "the run's datasets")
+    else:
+        send()
 
 
 def launched() -> bool:
