@@ -1,5 +1,5 @@
 """Palmer penguins: five measurements -> one of three species, as the Microsoft Learn course, from PyPI's
-`palmerpenguins` or a CSV. The split is a seeded hash of each row (datamodules/row_split.py), made before anything
+`palmerpenguins` or a CSV. The split is a seeded hash of each row (datamodules/base.py), made before anything
 else: no test row is ever trained, and rows added to the CSV move no other row.
 
     python -m scripts.train fit --config configs/penguins.yaml
@@ -13,7 +13,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from datamodules import row_split
+from datamodules import base
 from datamodules.base import InMemoryDataModule, LazyFunction, check_fractions, say_copies
 from datamodules.errors import DataError
 from datamodules.preprocessing import penguins as preprocessing
@@ -101,19 +101,19 @@ class PenguinDataModule(InMemoryDataModule):
         self.stage, where = stage, self.hparams.csv_path or "palmerpenguins"
         self.table = read_penguins(self.hparams.csv_path)
         check_plausible(self.table, where)
-        self.resplit(row_split.definition(self.seed, self.hparams.val_fraction, self.hparams.test_fraction,
+        self.resplit(base.split_rule(self.seed, self.hparams.val_fraction, self.hparams.test_fraction,
                                           [*FEATURES, "species"]))  # fmt: skip
 
     def resplit(self, rule: dict) -> None:
         """The split by `rule` (this config's, or a checkpoint's: datamodules/split_check.py) and what it gives."""
         table, where = self.table, self.hparams.csv_path or "palmerpenguins"
         labels = torch.tensor(table["species"].to_numpy(), dtype=torch.long)
-        hashes = row_split.row_hashes(table[rule["columns"]])
+        hashes = base.row_hashes(table[rule["columns"]])
         say_copies(len(hashes) - len(np.unique(hashes)), where, self.trainer)
-        self.split_rows = row_split.split_rows(rule, hashes, labels)
+        self.split_rows = base.split_rows(rule, hashes, labels)
         check_splits(where, labels, self.split_rows)
         schema = {name: "categorical" if name == "island" else "numeric" for name in FEATURES} | {"species": "label"}
-        self.identity = row_split.identity(where, hashes, hashes, rule, schema, self.split_rows)
+        self.identity = base.data_identity(where, hashes, hashes, rule, schema, self.split_rows)
         raw = torch.tensor(table[list(FEATURES)].to_numpy(dtype="float32"))
         train_rows = raw[self.split_rows[0]]
         self.seen = {  # what the training split looks like: the model's inputs are scaled by it and judged against it
@@ -122,7 +122,7 @@ class PenguinDataModule(InMemoryDataModule):
         }  # fmt: skip
         if self.stage == "fit":
             check_varies(train_rows, table.attrs.get("columns", {}), where)
-        self.raw = {name: (raw[rows], labels[rows]) for name, rows in zip(row_split.SPLITS, self.split_rows)}
+        self.raw = {name: (raw[rows], labels[rows]) for name, rows in zip(base.SPLITS, self.split_rows)}
         if self.stage == "predict":
             from datamodules.preprocessing.new_penguins import read_new
 

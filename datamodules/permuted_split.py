@@ -1,4 +1,4 @@
-"""The split of tables and penguins before the row-hash rule (datamodules/row_split.py): a seeded permutation of each
+"""The split of tables and penguins before the row-hash rule (datamodules/base.py): a seeded permutation of each
 class's rows, exact copies kept together. Loaded only to test or resume a checkpoint written before checkpoints kept
 their split's rule, so that it is tested on the rows it was tested on then.
 

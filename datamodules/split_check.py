@@ -1,4 +1,4 @@
-"""The data a command is given, compared with the data its checkpoint saw (the identity datamodules/row_split.py keeps
+"""The data a command is given, compared with the data its checkpoint saw (the identity datamodules/base.py keeps
 in it): test, validate and predict split by the checkpoint's rule, so that the rows it tested are the rows tested,
 never rows it trained on; a resumed fit goes on where the rows changed (each keeps its split) and stops where the
 columns did. One line on stderr says what differs. Loaded only where a checkpoint's datamodule state is loaded.
@@ -13,8 +13,8 @@ import sys
 
 import numpy as np
 
+from datamodules.base import METHOD
 from datamodules.errors import DataError
-from datamodules.row_split import METHOD
 
 OPTIONS = ("seed", "val_fraction", "test_fraction", "id_column")  # the rule's parts a config gives
 

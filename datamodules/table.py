@@ -3,7 +3,7 @@
     python -m scripts.train fit --config configs/table.yaml --data.init_args.csv_path FILE --data.init_args.label COLUMN
 
 The split is a rule on rows, made before anything is learnt (70/15/15 by default): a seeded hash of each row's cells,
-or of its `id_column`'s, decides its split (datamodules/row_split.py), so editing or appending rows moves no other row
+or of its `id_column`'s, decides its split (datamodules/base.py), so editing or appending rows moves no other row
 into training; the rule, the content's digest and the schema are kept in every checkpoint. Which columns are numbers
 and which categories, the missing-cell policy, the scaling statistics and the columns left out (IDs, constants: named on
 stderr) come from the training split alone (datamodules/preprocessing/table.py), are kept in every checkpoint and in
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from datamodules import row_split
+from datamodules import base
 from datamodules.base import InMemoryDataModule, check_fractions, say_copies
 from datamodules.errors import DataError
 from datamodules.preprocessing import table as preprocessing
@@ -232,20 +232,20 @@ class TableDataModule(InMemoryDataModule):
             raise DataError(f"{where}: no column {id_column!r}; give data.init_args.id_column one of its columns")
         targets = torch.tensor([index[name] for name in labels], dtype=torch.long)
         keys = [id_column] if id_column is not None else list(frame.columns)
-        rule = rule or row_split.definition(self.seed, self.hparams.val_fraction, self.hparams.test_fraction, keys,
+        rule = rule or base.split_rule(self.seed, self.hparams.val_fraction, self.hparams.test_fraction, keys,
                                             id_column)  # fmt: skip
         if absent := [column for column in rule["columns"] if column not in frame.columns]:
             raise DataError(
                 f"{where}: no column {absent[0]!r}, which the checkpoint's split was made by (it hashed "
                 f"{', '.join(map(repr, rule['columns']))}); give the table it was trained on"
             )
-        hashes = row_split.row_hashes(frame[rule["columns"]])
-        content = hashes if rule["columns"] == list(frame.columns) else row_split.row_hashes(frame)
+        hashes = base.row_hashes(frame[rule["columns"]])
+        content = hashes if rule["columns"] == list(frame.columns) else base.row_hashes(frame)
         say_copies(len(content) - len(np.unique(content)), where, self.trainer)
-        rows = row_split.split_rows(rule, hashes, targets)
+        rows = base.split_rows(rule, hashes, targets)
         self.raw = {
             name: (frame.iloc[part.numpy()], [row_name(int(i)) for i in part], targets[part])
-            for name, part in zip(row_split.SPLITS, rows)
+            for name, part in zip(base.SPLITS, rows)
         }
         if len(self.raw["test"][2]) == 0:
             raise DataError(
@@ -259,7 +259,7 @@ class TableDataModule(InMemoryDataModule):
                 print(f"{where}: column {column!r} left out: {reason}", file=sys.stderr)
         schema = {column: "left out" for column in frame.columns} | {label: "label"}
         schema |= {column["name"]: column["kind"] for column in self.state["columns"]}
-        self.identity = row_split.identity(str(where), content, hashes, rule, schema, rows)
+        self.identity = base.data_identity(str(where), content, hashes, rule, schema, rows)
         self.featurise()
 
     def resplit(self, rule: dict) -> None:

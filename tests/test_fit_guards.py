@@ -18,9 +18,9 @@ import pandas as pd
 import pytest
 import torch
 
+from datamodules.base import row_hashes
 from datamodules.errors import DataError
 from datamodules.penguins import FEATURES, PenguinDataModule
-from datamodules.row_split import row_hashes
 from tests import warm_launcher
 from tests.conftest import REPO, run_module
 

@@ -132,7 +132,7 @@ def serving_inputs(datamodule: ClassificationDataModule) -> dict | None:
         "example": datamodule.serving_example(),
         "columns": datamodule.serving_columns(),
         "column_kinds": datamodule.serving_column_kinds() if kind == "rows" else {},
-        # The data it was trained on (datamodules/row_split.py), but each row's hash: in the checkpoint alone.
+        # The data it was trained on (datamodules/base.py data_identity), less each row's hash (the checkpoint has it).
         "data": {
             key: value for key, value in (getattr(datamodule, "identity", None) or {}).items() if key != "row_hashes"
         },

@@ -95,7 +95,7 @@ class TrackConfig(SaveConfigCallback):
 def log_datasets(trainer: L.Trainer, splits: tuple[str, ...]) -> None:
     """Global rank 0 logs each of `splits` as a dataset input of the run (mlflow.data: the source, the split's digest,
     rows and rule, the schema; context training, validation or test) from the datamodule's `identity`
-    (datamodules/row_split.py). A store that lacks the route gets one line on stderr; the run goes on."""
+    (datamodules/base.py). A store that lacks the route gets one line on stderr; the run goes on."""
     from mlflow.data.code_dataset_source import CodeDatasetSource
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.entities import Dataset, DatasetInput, InputTag
