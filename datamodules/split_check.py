@@ -13,7 +13,6 @@ import sys
 
 import numpy as np
 
-from datamodules.base import METHOD
 from datamodules.errors import DataError
 
 OPTIONS = ("seed", "val_fraction", "test_fraction", "id_column")  # the rule's parts a config gives
@@ -35,7 +34,7 @@ def check_trained(datamodule, trained: dict | None) -> None:
     rule = trained["split"] if trained else {**given["split"], "method": "seeded permutation"}
     differ = [f"data.init_args.{option} {rule.get(option)}, not {given['split'].get(option)}" for option in OPTIONS
               if rule.get(option) != given["split"].get(option)]  # fmt: skip
-    if rule["method"] != METHOD:
+    if rule["method"] != given["split"]["method"]:
         say(f"{where}: the checkpoint predates kept split rules: split as its fit split then (a seeded permutation of "
             f"each class's rows, seed {rule['seed']})")  # fmt: skip
     elif differ:
