@@ -103,6 +103,8 @@ class CheckData(L.Callback):
         datamodule = trainer.datamodule
         if stage != "fit" or not hasattr(datamodule, "resplit") or not getattr(datamodule, "identity", None):
             return
+        if trainer.world_size > 1:  # the file may be on rank 0's disk alone: every rank compares as the state loads
+            return
         checkpoint = torch.load(self.ckpt_path, map_location="cpu", weights_only=False, mmap=True)
         from datamodules.split_check import check_trained
 
