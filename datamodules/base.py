@@ -1,12 +1,17 @@
 """What every task's datamodule gives the rest of the template: `ClassificationDataModule`; for splits that are tensors
 in memory (penguins, MNIST, any table) `InMemoryDataModule`, whose batches are slices of the permuted tensors (one
-gather a batch, not `batch_size` calls to `__getitem__`); `stratified_split`.
+gather a batch, not `batch_size` calls to `__getitem__`); and a table's split as a rule on rows, with what names the
+data a run saw. A row's split is a function of the row alone: a 64-bit hash of its cells (or of its id column's),
+mixed with the seed, as a share of all 64-bit values: the first `val_fraction` validation, the next `test_fraction`
+test, the rest training. Appending, removing or editing rows moves no other row; exact copies share a split. The rule,
+the digests and the schema (`identity`) go in every checkpoint.
 
     python -m scripts.train fit --config configs/penguins.yaml --data.init_args.batch_size 32
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import math
 import sys
@@ -14,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Literal
 
 import lightning as L
+import numpy as np
 import torch
 
 from datamodules.errors import DataError
@@ -80,6 +86,8 @@ class ClassificationDataModule(L.LightningDataModule):
         state = {"preprocessing": {name: self.hparams[name] for name in self.preprocessing_options}}
         if self.serving_kind is not None:  # Lightning saves it while fitting, after setup
             state["serving"] = self.serving_state()
+        if getattr(self, "identity", None):  # the data the fit saw (`data_identity`)
+            state["identity"] = self.identity
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -93,6 +101,15 @@ class ClassificationDataModule(L.LightningDataModule):
                     file=sys.stderr,
                 )
             self.hparams[name] = trained
+        trained, given = state.get("identity") or {}, getattr(self, "identity", None) or {}
+        if (
+            hasattr(self, "resplit")
+            and given
+            and (trained.get("split"), trained.get("digest")) != (given["split"], given["digest"])
+        ):
+            from datamodules.split_check import check_trained  # split by the checkpoint's rule; what differs said
+
+            check_trained(self, state.get("identity"))
 
     @property
     def rank_and_world_size(self) -> tuple[int, int]:  # (0, 1) without a Trainer
@@ -118,27 +135,58 @@ def check_fractions(val_fraction: float, test_fraction: float) -> None:
         )
 
 
-def stratified_split(
-    labels: torch.Tensor, fractions: tuple[float, float], seed: int, copies: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Row indices of train, validation and test: disjoint, each class in proportion, seeded. `copies` (one id per
-    row, equal for rows that are exact copies of each other: `copy_ids`) keeps every copy of a row in one split: a
-    test row that is also a training row would measure memory, not the model."""
-    generator = torch.Generator().manual_seed(seed)
-    parts: list[list[torch.Tensor]] = [[], [], []]
-    for label in labels.unique():
-        rows = (labels == label).nonzero().flatten()
-        rows = rows[torch.randperm(len(rows), generator=generator)]
-        n_val, n_test = (round(f * len(rows)) for f in fractions)
-        if copies is not None and copies[rows].unique().numel() < len(rows):
-            from datamodules.exact_copies import copies_together
+METHOD, SPLITS = "row hash", ("train", "val", "test")
 
-            rows, n_val, n_test = copies_together(rows, copies[rows], n_val, n_test)
-        parts[0].append(rows[n_val + n_test :])
-        parts[1].append(rows[:n_val])
-        parts[2].append(rows[n_val : n_val + n_test])
-    train, val, test = (torch.cat(p).sort().values for p in parts)
-    return train, val, test
+
+def row_hashes(frame) -> np.ndarray:
+    """One 64-bit hash per row of a pandas DataFrame, of its cells in its column order (not of its position); a
+    number hashes as its text, so that a CSV's rows (cells read as text) and a Parquet file's hash alike."""
+    import pandas as pd
+
+    cells = frame.astype(object).where(frame.notna(), None)
+    return pd.util.hash_pandas_object(cells, index=False).to_numpy(dtype=np.uint64)
+
+
+def mixed(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: each bit of a value moves about half of the result's (uint64 wraps around)."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def split_rule(seed: int, val_fraction: float, test_fraction: float, columns: list, id_column=None) -> dict:
+    """The split's rule as a value: what a checkpoint keeps and a later command compares with its own."""
+    return {"method": METHOD, "seed": int(seed), "val_fraction": float(val_fraction),
+            "test_fraction": float(test_fraction), "id_column": id_column, "columns": list(columns)}  # fmt: skip
+
+
+def split_rows(rule: dict, hashes: np.ndarray, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Row indices of train, validation and test by `rule`, `hashes` the rows' (`row_hashes` of its columns). A
+    checkpoint older than the rule was split by a seeded permutation of each class's rows (permuted_split.py)."""
+    fractions = (rule["val_fraction"], rule["test_fraction"])
+    if rule["method"] != METHOD:
+        from datamodules.permuted_split import stratified_split
+
+        copies = torch.from_numpy(np.unique(hashes, return_inverse=True)[1].astype(np.int64))
+        return stratified_split(labels, fractions, rule["seed"], copies)
+    seed = mixed(np.array([rule["seed"] & (2**64 - 1)], dtype=np.uint64))
+    share = (mixed(hashes ^ seed) >> np.uint64(11)).astype(np.float64) / 2.0**53  # uniform in [0, 1)
+    val, held_out = share < fractions[0], share < sum(fractions)
+    return tuple(torch.from_numpy(part.nonzero()[0]) for part in (~held_out, val, held_out & ~val))
+
+
+def digest(hashes: np.ndarray) -> str:
+    """The rows' digest, of their hashes sorted: the same rows in another order are the same data."""
+    return hashlib.sha256(np.sort(hashes).tobytes()).hexdigest()[:16]
+
+
+def data_identity(source: str, content: np.ndarray, keys: np.ndarray, rule: dict, schema: dict, parts: tuple) -> dict:
+    """The data's source, digest (of `content`, the rows' hashes), rows, split rule, schema (column: kind), each split's
+    digest and rows, and the rows' `keys` (the hashes split by, sorted: a later command counts rows added, removed)."""
+    splits = {name: {"digest": digest(content[rows.numpy()]), "rows": len(rows)} for name, rows in zip(SPLITS, parts)}
+    return {"source": source, "digest": digest(content), "rows": len(content), "split": rule, "schema": schema,
+            "splits": splits, "row_hashes": torch.from_numpy(np.sort(keys).view(np.int64))}  # fmt: skip
 
 
 COPIES_SAID: set[tuple[str, int]] = set()  # (table, count) already said in this process
@@ -154,13 +202,6 @@ def say_copies(count: int, where: str, trainer) -> None:
             "and the label): each kept in one split with its copies, so none is both trained and tested on",
             file=sys.stderr,
         )
-
-
-def copy_ids(frame) -> torch.Tensor:
-    """One id per row of a pandas DataFrame, equal for rows equal in every column (an exact copy)."""
-    import pandas as pd
-
-    return torch.from_numpy(pd.util.hash_pandas_object(frame, index=False).factorize()[0].astype("int64"))
 
 
 class InMemoryBatches:

@@ -1,5 +1,6 @@
 """Palmer penguins: five measurements -> one of three species, as the Microsoft Learn course, from PyPI's
-`palmerpenguins` or a CSV. The split is stratified, seeded and made before anything else: no test row is ever trained.
+`palmerpenguins` or a CSV. The split is a seeded hash of each row (datamodules/base.py), made before anything
+else: no test row is ever trained, and rows added to the CSV move no other row.
 
     python -m scripts.train fit --config configs/penguins.yaml
 """
@@ -9,9 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import torch
 
-from datamodules.base import InMemoryDataModule, LazyFunction, check_fractions, copy_ids, say_copies, stratified_split
+from datamodules import base
+from datamodules.base import InMemoryDataModule, LazyFunction, check_fractions, say_copies
 from datamodules.errors import DataError
 from datamodules.preprocessing import penguins as preprocessing
 from datamodules.preprocessing.penguins import FEATURES, SCHEMAS, SPECIES, read_penguins, scale_features
@@ -67,7 +70,7 @@ class PenguinDataModule(InMemoryDataModule):
         csv_path: a CSV in either schema; None uses the 344 penguins of PyPI's palmerpenguins.
         predict_path: CSV of penguins to classify (no species column needed).
         batch_size: rows per step (the course: 20).
-        val_fraction, test_fraction: shares of each species held out, before any training.
+        val_fraction, test_fraction: the shares of rows held out (each species', on average), before any training.
         preprocessing: "course" scales as the course did; "standardize" by the training split's mean and deviation.
         seed: the split's seed; every rank computes the same split.
     """
@@ -95,25 +98,32 @@ class PenguinDataModule(InMemoryDataModule):
         self.save_hyperparameters()
 
     def setup(self, stage: str) -> None:
-        where = self.hparams.csv_path or "palmerpenguins"
-        table = read_penguins(self.hparams.csv_path)
-        check_plausible(table, where)
+        self.stage, where = stage, self.hparams.csv_path or "palmerpenguins"
+        self.table = read_penguins(self.hparams.csv_path)
+        check_plausible(self.table, where)
+        self.resplit(base.split_rule(self.seed, self.hparams.val_fraction, self.hparams.test_fraction,
+                                          [*FEATURES, "species"]))  # fmt: skip
+
+    def resplit(self, rule: dict) -> None:
+        """The split by `rule` (this config's, or a checkpoint's: datamodules/split_check.py) and what it gives."""
+        table, where = self.table, self.hparams.csv_path or "palmerpenguins"
         labels = torch.tensor(table["species"].to_numpy(), dtype=torch.long)
-        fractions = (self.hparams.val_fraction, self.hparams.test_fraction)
-        copies = copy_ids(table[[*FEATURES, "species"]])
-        say_copies(len(labels) - copies.unique().numel(), where, self.trainer)
-        self.split_rows = stratified_split(labels, fractions, self.seed, copies)
+        hashes = base.row_hashes(table[rule["columns"]])
+        say_copies(len(hashes) - len(np.unique(hashes)), where, self.trainer)
+        self.split_rows = base.split_rows(rule, hashes, labels)
         check_splits(where, labels, self.split_rows)
+        schema = {name: "categorical" if name == "island" else "numeric" for name in FEATURES} | {"species": "label"}
+        self.identity = base.data_identity(where, hashes, hashes, rule, schema, self.split_rows)
         raw = torch.tensor(table[list(FEATURES)].to_numpy(dtype="float32"))
         train_rows = raw[self.split_rows[0]]
         self.seen = {  # what the training split looks like: the model's inputs are scaled by it and judged against it
             "mean": train_rows.mean(0), "std": train_rows.std(0).clamp_min(1e-6),
             "low": train_rows.min(0).values, "high": train_rows.max(0).values,
         }  # fmt: skip
-        if stage == "fit":
+        if self.stage == "fit":
             check_varies(train_rows, table.attrs.get("columns", {}), where)
-        self.raw = {name: (raw[rows], labels[rows]) for name, rows in zip(("train", "val", "test"), self.split_rows)}
-        if stage == "predict":
+        self.raw = {name: (raw[rows], labels[rows]) for name, rows in zip(base.SPLITS, self.split_rows)}
+        if self.stage == "predict":
             from datamodules.preprocessing.new_penguins import read_new
 
             self.predict_table, self.predict_names = read_new(self.hparams.predict_path)

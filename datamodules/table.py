@@ -2,7 +2,9 @@
 
     python -m scripts.train fit --config configs/table.yaml --data.init_args.csv_path FILE --data.init_args.label COLUMN
 
-The split is stratified, seeded and made before anything is learnt (70/15/15 by default). Which columns are numbers,
+The split is a rule on rows, made before anything is learnt (70/15/15 by default): a seeded hash of each row's cells,
+or of its `id_column`'s, decides its split (datamodules/base.py), so editing or appending rows moves no other row
+into training; the rule, the content's digest and the schema are kept in every checkpoint. Which columns are numbers,
 dates and categories, the missing-cell policy, the scaling statistics and the columns left out (IDs, constants, free
 text, those of data.init_args.drop: each column's kind printed once on stderr and kept as the run's `columns.json`)
 come from the training split alone (datamodules/preprocessing/table.py), are kept in every checkpoint and in
@@ -19,9 +21,11 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from datamodules.base import InMemoryDataModule, check_fractions, copy_ids, say_copies, stratified_split
+from datamodules import base
+from datamodules.base import InMemoryDataModule, check_fractions, say_copies
 from datamodules.errors import DataError
 from datamodules.preprocessing import table as preprocessing
 from datamodules.preprocessing.csv_files import check_csv_layout, drop_blank_rows, not_utf8
@@ -132,8 +136,10 @@ class TableDataModule(InMemoryDataModule):
         classes: class names in index order; None: the label column's values, sorted (whole numbers by value). At
             validate, test and predict the checkpoint's (then predict needs no training data).
         batch_size: rows per step and process.
-        val_fraction, test_fraction: shares of each class held out, before anything is learnt.
+        val_fraction, test_fraction: the shares of rows held out (each class's, on average), before anything is learnt.
         seed: the split's seed; every process computes the same split.
+        id_column: a column naming each row (not learnt from): its value alone decides the row's split, so rows of
+            one id share a split and editing a row's cells never moves it; None: the row's cells decide.
     """
 
     serving_kind = "rows"
@@ -150,6 +156,7 @@ class TableDataModule(InMemoryDataModule):
         test_fraction: float = 0.15,
         seed: int = 42,
         drop: list[str] | None = None,
+        id_column: str | None = None,
     ) -> None:
         super().__init__(batch_size, seed)
         check_fractions(val_fraction, test_fraction)
@@ -219,24 +226,36 @@ class TableDataModule(InMemoryDataModule):
             self.predict_frame = frame
             self.predict_names = [row_name(i) for i in range(len(frame))]
 
-    def split(self) -> None:
-        """The stratified split, the training split's column state, and each split's features by it."""
+    def split(self, rule: dict | None = None) -> None:
+        """The split by `rule` (a checkpoint's; None: this config's), the training split's column state, each split's
+        features by it, and the data's identity."""
         frame, row_name, labels, classes = self.table()
+        where, label, id_column = self.hparams.csv_path, self.hparams.label, self.hparams.id_column
         index = {name: i for i, name in enumerate(self.class_names)}
         unknown = next((name for name in labels if name not in index), None)
         if unknown is not None:
             raise DataError(
-                f"{self.hparams.csv_path}: label {unknown!r} is not one of the checkpoint's classes "
-                f"{self.class_names}; give the data it was trained on"
+                f"{where}: label {unknown!r} is not one of the checkpoint's classes {self.class_names}; give the data "
+                "it was trained on"
             )
+        if id_column is not None and id_column not in frame.columns:
+            raise DataError(f"{where}: no column {id_column!r}; give data.init_args.id_column one of its columns")
         targets = torch.tensor([index[name] for name in labels], dtype=torch.long)
-        fractions = (self.hparams.val_fraction, self.hparams.test_fraction)
-        copies = copy_ids(frame.assign(**{"\0label": list(labels)}))
-        say_copies(len(labels) - copies.unique().numel(), self.hparams.csv_path, self.trainer)
-        rows = stratified_split(targets, fractions, self.seed, copies)
+        keys = [id_column] if id_column is not None else list(frame.columns)
+        rule = rule or base.split_rule(self.seed, self.hparams.val_fraction, self.hparams.test_fraction, keys,
+                                            id_column)  # fmt: skip
+        if absent := [column for column in rule["columns"] if column not in frame.columns]:
+            raise DataError(
+                f"{where}: no column {absent[0]!r}, which the checkpoint's split was made by (it hashed "
+                f"{', '.join(map(repr, rule['columns']))}); give the table it was trained on"
+            )
+        hashes = base.row_hashes(frame[rule["columns"]])
+        content = hashes if rule["columns"] == list(frame.columns) else base.row_hashes(frame)
+        say_copies(len(content) - len(np.unique(content)), where, self.trainer)
+        rows = base.split_rows(rule, hashes, targets)
         self.raw = {
             name: (frame.iloc[part.numpy()], [row_name(int(i)) for i in part], targets[part])
-            for name, part in zip(("train", "val", "test"), rows)
+            for name, part in zip(base.SPLITS, rows)
         }
         if len(self.raw["test"][2]) == 0 and len(classes) * 5 > len(frame):
             raise DataError(
@@ -246,14 +265,21 @@ class TableDataModule(InMemoryDataModule):
             )
         if len(self.raw["test"][2]) == 0:
             raise DataError(
-                f"{self.hparams.csv_path}: {len(frame)} rows leave no test rows at test_fraction "
-                f"{self.hparams.test_fraction}; give more rows or a larger data.init_args.test_fraction"
+                f"{where}: {len(frame)} rows leave no test rows at test_fraction {self.hparams.test_fraction}; give "
+                "more rows or a larger data.init_args.test_fraction"
             )
-        where = self.hparams.csv_path
-        self.state = preprocessing.describe_columns(self.raw["train"][0], self.hparams.label, where, self.set_aside)
+        train = self.raw["train"][0].drop(columns=[rule["id_column"]] if rule["id_column"] else [])  # not learnt
+        self.state = preprocessing.describe_columns(train, label, where, self.set_aside)
         unreadable = self.featurise()
         if self.trainer is None or self.trainer.is_global_zero:
             print("\n".join(column_lines(where, self.state, unreadable)), file=sys.stderr)
+        schema = {column: "left out" for column in frame.columns} | {label: "label"}
+        schema |= {column["name"]: column["kind"] for column in self.state["columns"]}
+        self.identity = base.data_identity(str(where), content, hashes, rule, schema, rows)
+
+    def resplit(self, rule: dict) -> None:
+        """The split by a checkpoint's rule (datamodules/split_check.py); its column state follows at load."""
+        self.split(rule)
 
     def featurise(self) -> list[tuple[str, str, object]]:
         """Each split's network inputs from its raw rows and the state (the checkpoint's, once restored). A numeric or

@@ -4,8 +4,9 @@
     python -m scripts.checkpoint_of --config configs/birds.yaml --data.init_args.data_dir photos/
 
 A run's data is what its config.yaml (beside its checkpoints: OUTPUTS/<experiment>/<run>/config.yaml) recorded: the
-datamodule's class and its data options (those named `*_dir`, `*_path` or `*_file` but predict_path, and `label`;
-relative paths read from the current folder, as make runs). Options other than `--config` and `--data.*` are passed
+datamodule's class and its data options (those named `*_dir`, `*_path` or `*_file` but predict_path, `label`, and the
+split's, `seed`, `val_fraction`, `test_fraction`, `id_column`: a run split otherwise would be tested on rows it trained
+on; relative paths read from the current folder, as make runs). Options other than `--config` and `--data.*` are passed
 over (make hands every verb's ARGS here: `--port 5002`, `--output model.onnx`), but `--trainer.default_root_dir`,
 which says where the runs are. Prints the checkpoint's path; one line on stderr names it. No run of that data is an
 error listing the runs there are to choose from (CKPT=...). YAML and the standard library only: the defaults of
@@ -24,8 +25,11 @@ from pathlib import Path
 OUTPUTS = "outputs"  # scripts.train's default --trainer.default_root_dir
 
 
+SPLIT_OPTIONS = ("seed", "val_fraction", "test_fraction", "id_column")  # another split: another model's test rows
+
+
 def is_data_option(name: str) -> bool:
-    return name == "label" or (name.endswith(("_dir", "_path", "_file")) and name != "predict_path")
+    return name in ("label", *SPLIT_OPTIONS) or (name.endswith(("_dir", "_path", "_file")) and name != "predict_path")
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -136,14 +140,26 @@ def same_path(value):
 
 def identity(class_path: str | None, options: dict, fallback: dict) -> tuple:
     data = {key: options.get(key, fallback.get(key)) for key in set(options) | set(fallback)}
-    data = {key: value if key == "label" else same_path(value) for key, value in data.items()}  # a column, not a path
+    data = {key: same_path(value) if key.endswith(("_dir", "_path", "_file")) else value for key, value in data.items()}
     return class_path, tuple(sorted((key, value) for key, value in data.items() if is_data_option(key)))
 
 
-def describe(ident: tuple) -> str:
+def describe(ident: tuple, wanted: tuple | None = None) -> str:
+    """The run's data options, its split's only where they differ from `wanted`'s (or are not the defaults)."""
     class_path, options = ident
+    split = dict(wanted[1]) if wanted else {}
+    shown = [(key, value) for key, value in options if key not in SPLIT_OPTIONS or (wanted and split.get(key) != value)]
     return f"{class_path.rpartition('.')[2] if class_path else '?'} on " + (
-        ", ".join(f"{key}={value}" for key, value in options) or "its default data"
+        ", ".join(f"{key}={value}" for key, value in shown) or "its default data"
+    )
+
+
+def same_data(wanted: tuple, recorded: tuple) -> bool:
+    """Whether a run's recorded data is the wanted: every wanted option the same, a split option where it has one."""
+    options = dict(recorded[1])
+    return recorded[0] == wanted[0] and all(
+        options.get(key, value) == value if key in SPLIT_OPTIONS else key in options and options[key] == value
+        for key, value in wanted[1]
     )
 
 
@@ -166,8 +182,7 @@ def checkpoint_of(args: list[str]) -> Path:
     wanted = identity(class_path, options, defaults(class_path))
     recorded = runs(Path(root))
     # A run's recorded options are all of its datamodule's; those the wanted identity lacks were not data options.
-    keys = {key for key, _ in wanted[1]}
-    matching = [best for best, (cls, data) in recorded if (cls, tuple(p for p in data if p[0] in keys)) == wanted]
+    matching = [best for best, data in recorded if same_data(wanted, data)]
     if matching:
         return matching[0]
     if not recorded:
@@ -175,9 +190,10 @@ def checkpoint_of(args: list[str]) -> Path:
             f"error: no checkpoint under {root}/; train on this data first (make train TASK=... ARGS=...), or give "
             "CKPT=path/to/best.ckpt"
         )
-    listed = "; ".join(f"{best} ({describe(data)})" for best, data in recorded[:10])
+    listed = "; ".join(f"{best} ({describe(data, wanted)})" for best, data in recorded[:10])
     more = f" and {len(recorded) - 10} more" if len(recorded) > 10 else ""
-    options = ", ".join(f"--data.init_args.{key}" for key in sorted(keys))  # a table's config names no data at all
+    keys = sorted(key for key, _ in wanted[1] if key not in SPLIT_OPTIONS)  # a table's config names no data at all
+    options = ", ".join(f"--data.init_args.{key}" for key in keys)
     raise SystemExit(
         f"error: no run under {root}/ trained {describe(wanted)}; give the fit's {options} in ARGS (FIT_ARGS for "
         f"export and serve), or CKPT= one of: {listed}{more}, or train on this data first"

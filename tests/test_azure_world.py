@@ -84,7 +84,7 @@ def test_two_processes_on_each_of_two_nodes_take_their_ranks_from_azure_variable
         assert f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/4" in stderr
     assert checkpoints(folders[1]) == []
     last = torch.load(next(folders[0].glob("outputs/*/*/checkpoints/last.ckpt")), weights_only=False)
-    assert last["global_step"] == 12 * EPOCHS  # 240 rows, 4 processes of batch 5: 12 steps an epoch
+    assert last["global_step"] == 12 * EPOCHS  # 235 rows, 4 processes of batch 5 (59 each): 12 steps an epoch
     assert_one_finished_run(azure_tracking, run_id)
 
 
@@ -256,7 +256,7 @@ def test_two_nodes_resume_from_a_checkpoint_only_the_first_node_has(tmp_path):
     again = run_job(folders, "pytorch", 1, fit(*ddp, "--ckpt_path", "ckpt/last.ckpt"))
     for process in again:
         assert process.returncode == 0, f"node {process.node}: {process.stderr[-3000:]}"
-    # 240 rows over 2 processes of batch 20: 6 steps an epoch; 2 epochs read back, 1 more trained
+    # 235 rows over 2 processes of batch 20 (118 each): 6 steps an epoch; 2 epochs read back, 1 more trained
     assert torch.load(last, weights_only=False)["global_step"] == 6 * EPOCHS
     assert not (folders[1] / "ckpt" / "last.ckpt").exists()
 
@@ -270,7 +270,7 @@ def preempt(started: list, last: Path, signalled: list[int]) -> int:
     statuses = wait_all(processes, sent)
     assert statuses == [128 + signal.SIGTERM] * len(processes), [p.stderr[-3000:] for p in wait_job(started)]
     stopped = torch.load(last, weights_only=False)
-    assert stopped["global_step"] == (stopped["epoch"] + 1) * 30  # an epoch's end: 120 rows a rank, batch 4
+    assert stopped["global_step"] == (stopped["epoch"] + 1) * 30  # an epoch's end: 118 rows a rank, batch 4
     return stopped["epoch"]
 
 
@@ -311,7 +311,7 @@ def test_a_preempted_job_started_again_resumes_from_its_rw_mount_output_in_its_r
     assert f"resuming from {mount / 'last.ckpt'}" in again[0].stdout
     assert re.findall(r"^test_acc: ", "".join(p.stdout for p in again), re.M) == ["test_acc: "]
     final = torch.load(mount / "last.ckpt", weights_only=False)
-    assert (final["epoch"], final["global_step"]) == (EPOCHS * 4 - 1, EPOCHS * 4 * 30)  # 120 rows a rank, batch 4
+    assert (final["epoch"], final["global_step"]) == (EPOCHS * 4 - 1, EPOCHS * 4 * 30)  # 118 rows a rank, batch 4
     client = MlflowClient(azure_tracking.url)
     assert client.get_run(run_id).info.status == "FINISHED"
     steps = {m.step for m in client.get_metric_history(run_id, "val_loss")}

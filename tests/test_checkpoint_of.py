@@ -28,6 +28,28 @@ def fake_run(outputs: Path, run: str, data: dict) -> Path:
     return best
 
 
+def test_a_run_split_with_another_seed_is_never_chosen_to_evaluate(tmp_path):
+    # The wine case: the newest run on this CSV was split with seed 0; `make evaluate` with the config's seed 42 took
+    # it, and scored it on rows it had trained on.
+    outputs, table = tmp_path / "outputs", tmp_path / "wine.csv"
+    table.write_text("alcohol,quality\n9.1,5\n")
+    data = {
+        "class_path": "datamodules.table.TableDataModule",
+        "init_args": {"csv_path": str(table), "label": "quality"},
+    }
+    seed_42 = fake_run(outputs, "a", {**data, "init_args": {**data["init_args"], "seed": 42, "val_fraction": 0.15}})
+    time.sleep(0.01)
+    fake_run(outputs, "b", {**data, "init_args": {**data["init_args"], "seed": 0, "val_fraction": 0.15}})
+    args = ["--config", "configs/table.yaml", "--data.init_args.csv_path", table, "--data.init_args.label", "quality",
+            "--trainer.default_root_dir", outputs]  # fmt: skip
+    found = run_module("scripts.checkpoint_of", *args)
+    assert found.returncode == 0 and found.stdout.strip() == str(seed_42), found.stderr
+    refused = run_module("scripts.checkpoint_of", *args, "--data.init_args.seed", "7")
+    assert refused.returncode == 1
+    seed_0 = outputs / "1" / "b" / "checkpoints" / "best.ckpt"
+    assert f"{seed_0} (TableDataModule on csv_path={table}, label=quality, seed=0)" in refused.stderr
+
+
 def folder_data(path: Path | str) -> dict:
     return {"class_path": "datamodules.image_folder.ImageFolderDataModule",
             "init_args": {"data_dir": str(path), "archive": None, "predict_path": None, "batch_size": 16}}  # fmt: skip

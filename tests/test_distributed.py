@@ -177,7 +177,7 @@ def validation_metrics(outputs: Path) -> dict[str, float]:
 
 @pytest.mark.parametrize("task", ["penguins", "birds"])
 def test_evaluation_on_two_processes_counts_every_item_once(tmp_path, task):
-    """An odd number of validation items (penguins 51 rows in memory, birds 5 images through a DataLoader) on 2
+    """An odd number of validation items (penguins 45 rows in memory, birds 5 images through a DataLoader) on 2
     processes: the metrics must be those of one process, not of a split padded with a repeated item."""
     options = ["--config", f"configs/{task}.yaml"]
     if task == "birds":

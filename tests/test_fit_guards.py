@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import torch
 
-from datamodules.base import copy_ids
+from datamodules.base import row_hashes
 from datamodules.errors import DataError
 from datamodules.penguins import FEATURES, PenguinDataModule
 from tests import warm_launcher
@@ -42,7 +42,7 @@ def test_a_table_s_exact_copies_stay_in_one_split_and_are_counted(tmp_path, caps
     from datamodules.penguins import read_penguins
 
     table = read_penguins(str(path))
-    copies = copy_ids(table[[*FEATURES, "species"]]).tolist()
+    copies = row_hashes(table[[*FEATURES, "species"]]).tolist()
     train, val, test = ({copies[i] for i in rows.tolist()} for rows in data.split_rows)
     assert not train & test and not train & val and not val & test
 

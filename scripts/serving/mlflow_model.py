@@ -132,6 +132,10 @@ def serving_inputs(datamodule: ClassificationDataModule) -> dict | None:
         "example": datamodule.serving_example(),
         "columns": datamodule.serving_columns(),
         "column_kinds": datamodule.serving_column_kinds() if kind == "rows" else {},
+        # The data it was trained on (datamodules/base.py data_identity), less each row's hash (the checkpoint has it).
+        "data": {
+            key: value for key, value in (getattr(datamodule, "identity", None) or {}).items() if key != "row_hashes"
+        },
     }
 
 
@@ -284,6 +288,7 @@ def save_model(
                     "class_names": list(class_names),
                     "inputs": {key: inputs[key] for key in ("kind", "datamodule", "preprocess")},
                     **({"columns": inputs["column_kinds"]} if inputs.get("column_kinds") else {}),
+                    **({"data": inputs["data"]} if inputs.get("data") else {}),
                 },
             )
 

@@ -142,6 +142,10 @@ class TemplateCLI(LightningCLI):
         except ValueError as error:  # the Trainer's own checks of its options (a strategy name that does not exist)
             raise ConfigError(f"trainer: {str(error).strip().splitlines()[0]}") from None
         trainer.callbacks.append(RandomStates())
+        if self.subcommand == "fit" and self.config.fit.get("ckpt_path"):  # data compared before the weights load
+            from scripts.training.resume import CheckData
+
+            trainer.callbacks.append(CheckData(self.config.fit.ckpt_path))
         if self.subcommand == "test" or (self.subcommand == "fit" and self.config.fit.test_after_fit):
             from scripts.training.run_record import EvaluationReport
 

@@ -91,6 +91,26 @@ def check_resume(last: Path, dumped: str) -> None:
         )
 
 
+class CheckData(L.Callback):
+    """A resumed fit's data compared with its checkpoint's before the weights are restored (after, a table without a
+    column would be refused for its network's width): rows changed said, other columns refused in one line
+    (datamodules/split_check.py)."""
+
+    def __init__(self, ckpt_path: str) -> None:
+        self.ckpt_path = ckpt_path
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        datamodule = trainer.datamodule
+        if stage != "fit" or not hasattr(datamodule, "resplit") or not getattr(datamodule, "identity", None):
+            return
+        if trainer.world_size > 1:  # the file may be on rank 0's disk alone: every rank compares as the state loads
+            return
+        checkpoint = torch.load(self.ckpt_path, map_location="cpu", weights_only=False, mmap=True)
+        from datamodules.split_check import check_trained
+
+        check_trained(datamodule, (checkpoint.get(type(datamodule).__qualname__) or {}).get("identity"))
+
+
 def as_option(value: object) -> str:
     """`value` as one types it after an option on the command line (None as null, lists as YAML)."""
     if isinstance(value, str):

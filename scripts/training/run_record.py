@@ -1,5 +1,6 @@
-"""The run's record besides its metrics: the resolved config (config.yaml and the run's parameters), the metrics not
-yet sent in each checkpoint; and after every test the evaluation report (`EvaluationReport`: per-class scores, the
+"""The run's record besides its metrics: the resolved config (config.yaml and the run's parameters), the data it saw
+(each split as an MLflow dataset input: `log_datasets`), the metrics not yet sent in each checkpoint; and after every
+test the evaluation report (`EvaluationReport`: per-class scores, the
 confusion matrix and, for images, the most confident mistakes: docs/tracking.md, "What a test adds").
 
     python -m scripts.train test --config configs/penguins.yaml --ckpt_path outputs/<exp>/<run>/checkpoints/best.ckpt
@@ -13,6 +14,7 @@ import io
 import json
 import os
 import re
+import sys
 from functools import partial
 from pathlib import Path
 
@@ -76,6 +78,12 @@ class TrackConfig(SaveConfigCallback):
             signalled = [callback for callback in trainer.callbacks if hasattr(callback, "signalled")]
             logger.flush(wait=True, stop=lambda: trainer.received_sigterm or any(c.signalled for c in signalled))
 
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        log_datasets(trainer, ("train", "val"))  # here, not at setup: a checkpoint's split rule is restored by now
+
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        log_datasets(trainer, ("test",))
+
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         # A resumed fit's (a test of this run's checkpoint would send them again, which the store keeps once).
         if isinstance(trainer.logger, BufferedMLFlowLogger) and UNSENT_KEY in checkpoint and trainer.state.fn == "fit":
@@ -86,6 +94,51 @@ class TrackConfig(SaveConfigCallback):
 
         logger = trainer.logger if isinstance(trainer.logger, BufferedMLFlowLogger) else None
         after_exception(trainer, exception, self.config.get("checkpoint_dir"), logger)
+
+
+def log_datasets(trainer: L.Trainer, splits: tuple[str, ...]) -> None:
+    """Global rank 0 logs each of `splits` as a dataset input of the run (mlflow.data: the source, the split's digest,
+    rows and rule, the schema; context training, validation or test) from the datamodule's `identity`
+    (datamodules/base.py). A store that lacks the route gets one line on stderr; the run goes on."""
+    from mlflow.data.code_dataset_source import CodeDatasetSource
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+    from mlflow.exceptions import MlflowException
+    from mlflow.types.schema import ColSpec, Schema
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    identity, logger = getattr(trainer.datamodule, "identity", None), trainer.logger
+    if not identity or not trainer.is_global_zero or not isinstance(logger, MLFlowLogger):
+        return
+    source = CodeDatasetSource({"source": identity["source"], "digest": identity["digest"]})
+    types = {"numeric": "double", "categorical": "string", "label": "string"}  # other kinds: columns not read
+    schema = Schema([ColSpec(types.get(kind, "string"), str(name), required=kind in types)
+                     for name, kind in identity["schema"].items()])  # fmt: skip
+    inputs = []
+    for split in splits:  # each split a dataset of its own digest; the run's inputs show which it was
+        meta = MetaDataset(source, Path(identity["source"]).name, identity["splits"][split]["digest"], schema)
+        profile = json.dumps({"rows": identity["splits"][split]["rows"], "split": identity["split"]})
+        context = {"train": "training", "val": "validation"}.get(split, split)
+        inputs.append(
+            DatasetInput(Dataset(**meta.to_dict(), profile=profile), [InputTag(MLFLOW_DATASET_CONTEXT, context)])
+        )
+
+    def send() -> None:
+        if getattr(logger, "inputs_refused", False):  # said once: a fit's test would say it again
+            return
+        try:
+            logger.experiment.log_inputs(logger.run_id, datasets=inputs)
+        except MlflowException as error:
+            if not 400 <= error.get_http_status_code() < 500:  # down or failing: the Sender tries it again
+                raise
+            logger.inputs_refused = True  # a store without the route: the run's metrics and model matter more
+            print(f"note: the tracking store did not take the run's datasets ({str(error).strip().splitlines()[0]}); "
+                  "its checkpoints keep their digests", file=sys.stderr)  # fmt: skip
+
+    if isinstance(logger, BufferedMLFlowLogger):  # to a server: in line behind the metrics, never waited for
+        logger.send(send, "the run's datasets")
+    else:
+        send()
 
 
 def launched() -> bool:

@@ -28,7 +28,7 @@ def test_prints_every_variant_as_measured_then_its_best_and_ratio():
     assert result.returncode == 0, result.stderr[-3000:]
     printed = result.stdout
     assert_every_round(printed, VARIANTS, "ms/epoch", rounds=1)
-    assert "penguins: 2 epochs, batch 20, 240 training rows, best of 1 rounds" in printed
+    assert "penguins: 2 epochs, batch 20, 235 training rows, best of 1 rounds" in printed
     for variant in VARIANTS:
         assert summary_figure(printed, rf"^  {re.escape(variant)} +\S+ ms/epoch +(\S+)x plain$") > 0
     assert summary_figure(printed, r"^  make train's one-time work around its epochs .*: (\S+) s$") >= 0

@@ -56,6 +56,19 @@ def test_the_saved_model_answers_raw_rows_in_the_users_column_names_as_predict(t
 
 
 # What a client sends that MLflow's schema enforcement could refuse where the model's own preprocessing reads it:
+@pytest.mark.slow
+def test_the_saved_model_names_the_data_its_checkpoint_saw(three_classes):
+    import mlflow
+    import torch
+
+    data = mlflow.pyfunc.load_model(str(three_classes["folder"] / "model")).metadata.metadata["data"]
+    saved = torch.load(three_classes["checkpoint"], map_location="cpu", weights_only=False)
+    (identity,) = [value["identity"] for value in saved.values() if isinstance(value, dict) and "identity" in value]
+    assert data["digest"] == identity["digest"] and data["splits"] == identity["splits"]
+    assert data["split"] == {**identity["split"], "seed": 42} and data["source"].endswith("birds and more.csv")
+    assert data["schema"][COLOUR] == "categorical" and data["schema"]["species"] == "label"
+
+
 # whole numbers (int64) in a numeric column, numbers as text, numbers (int64) in a categorical column, all missing.
 def odd_rows() -> tuple[pd.DataFrame, pd.DataFrame]:
     """NEW_ROWS with those cells, and the same rows as NEW_ROWS spells them (whose answers predict's are)."""
