@@ -140,6 +140,9 @@ class TableDataModule(InMemoryDataModule):
         seed: the split's seed; every process computes the same split.
         id_column: a column naming each row (not learnt from): its value alone decides the row's split, so rows of
             one id share a split and editing a row's cells never moves it; None: the row's cells decide.
+        test_path: a table of its own to test on, all of its rows (of csv_path's columns): csv_path then gives
+            training and validation rows alone (test_fraction is not used). What a DataFrame split with randomSplit
+            gives (scripts/spark/dataframes.py).
     """
 
     serving_kind = "rows"
@@ -157,6 +160,7 @@ class TableDataModule(InMemoryDataModule):
         seed: int = 42,
         drop: list[str] | None = None,
         id_column: str | None = None,
+        test_path: str | None = None,
     ) -> None:
         super().__init__(batch_size, seed)
         check_fractions(val_fraction, test_fraction)
@@ -242,8 +246,8 @@ class TableDataModule(InMemoryDataModule):
             raise DataError(f"{where}: no column {id_column!r}; give data.init_args.id_column one of its columns")
         targets = torch.tensor([index[name] for name in labels], dtype=torch.long)
         keys = [id_column] if id_column is not None else list(frame.columns)
-        rule = rule or base.split_rule(self.seed, self.hparams.val_fraction, self.hparams.test_fraction, keys,
-                                            id_column)  # fmt: skip
+        test_fraction = 0.0 if self.hparams.test_path else self.hparams.test_fraction
+        rule = rule or base.split_rule(self.seed, self.hparams.val_fraction, test_fraction, keys, id_column)
         if absent := [column for column in rule["columns"] if column not in frame.columns]:
             raise DataError(
                 f"{where}: no column {absent[0]!r}, which the checkpoint's split was made by (it hashed "
@@ -257,6 +261,8 @@ class TableDataModule(InMemoryDataModule):
             name: (frame.iloc[part.numpy()], [row_name(int(i)) for i in part], targets[part])
             for name, part in zip(base.SPLITS, rows)
         }
+        if self.hparams.test_path:
+            self.raw["test"] = self.test_table(list(frame.columns), index)
         if len(self.raw["test"][2]) == 0 and len(classes) * 5 > len(frame):
             raise DataError(
                 f"{self.hparams.csv_path}: label column {self.hparams.label!r} has {len(classes)} classes in "
@@ -276,6 +282,24 @@ class TableDataModule(InMemoryDataModule):
         schema = {column: "left out" for column in frame.columns} | {label: "label"}
         schema |= {column["name"]: column["kind"] for column in self.state["columns"]}
         self.identity = base.data_identity(str(where), content, hashes, rule, schema, rows)
+        if self.hparams.test_path:
+            test_rows = base.row_hashes(self.raw["test"][0])
+            self.identity["splits"]["test"] = {"digest": base.digest(test_rows), "rows": len(test_rows),
+                                               "source": str(self.hparams.test_path)}  # fmt: skip
+
+    def test_table(self, columns: list[str], index: dict[str, int]) -> tuple:
+        """test_path's rows, in the training table's columns: (frame, row names, targets)."""
+        path, label = self.hparams.test_path, self.hparams.label
+        frame, row_name = read_table(path, "test_path")
+        if absent := [column for column in columns if column not in frame.columns]:
+            raise DataError(f"{path}: no column {absent[0]!r} of {self.hparams.csv_path}; give "
+                            "data.init_args.test_path a table of the training table's columns")  # fmt: skip
+        labels, _ = class_labels(frame[label], path, label, row_name)
+        if unknown := next((name for name in labels if name not in index), None):
+            raise DataError(f"{path}: label {unknown!r} is no class of {self.hparams.csv_path} ({', '.join(index)}); "
+                            "give test rows of the training table's classes")  # fmt: skip
+        targets = torch.tensor([index[name] for name in labels], dtype=torch.long)
+        return frame[columns], [row_name(i) for i in range(len(frame))], targets
 
     def resplit(self, rule: dict) -> None:
         """The split by a checkpoint's rule (datamodules/split_check.py); its column state follows at load."""

@@ -3,7 +3,7 @@ table task on a DataFrame, then add the registered model's answers to another fo
 
     from scripts.spark import fit_on_spark, predict_on_spark
     train, test = spark.createDataFrame(penguins).randomSplit([0.8, 0.2], seed=1)
-    result = fit_on_spark(["--config", "configs/table.yaml", "--data.init_args.label", "species",
+    result = fit_on_spark(["fit", "--config", "configs/table.yaml", "--data.init_args.label", "species",
                            "--num_processes", "2", "--register_model", "penguins-table"],
                           dataframe=train, test_dataframe=test, storage="/dbfs/tmp/penguins")
     scored = predict_on_spark("models:/penguins-table/1", test)   # + prediction, prediction_index, probability
@@ -78,7 +78,8 @@ def predict_on_spark(model_uri: str, dataframe, spark=None, label: str | None = 
         raise SparkFitError(f"label={label!r}: the DataFrame has no such column (its columns: "
                             f"{', '.join(dataframe.columns)})")  # fmt: skip
     try:
-        scored, _, classes = scoring.predict(spark or dataframe.sparkSession, model_uri, dataframe, "the DataFrame")
+        spark = spark or dataframe.sparkSession
+        scored, _, classes = scoring.predict(spark, model_uri, dataframe, "the DataFrame", read_from_path=False)
     except scoring.SparkScoreError as error:
         raise SparkFitError(str(error)) from None
     columns = [F.col(f"`{name}`") for name in dataframe.columns]

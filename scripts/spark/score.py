@@ -122,12 +122,14 @@ def check_label(frame, path: str, label: str | None) -> None:
         )
 
 
-def predict(spark, model_uri: str, frame, path: str):
-    """`frame` with the model's output columns after its own; returns (scored frame, output names, class names)."""
+def predict(spark, model_uri: str, frame, path: str, read_from_path: bool = True):
+    """`frame` with the model's output columns after its own; returns (scored frame, output names, class names).
+    `path`: where the frame was read from (read_inputs), or what to call a DataFrame given (read_from_path False)."""
     from pyspark.sql import functions as F
 
     inputs, outputs, classes = model_columns(model_uri)
-    check_kind(path, model_uri, inputs)
+    if read_from_path:
+        check_kind(path, model_uri, inputs)
     answers = {name.lower() for name in outputs}  # Spark's column names ignore case (spark.sql.caseSensitive)
     if clash := next((name for name in frame.columns if name.lower() in answers), None):
         raise SparkScoreError(
