@@ -141,6 +141,8 @@ class TemplateCLI(LightningCLI):
             trainer = super().instantiate_trainer(**kwargs)
         except ValueError as error:  # the Trainer's own checks of its options (a strategy name that does not exist)
             raise ConfigError(f"trainer: {str(error).strip().splitlines()[0]}") from None
+        if isinstance(trainer.logger, tracking.BufferedMLFlowLogger):  # its run starts with the first step: TrackConfig
+            trainer.logger.hold()
         trainer.callbacks.append(RandomStates())
         if self.subcommand == "test" or (self.subcommand == "fit" and self.config.fit.test_after_fit):
             from scripts.training.run_record import EvaluationReport
@@ -165,10 +167,11 @@ class TemplateCLI(LightningCLI):
         if checkpoint is not None and checkpoint.best_model_path:
             rank_zero_print(f"best checkpoint: {checkpoint.best_model_path}")
         if self.trainer.global_step == 0:  # nothing trained, in this fit or the one it resumed
-            if isinstance(self.trainer.logger, tracking.BufferedMLFlowLogger) and self.trainer.is_global_zero:
+            logger = self.trainer.logger
+            if isinstance(logger, tracking.BufferedMLFlowLogger) and logger.started and self.trainer.is_global_zero:
                 from scripts.training.failed_runs import end_failed
 
-                end_failed(self.trainer.logger)
+                end_failed(logger)
             raise ConfigError(
                 "the fit trained no step (check trainer.max_epochs, max_steps, limit_train_batches and the training "
                 "data): its network is untrained, so it is not tested; give options that train at least one step"

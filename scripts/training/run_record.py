@@ -31,7 +31,38 @@ UNSENT_KEY = "unsent_metrics"  # a checkpoint's metrics that the local store did
 
 
 class TrackConfig(SaveConfigCallback):
-    """The resolved config beside the checkpoints and in MLflow, the metrics not sent yet in each checkpoint."""
+    """The resolved config beside the checkpoints and in MLflow, the metrics not sent yet in each checkpoint. With a
+    held logger (BufferedMLFlowLogger.hold) the run and its folder start with training, validating or testing, not at
+    setup: a start that fails before (the data, the optimizer's options) leaves no run (docs/tracking.md)."""
+
+    waiting: list | None = None  # the checkpoint callbacks whose folder is the run's, until the run starts
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if isinstance(trainer.logger, BufferedMLFlowLogger) and trainer.logger.held:
+            self.waiting = [callback for callback in trainer.checkpoint_callbacks if callback.dirpath is None]
+            return
+        super().setup(trainer, pl_module, stage)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.start_record(trainer, pl_module, "fit")
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "validate":  # not a fit's validation
+            self.start_record(trainer, pl_module, "validate")
+
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.start_record(trainer, pl_module, "test")
+
+    def start_record(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Creates the held run (in global rank 0), puts the checkpoints in its folder and records the config."""
+        if self.waiting is None:
+            return
+        waiting, self.waiting = self.waiting, None
+        trainer.logger.release()
+        folder = trainer.strategy.broadcast(str(run_dir(trainer)) if trainer.is_global_zero else None)
+        for callback in waiting:  # ModelCheckpoint's own folder for a logger's run, had the run existed at setup
+            callback.dirpath = str(Path(folder) / "checkpoints")
+        super().setup(trainer, pl_module, stage)
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "predict":  # no run to file it under: it would overwrite outputs/config.yaml

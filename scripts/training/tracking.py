@@ -62,6 +62,8 @@ class BufferedMLFlowLogger(MLFlowLogger):
         self._uploaded: set[tuple[str, float]] = set()  # (path, mtime) of checkpoints already uploaded
         self.measured = False  # any metric logged: a run worth keeping
         self.started = False  # its run exists: created here or handed over
+        self.held = False  # no run is created until `release` (the CLI's fit, validate, test: their first step)
+        self._waiting_client = None
         self.interrupted = False  # stopped by Ctrl-C (TrackConfig.on_exception): the run ends KILLED, not FAILED
         self.flush_every_s, self.epoch_as_step = flush_every_s, epoch_as_step
         self._pending: list = []
@@ -113,6 +115,8 @@ class BufferedMLFlowLogger(MLFlowLogger):
     def flush(self, wait: bool = False, stop: Callable[[], bool] = lambda: False) -> None:
         """`wait`: to a server, until it has every metric sent so far, at most CHECKPOINT_WAIT_S, not during an outage,
         not once `stop()` (SIGTERM)."""
+        if self.held:  # no run yet to send them to
+            return
         pending, self._pending = self._pending, []
         with self.store_errors():
             client = self.experiment
@@ -139,9 +143,24 @@ class BufferedMLFlowLogger(MLFlowLogger):
     def log_hyperparams(self, params) -> None:
         """Nothing: the run's parameters are its resolved config (run_record.py), not the module's again."""
 
+    def hold(self) -> None:
+        """Creates no run until `release`: Lightning asks for the experiment (which creates the run) before the
+        datamodule's setup and the optimizer, so a start that a user's data or option stops would leave a run row. A
+        run handed over exists already."""
+        self.held = not self.started and not self.handed_over
+
+    def release(self) -> None:
+        self.held = False
+
     @property
     @rank_zero_experiment
     def experiment(self):
+        if self.held:  # a client of the store, without a run: name and version are None until `release`
+            if self._waiting_client is None:
+                from mlflow import MlflowClient
+
+                self._waiting_client = MlflowClient(self.store)
+            return self._waiting_client
         client = super().experiment
         if not self.started:
             self.started = True
@@ -261,4 +280,11 @@ def open_sqlite_store(tracking_uri: str) -> None:
     path = Path(tracking_uri.removeprefix("sqlite:///"))
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{path}.lock"):
-        MlflowClient(tracking_uri).search_experiments(max_results=1)  # MLflow makes a new store's tables here
+        try:
+            MlflowClient(tracking_uri).search_experiments(max_results=1)  # MLflow makes a new store's tables here
+        except Exception as error:  # a full disk, a file-size limit: one line naming the store
+            from scripts.training.tracking_server import full_store
+
+            if (full := full_store(error, tracking_uri)) is None:
+                raise
+            raise full from None
