@@ -283,3 +283,17 @@ def test_a_registry_refusal_after_the_fit_is_one_line_that_keeps_the_fit_and_say
 
 
 # end extra: serving
+
+
+def test_an_overlay_that_replaces_the_tasks_callbacks_says_so(train_cli, tmp_path):
+    """LightningCLI replaces a list a later --config gives: the task's EarlyStopping goes, now with a note."""
+    overlay = tmp_path / "lr_monitor.yaml"
+    overlay.write_text("trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.LearningRateMonitor\n")
+    result = train_cli("fit", "--config", "configs/penguins.yaml", "--config", str(overlay), "--trainer.max_epochs",
+                       "1", "--test_after_fit", "false")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (
+        f"note: --config {overlay} names trainer.callbacks, which replaces those of configs/penguins.yaml: "
+        "EarlyStopping dropped; to add callbacks to a task's, give --trainer.callbacks+ CLASS on the command line "
+        "instead"
+    ) in result.stderr.splitlines()

@@ -85,11 +85,19 @@ class TemplateCLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         super().parse_arguments(parser, args)
+        words = sys.argv[1:] if args is None else args
+        if isinstance(words, list) and sum(str(word).startswith("--config") for word in words) > 1:  # overlays
+            from scripts.training.config_overlays import note_replaced_callbacks
+
+            note_replaced_callbacks(words)
         subcommand = self.config.get("subcommand")
         if subcommand and self.config[subcommand].get("ckpt_path"):  # LightningCLI reads its hyperparameters next
-            from scripts.training.from_checkpoint import check_ckpt_path
+            from scripts.training.from_checkpoint import check_ckpt_path, check_model_options
 
             check_ckpt_path(self.config[subcommand].ckpt_path, launched())
+            if subcommand != "fit" and Path(self.config[subcommand].ckpt_path).is_file():  # else its model wins
+                given = words if isinstance(words, list) else []
+                check_model_options(self.config[subcommand].ckpt_path, self.config[subcommand].model, given)
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
