@@ -7,10 +7,10 @@ Spark and the benches build it. What a plain fit does not use loads only when as
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 
 import lightning as L
@@ -23,7 +23,7 @@ from datamodules.base import ClassificationDataModule
 from lightning_modules.classifier import ClassificationModule, refuse_lightning_optimizer_options
 from scripts.training import tracking
 from scripts.training.checkpoints import RandomStates, WholeCheckpointIO, add_checkpoint_arguments
-from scripts.training.run_record import TrackConfig, first_process, launched, write_metrics
+from scripts.training.run_record import TrackConfig, first_process, launched
 
 PROCESSES_PER_CORE = 4  # the most CPU training processes a core: --trainer.devices' bound
 OUTPUTS = Path("outputs")  # Azure ML uploads ./outputs of every job
@@ -87,17 +87,12 @@ class TemplateCLI(LightningCLI):
         super().parse_arguments(parser, args)
         words = sys.argv[1:] if args is None else args
         if isinstance(words, list) and sum(str(word).startswith("--config") for word in words) > 1:  # overlays
-            from scripts.training.config_overlays import note_replaced_callbacks
-
-            note_replaced_callbacks(words)
+            importlib.import_module("scripts.training.config_overlays").note_replaced_callbacks(words)
         subcommand = self.config.get("subcommand")
         if subcommand and self.config[subcommand].get("ckpt_path"):  # LightningCLI reads its hyperparameters next
-            from scripts.training.from_checkpoint import check_ckpt_path, check_model_options
+            from scripts.training.from_checkpoint import check_before_reading
 
-            check_ckpt_path(self.config[subcommand].ckpt_path, launched())
-            if subcommand != "fit" and Path(self.config[subcommand].ckpt_path).is_file():  # else its model wins
-                given = words if isinstance(words, list) else []
-                check_model_options(self.config[subcommand].ckpt_path, self.config[subcommand].model, given)
+            check_before_reading(self.config[subcommand], subcommand, words, launched())
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
@@ -122,12 +117,7 @@ class TemplateCLI(LightningCLI):
         if self.subcommand == "fit" and config.get("checkpoint_dir"):
             from scripts.training import resume
 
-            if resume.ours_only(config.checkpoint_dir):  # Lightning warns of it at every start, resumes included
-                warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
-            if last := resume.resume_from(config):
-                resume.check_resume(last, self.parser.dump(self.config, skip_unset=False, skip_validation=True))
-                config.ckpt_path, self.resumes = str(last), True
-                rank_zero_print(f"resuming from {last}")
+            resume.prepare(self, config)
         check_trainer(config.trainer, writes=self.subcommand != "predict")
         logger = config.trainer.logger
         if tracking.is_mlflow_logger(logger):
@@ -149,8 +139,8 @@ class TemplateCLI(LightningCLI):
             trainer = super().instantiate_trainer(**kwargs)
         except ValueError as error:  # the Trainer's own checks of its options (a strategy name that does not exist)
             raise ConfigError(f"trainer: {str(error).strip().splitlines()[0]}") from None
-        if isinstance(trainer.logger, tracking.BufferedMLFlowLogger):  # its run starts with the first step: TrackConfig
-            trainer.logger.hold()
+        if isinstance(logger := trainer.logger, tracking.BufferedMLFlowLogger):  # its run starts at the first step
+            logger.held = not logger.started and not logger.handed_over  # (TrackConfig; a resumed run exists)
         trainer.callbacks.append(RandomStates())
         if self.subcommand == "test" or (self.subcommand == "fit" and self.config.fit.test_after_fit):
             from scripts.training.run_record import EvaluationReport
@@ -175,11 +165,10 @@ class TemplateCLI(LightningCLI):
         if checkpoint is not None and checkpoint.best_model_path:
             rank_zero_print(f"best checkpoint: {checkpoint.best_model_path}")
         if self.trainer.global_step == 0:  # nothing trained, in this fit or the one it resumed
-            logger = self.trainer.logger
-            if isinstance(logger, tracking.BufferedMLFlowLogger) and logger.started and self.trainer.is_global_zero:
+            if isinstance(self.trainer.logger, tracking.BufferedMLFlowLogger) and self.trainer.is_global_zero:
                 from scripts.training.failed_runs import end_failed
 
-                end_failed(logger)
+                end_failed(self.trainer.logger)
             raise ConfigError(
                 "the fit trained no step (check trainer.max_epochs, max_steps, limit_train_batches and the training "
                 "data): its network is untrained, so it is not tested; give options that train at least one step"
@@ -192,7 +181,7 @@ class TemplateCLI(LightningCLI):
             metrics.update(results)
         config = self.config.fit
         if config.metrics_file and self.trainer.is_global_zero:
-            write_metrics(metrics, Path(config.metrics_file))
+            importlib.import_module("scripts.training.metrics_file").write_metrics(metrics, Path(config.metrics_file))
         if (config.register_model or config.model_dir) and self.trainer.is_global_zero:
             model_outputs("--register_model").hand_on(self, checkpoint)
 
@@ -205,7 +194,8 @@ class TemplateCLI(LightningCLI):
 
     def after_test(self) -> None:
         if self.config.test.metrics_file and self.trainer.is_global_zero:
-            write_metrics(dict(self.trainer.callback_metrics), Path(self.config.test.metrics_file))
+            metrics, path = dict(self.trainer.callback_metrics), Path(self.config.test.metrics_file)
+            importlib.import_module("scripts.training.metrics_file").write_metrics(metrics, path)
 
     def after_predict(self) -> None:
         from scripts.training.from_checkpoint import write_predictions

@@ -31,6 +31,14 @@ def check_ckpt_path(ckpt_path: str | None, launched: bool) -> None:
         check_checkpoint_file(ckpt_path)
 
 
+def check_before_reading(config, subcommand: str, words: object, launched: bool) -> None:
+    """Before LightningCLI reads the --ckpt_path's hyperparameters into `config` (the command's): the file, and at
+    validate, test and predict the --model. options of the command line `words` against it."""
+    check_ckpt_path(config.ckpt_path, launched)
+    if subcommand != "fit" and Path(config.ckpt_path).is_file() and isinstance(words, list):  # else its model wins
+        check_model_options(config.ckpt_path, config.model, words)
+
+
 def check_model_options(ckpt_path: str, model, words: list[str]) -> None:
     """Raises CheckpointError for a `--model.` option on the command line (`words`) whose value (in `model`, the
     parsed config's) contradicts the checkpoint's: LightningCLI would replace it with the checkpoint's without a word,

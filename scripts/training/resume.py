@@ -15,6 +15,7 @@ from pathlib import Path
 import lightning as L
 import torch
 import yaml
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from scripts.training.checkpoints import CONFIG_KEY, CheckpointError, check_checkpoint_file, flatten, write_whole
 
@@ -36,6 +37,19 @@ MAY_DIFFER = (
     "data.init_args.data_dir", "data.init_args.csv_path", "data.init_args.archive", "data.init_args.mirrors",
     "data.init_args.predict_path", "data.init_args.num_workers", "data.init_args.verify_images", "model.class_names",
 )  # fmt: skip
+
+
+def prepare(cli, config) -> None:
+    """The CLI's part for a fit with --checkpoint_dir, before anything is built: the checkpoints there and, where
+    last.ckpt is, the resume from it once its config is checked."""
+    import warnings
+
+    if ours_only(config.checkpoint_dir):  # Lightning warns of it at every start, resumes included
+        warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
+    if last := resume_from(config):
+        check_resume(last, cli.parser.dump(cli.config, skip_unset=False, skip_validation=True))
+        config.ckpt_path, cli.resumes = str(last), True
+        rank_zero_only(print)(f"resuming from {last}")
 
 
 def resume_from(config) -> Path | None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import importlib
 import io
-import json
 import os
 import re
 from functools import partial
@@ -31,38 +31,27 @@ UNSENT_KEY = "unsent_metrics"  # a checkpoint's metrics that the local store did
 
 
 class TrackConfig(SaveConfigCallback):
-    """The resolved config beside the checkpoints and in MLflow, the metrics not sent yet in each checkpoint. With a
-    held logger (BufferedMLFlowLogger.hold) the run and its folder start with training, validating or testing, not at
-    setup: a start that fails before (the data, the optimizer's options) leaves no run (docs/tracking.md)."""
-
-    waiting: list | None = None  # the checkpoint callbacks whose folder is the run's, until the run starts
+    """The resolved config beside the checkpoints and in MLflow, the metrics not sent yet in each checkpoint; the
+    held logger's run at the first step (a start refused before leaves none: docs/tracking.md)."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if isinstance(trainer.logger, BufferedMLFlowLogger) and trainer.logger.held:
-            self.waiting = [callback for callback in trainer.checkpoint_callbacks if callback.dirpath is None]
+            self.waiting = [callback for callback in trainer.checkpoint_callbacks if callback.dirpath is None]  # run's
+        else:
+            super().setup(trainer, pl_module, stage)
+
+    def start_record(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Creates the held run (global rank 0), puts the checkpoints in its folder, records the config."""
+        if getattr(self, "waiting", None) is None or trainer.sanity_checking:
             return
-        super().setup(trainer, pl_module, stage)
+        trainer.logger.held = False
+        folder = Path(trainer.strategy.broadcast(str(run_dir(trainer)) if trainer.is_global_zero else None))
+        for callback in self.waiting:  # where ModelCheckpoint puts them, had the run existed at its setup
+            callback.dirpath = str(folder / "checkpoints")
+        self.waiting = None
+        super().setup(trainer, pl_module, trainer.state.fn)
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.start_record(trainer, pl_module, "fit")
-
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.state.fn == "validate":  # not a fit's validation
-            self.start_record(trainer, pl_module, "validate")
-
-    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.start_record(trainer, pl_module, "test")
-
-    def start_record(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        """Creates the held run (in global rank 0), puts the checkpoints in its folder and records the config."""
-        if self.waiting is None:
-            return
-        waiting, self.waiting = self.waiting, None
-        trainer.logger.release()
-        folder = trainer.strategy.broadcast(str(run_dir(trainer)) if trainer.is_global_zero else None)
-        for callback in waiting:  # ModelCheckpoint's own folder for a logger's run, had the run existed at setup
-            callback.dirpath = str(Path(folder) / "checkpoints")
-        super().setup(trainer, pl_module, stage)
+    on_train_start = on_validation_start = on_test_start = start_record  # fit's, validate's, test's first step
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "predict":  # no run to file it under: it would overwrite outputs/config.yaml
@@ -105,8 +94,9 @@ class TrackConfig(SaveConfigCallback):
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         # A resumed fit's (a test of this run's checkpoint would send them again, which the store keeps once).
-        if isinstance(trainer.logger, BufferedMLFlowLogger) and UNSENT_KEY in checkpoint and trainer.state.fn == "fit":
-            trainer.logger.resend(checkpoint[UNSENT_KEY])
+        fit = trainer.state.fn == "fit" and trainer.is_global_zero  # in the logger's process (resume.py)
+        if isinstance(trainer.logger, BufferedMLFlowLogger) and UNSENT_KEY in checkpoint and fit:
+            importlib.import_module("scripts.training.resume").resend(trainer.logger, checkpoint[UNSENT_KEY])
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         from scripts.training.failed_runs import after_exception
@@ -125,13 +115,6 @@ def first_process() -> bool:
     from strategies.launch_check import launched_first
 
     return launched_first()
-
-
-def write_metrics(metrics: dict, path: Path) -> None:
-    """The metrics as a JSON object of numbers, written whole (by global rank 0: the CLI's after_fit, after_test)."""
-    values = {name: float(value) for name, value in sorted(metrics.items())}
-    write_whole(path, (json.dumps(values, indent=1) + "\n").encode())
-    print(f"wrote metrics: {path}")
 
 
 FOLDER = "evaluation"  # in the run's folder and in its MLflow artifacts

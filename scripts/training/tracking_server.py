@@ -139,6 +139,15 @@ def credentials_out_of_uri(uri: str, environ: MutableMapping[str, str] = os.envi
     return urlunsplit(parts._replace(netloc=host))
 
 
+def sender_for(logger) -> Sender:
+    """A Sender for BufferedMLFlowLogger `logger`, which says at exit what the server never took."""
+    import atexit
+
+    sender = Sender()
+    atexit.register(lambda: sender.report_unsent(logger.store, logger.run_id))
+    return sender
+
+
 class Sender:
     """Runs calls to a tracking server in a thread of its own, in order. A call that fails (the server is down or does
     not answer) stays first in line and is tried again every RETRY_EVERY_S, so nothing is lost while the process
