@@ -139,7 +139,7 @@ class TemplateCLI(LightningCLI):
             trainer = super().instantiate_trainer(**kwargs)
         except ValueError as error:  # the Trainer's own checks of its options (a strategy name that does not exist)
             raise ConfigError(f"trainer: {str(error).strip().splitlines()[0]}") from None
-        if isinstance(logger := trainer.logger, tracking.BufferedMLFlowLogger):  # its run starts at the first step
+        if isinstance(logger := trainer.logger, tracking.BufferedMLFlowLogger):  # its run starts at the first batch
             logger.held = not logger.started and not logger.handed_over  # (TrackConfig; a resumed run exists)
         trainer.callbacks.append(RandomStates())
         if self.subcommand == "test" or (self.subcommand == "fit" and self.config.fit.test_after_fit):

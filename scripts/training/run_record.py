@@ -32,7 +32,7 @@ UNSENT_KEY = "unsent_metrics"  # a checkpoint's metrics that the local store did
 
 class TrackConfig(SaveConfigCallback):
     """The resolved config beside the checkpoints and in MLflow, the metrics not sent yet in each checkpoint; the
-    held logger's run at the first step (a start refused before leaves none: docs/tracking.md)."""
+    held logger's run at the first batch (a start refused before leaves none: docs/tracking.md)."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if isinstance(trainer.logger, BufferedMLFlowLogger) and trainer.logger.held:
@@ -40,7 +40,7 @@ class TrackConfig(SaveConfigCallback):
         else:
             super().setup(trainer, pl_module, stage)
 
-    def start_record(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def start_record(self, trainer: L.Trainer, pl_module: L.LightningModule, *batch) -> None:
         """Creates the held run (global rank 0), puts the checkpoints in its folder, records the config."""
         if getattr(self, "waiting", None) is None or trainer.sanity_checking:
             return
@@ -51,7 +51,7 @@ class TrackConfig(SaveConfigCallback):
         self.waiting = None
         super().setup(trainer, pl_module, trainer.state.fn)
 
-    on_train_start = on_validation_start = on_test_start = start_record  # fit's, validate's, test's first step
+    on_train_batch_start = on_validation_batch_start = on_test_batch_start = start_record  # its first batch read
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "predict":  # no run to file it under: it would overwrite outputs/config.yaml

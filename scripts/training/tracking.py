@@ -58,7 +58,7 @@ class BufferedMLFlowLogger(MLFlowLogger):
         self._uploaded: set[tuple[str, float]] = set()  # (path, mtime) of checkpoints already uploaded
         self.measured = False  # any metric logged: a run worth keeping
         self.started = False  # its run exists: created here or handed over
-        self.held = False  # no run created while held: until the first step (the CLI's TrackConfig.start_record)
+        self.held = False  # no run created while held: until the first batch (the CLI's TrackConfig.start_record)
         self.interrupted = False  # stopped by Ctrl-C (TrackConfig.on_exception): the run ends KILLED, not FAILED
         self.flush_every_s, self.epoch_as_step = flush_every_s, epoch_as_step
         self._pending: list = []
