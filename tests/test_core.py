@@ -1,7 +1,7 @@
-"""The core: a single-process fit, test and predict of every task loads at most 15 of the project's modules (package
+"""The core: a single-process fit, test and predict of every task loads at most 16 of the project's modules (package
 `__init__` files not counted) and none of the extras' (several processes, Azure ML, serving, sweeps, Spark, Horovod,
-a tracking server), a penguin fit (and the test of its best checkpoint) at most 2,000 lines of them, and runs in a
-process where the extras' packages cannot be imported: what an environment with the core dependencies alone
+a tracking server), a penguin fit (and the test of its best checkpoint) at most 2,150 lines of them (the aim: 2,000),
+and runs in a process where the extras' packages cannot be imported: what an environment with the core dependencies alone
 (pyproject's `dependencies`) can run. The probes run in such an environment, .venv-core (`make core-env`; .ci/run
 builds it), where the extras' packages are not installed at all. A task's fit, test and predict run one after the
 other in one such interpreter (each fresh one costs seconds of imports): the modules counted after each command are
@@ -25,11 +25,13 @@ pytestmark = pytest.mark.slow
 
 CORE_PYTHON = REPO / ".venv-core" / "bin" / "python"
 # A fit of any task loads at most 14 (a test of images adds scripts/training/mistakes.py, a CSV csv_files.py); test
-# and predict, one or two of their own (from_checkpoint.py; penguins to predict: new_penguins.py).
-MOST_MODULES = 15
-# Of a plain penguin fit: "a short read" (docs/architecture.md). 2,000 until every fit came to split by row hashes
-# and log its datasets (datamodules/base.py, run_record.py log_datasets: ~100 lines every fit runs).
-MOST_LINES = 2100
+# and predict, one or two of their own (from_checkpoint.py; penguins to predict: new_penguins.py; a table's rows:
+# the schema check, table_schema.py).
+MOST_MODULES = 16
+# Of a plain penguin fit: "a short read" (docs/architecture.md). The aim is 2,000, which held until every fit came to
+# split by row hashes, log its datasets (datamodules/base.py, run_record.py log_datasets) and hold its run until the
+# first batch: 2,136 lines on 2026-11-29.
+MOST_LINES = 2150
 # Packages of pyproject's optional dependencies that the core must not import.
 EXTRAS = ("azure.ai.ml", "onnx", "onnxruntime", "onnxscript", "optuna", "pyspark", "horovod", "pathspec")
 # Modules of the project that only an extra's option, launcher or command loads.
