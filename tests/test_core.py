@@ -1,11 +1,11 @@
 """The core: a single-process fit, test and predict of every task loads at most 16 of the project's modules (package
 `__init__` files not counted) and none of the extras' (several processes, Azure ML, serving, sweeps, Spark, Horovod,
 a tracking server), a penguin fit (and the test of its best checkpoint) at most 2,150 lines of them (the aim: 2,000),
-and runs in a process where the extras' packages cannot be imported: what an environment with the core dependencies alone
-(pyproject's `dependencies`) can run. The probes run in such an environment, .venv-core (`make core-env`; .ci/run
-builds it), where the extras' packages are not installed at all. A task's fit, test and predict run one after the
-other in one such interpreter (each fresh one costs seconds of imports): the modules counted after each command are
-all it and those before it loaded, so each command's own are no more.
+and runs in a process where the extras' packages cannot be imported: what an environment with the core dependencies
+alone (pyproject's `dependencies`) can run. The probes run in such an environment, .venv-core (`make core-env`;
+.ci/run builds it), where the extras' packages are not installed at all. A task's fit, test and predict run one after
+the other in one such interpreter (each fresh one costs seconds of imports): the modules counted after each command
+are all it and those before it loaded, so each command's own are no more.
 
 make core-env && .venv/bin/python -m pytest -q tests/test_core.py
 """
