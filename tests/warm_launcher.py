@@ -209,23 +209,16 @@ def run(
     """`python -m module args` in `cwd` with `env` (default: this process's), as subprocess.run with
     capture_output=True and text=True gives it."""
     env = dict(os.environ if env is None else env)
-    args = [str(arg) for arg in args]
-    from tests import seeded_stores  # the tests' process only: the launcher's children import the project afresh
-
-    seeded = seeded_stores.seed(args, cwd, env) if module == "scripts.train" else None
+    if fresh_interpreter_needed(env):
+        return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=timeout)  # fmt: skip
+    command = launcher().start(module, [str(arg) for arg in args], str(cwd), env)
     try:
-        if fresh_interpreter_needed(env):
-            return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True,
-                                  text=True, timeout=timeout)  # fmt: skip
-        command = launcher().start(module, args, str(cwd), env)
-        try:
-            command.wait(timeout)
-        except subprocess.TimeoutExpired:
-            command.kill()
-            raise subprocess.TimeoutExpired(command.args, timeout, *command.communicate()) from None
-        return subprocess.CompletedProcess(command.args, command.returncode, *command.communicate())
-    finally:
-        seeded_stores.unseed_if_unopened(seeded)
+        command.wait(timeout)
+    except subprocess.TimeoutExpired:
+        command.kill()
+        raise subprocess.TimeoutExpired(command.args, timeout, *command.communicate()) from None
+    return subprocess.CompletedProcess(command.args, command.returncode, *command.communicate())
 
 
 # ---- the launcher process (`python tests/warm_launcher.py`) ----
@@ -236,7 +229,7 @@ def serve() -> None:
     the pid at the fork, one with the exit status at the end)."""
     requests, answers = take_pipes()
     del sys.path[0]  # this file's folder: the child's own path comes first (run_child)
-    gc.disable()  # no collections while the preloaded libraries' objects are made: a faster warm-up
+    gc.disable()  # no collections while the preloaded libraries' objects are made (scripts/train.py)
     for name in PRELOAD:
         importlib.import_module(name)
     leave_finalizers_to_teardown()
