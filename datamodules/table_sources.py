@@ -20,7 +20,9 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from datamodules.errors import DataError
-from datamodules.table import CSV_SUFFIXES, PARQUET_SUFFIXES
+
+CSV_SUFFIXES = {".csv": ",", ".tsv": "\t", ".txt": ","}  # as datamodules/table.py reads one file
+PARQUET_SUFFIXES = (".parquet", ".pq")
 
 IGNORED_PREFIXES = ("_", ".")  # Spark's _SUCCESS, _committed_*, _started_*, .crc files; hidden files
 DELTA_TYPES = {"string": "string", "long": "int64", "integer": "int32", "short": "int16", "byte": "int8",

@@ -25,7 +25,7 @@ from pathlib import Path
 OUTPUTS = "outputs"  # scripts.train's default --trainer.default_root_dir
 
 
-SPLIT_OPTIONS = ("seed", "val_fraction", "test_fraction", "id_column")  # another split: another model's test rows
+SPLIT_OPTIONS = ("seed", "val_fraction", "test_fraction", "id_column", "test_path")  # another split: others' test rows
 
 
 def is_data_option(name: str) -> bool:

@@ -66,9 +66,13 @@ def predict_on_spark(model_uri: str, dataframe, spark=None, label: str | None = 
     the same classes: what Spark's MulticlassClassificationEvaluator compares with `prediction_index`."""
     from pyspark.sql import functions as F
 
-    from scripts.spark import serving_modules
+    from scripts.training.extras import ExtraMissing, load
 
-    registry, scoring = serving_modules()
+    try:
+        registry = load("scripts.serving.model_registry", "serving", "predict_on_spark")
+        scoring = load("scripts.spark.score", "serving", "predict_on_spark")
+    except ExtraMissing as error:
+        raise SparkFitError(str(error)) from None
     if model_uri.startswith(registry.REGISTRY_URIS):
         registry.use_store(model_uri)
     answers = {"prediction", "prediction_index", "probability", "label_index"}
