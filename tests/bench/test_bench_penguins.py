@@ -8,6 +8,8 @@ work. A variant that fails ends the bench in one line naming it, after the figur
 
 from __future__ import annotations
 
+import math
+
 import re
 
 import pytest
@@ -31,7 +33,8 @@ def test_prints_every_variant_as_measured_then_its_best_and_ratio():
     assert "penguins: 2 epochs, batch 20, 235 training rows, best of 1 rounds" in printed
     for variant in VARIANTS:
         assert summary_figure(printed, rf"^  {re.escape(variant)} +\S+ ms/epoch +(\S+)x plain$") > 0
-    assert summary_figure(printed, r"^  make train's one-time work around its epochs .*: (\S+) s$") >= 0
+    # A difference of two timings: on a busy machine noise can make it negative; it is printed as a number of seconds.
+    assert math.isfinite(summary_figure(printed, r"^  make train's one-time work around its epochs .*: (\S+) s$"))
 
 
 def test_a_variant_that_fails_ends_the_bench_in_one_line_after_the_figures_before_it(capsys, monkeypatch):
