@@ -9,7 +9,6 @@ work. A variant that fails ends the bench in one line naming it, after the figur
 from __future__ import annotations
 
 import math
-
 import re
 
 import pytest
