@@ -824,16 +824,16 @@ def test_a_mistake(case: Case, outcomes: dict[str, Outcome]):
 
 @pytest.fixture
 def full_disk(tmp_path):
-    """A 4 MB tmpfs, filled to its last byte once `fill` is called; skipped where mounting is not allowed (it needs
-    root, or CAP_SYS_ADMIN in a container)."""
+    """A 16 MB tmpfs (a fit's store and its artifacts fit), filled to its last byte once `fill` is called; skipped
+    where mounting is not allowed (it needs root, or CAP_SYS_ADMIN in a container)."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)], capture_output=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs to fill here: {mounted.stderr.decode().strip()}")
 
     def fill() -> None:
-        with open(disk / "filler", "wb") as filler, pytest.raises(OSError):
+        with open(disk / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):  # nothing left to flush
             while True:
                 filler.write(bytes(1 << 16))
                 filler.flush()
