@@ -100,10 +100,14 @@ def extract(source: Path, folder: Path, archive: str) -> None:
         raise damaged(archive, error) from None
 
 
-def file_as_data_dir(path: Path) -> DataError:
+def file_as_data_dir(path: Path, archive: str | None = None) -> DataError:
     """The one line for a file given as data_dir: an archive (by its bytes) is to be given as `archive`, with the
-    folder to extract it into; any other file is no folder of images."""
+    folder to extract it into; any other file is no folder of images, nor one to extract `archive` into."""
     kind = "zip" if zipfile.is_zipfile(path) else "tar" if tarfile.is_tarfile(path) else None
+    if kind is None and archive is not None:
+        return DataError(
+            f"{path}: a file, not a folder; give data.init_args.data_dir a folder to extract {archive} into"
+        )
     if kind is None:
         return DataError(
             f"{path}: a file, not a folder; give data.init_args.data_dir a folder of labelled images (a folder of "

@@ -143,7 +143,7 @@ class ImageFolderDataModule(ClassificationDataModule):
         if self.root.is_file():  # before the archive: the config's (the tutorial's URL) is not what the user gave
             from datamodules.archives import file_as_data_dir
 
-            raise file_as_data_dir(self.root)
+            raise file_as_data_dir(self.root, self.hparams.archive)
         if self.hparams.archive is not None:
             from datamodules.archives import fetch_archive  # only the first fit on a machine extracts
 
