@@ -102,9 +102,10 @@ def extract(source: Path, folder: Path, archive: str) -> None:
 
 def file_as_data_dir(path: Path, archive: str | None = None) -> DataError:
     """The one line for a file given as data_dir: an archive (by its bytes) is to be given as `archive`, with the
-    folder to extract it into; any other file is no folder of images, nor one to extract `archive` into."""
+    folder to extract it into; any other file is no folder of images, nor one to extract a local `archive` into (the
+    tutorial's URL, which the birds config names, is not what the user gave)."""
     kind = "zip" if zipfile.is_zipfile(path) else "tar" if tarfile.is_tarfile(path) else None
-    if kind is None and archive is not None:
+    if kind is None and archive is not None and "://" not in archive:  # a file of the user's, not the tutorial's URL
         return DataError(
             f"{path}: a file, not a folder; give data.init_args.data_dir a folder to extract {archive} into"
         )
