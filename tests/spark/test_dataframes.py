@@ -10,38 +10,19 @@ and MNIST as a table of 784 pixel columns.
 from __future__ import annotations
 
 import gzip  # extra: serving
-import os
-import shutil
 
 import numpy as np  # extra: serving
 import pandas as pd  # extra: serving
 import pytest
 
 from tests.conftest import MNIST, needs_mnist  # extra: serving
-
-needs_java = pytest.mark.skipif(
-    shutil.which("java") is None, reason="needs Java 17 for Spark (apt-get install openjdk-17-jre-headless; CI has it)"
-)
-MASTER = "local-cluster[2,1,1024]"
+from tests.spark.conftest import needs_java
 
 
 @pytest.fixture(scope="module")
-def spark(tmp_path_factory):
-    """One local-cluster session for the module, started as scripts.spark starts one; its environment restored."""
-    from scripts.spark.session import LocalSpark
-
-    names = ("SPARK_HOME", "PYSPARK_PYTHON", "SPARK_LOCAL_IP", "TMPDIR", "MLFLOW_TRACKING_URI")
-    saved = {name: os.environ.get(name) for name in names}
-    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("spark-tmp"))
-    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
-    local = LocalSpark(MASTER)
-    yield local.session
-    local.stop()
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+def spark_environment(tmp_path_factory) -> dict[str, str]:
+    """The fits' and the scoring's store, one for the module (the session's processes start with it)."""
+    return {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"}
 
 
 # extra: serving

@@ -30,11 +30,7 @@ from mlflow import MlflowClient
 from tests.conftest import DDP_EPOCHS, REPO, assert_same_training, last_checkpoint, own_tmpdir, penguin_fit, run_module
 from tests.serving.scored_models import scored_models  # extra: serving
 from tests.serving.test_own_datamodule import check_answers, fit_fruit  # extra: serving
-
-needs_java = pytest.mark.skipif(
-    shutil.which("java") is None, reason="needs Java 17 for Spark (apt-get install openjdk-17-jre-headless; CI has it)"
-)
-MASTER = "local-cluster[2,1,1024]"  # 2 workers of 1 core and 1 GiB: each task in an executor process of its own
+from tests.spark.conftest import MASTER, needs_java
 
 
 class FailOnRank(L.Callback):
@@ -67,24 +63,6 @@ class KillExecutorOnRank(FailOnRank):
             executor = next(p for p in psutil.Process().parents() if p.name() == "java")
             executor.kill()
             time.sleep(60)  # this process goes with its executor's task
-
-
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory):
-    """One local-cluster session for the module, started as scripts.spark starts one; the environment it sets is
-    restored after. Its tasks' temporary folder is the module's (each task's torchrun leaves a log folder there)."""
-    from scripts.spark.session import LocalSpark
-
-    saved = {name: os.environ.get(name) for name in ("SPARK_HOME", "PYSPARK_PYTHON", "SPARK_LOCAL_IP", "TMPDIR")}
-    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("spark-tmp"))
-    local = LocalSpark(MASTER)
-    yield local.session
-    local.stop()
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
 
 
 @pytest.mark.slow
