@@ -2,6 +2,8 @@
 file reaches the job's processes (in the uploaded code, under a name the job's shell keeps whole).
 
     python -m scripts.submit configs/mnist.yaml --compute gpu-cluster --inputs+ data.init_args.data_dir=azureml:mnist:1
+    python -m scripts.submit configs/table.yaml --compute cpu-cluster --train_args "--data.init_args.label y" \
+        --inputs+ 'data.init_args.csv_path=lake/sales/part-*.parquet'
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from scripts.azure_ml.errors import SubmitError
 
 INPUT_TYPES = ("uri_folder", "uri_file", "mltable")  # mltable: a folder with an MLTable file (datamodules/table.py)
 INPUT_MODES = ("ro_mount", "download", "direct", "eval_mount", "eval_download")
+WILDCARDS = "*?["  # a local path holding one is a pattern (datamodules/table_sources.py reads its matches)
 
 
 @dataclass
@@ -24,10 +27,26 @@ class JobInput:
     path: str
     type: str
     mode: str
+    pattern: str = ""  # a local pattern's part under `path`, its folder (uploaded whole): `part-*.parquet`
 
     @property
     def name(self) -> str:
         return self.option.rsplit(".", 1)[-1]  # data.init_args.data_dir -> ${{inputs.data_dir}}
+
+    def value(self, where: str, quote: bool = True) -> str:
+        """The option's value, `where` the input's path: the pattern after it, quoted for the job's shell (which would
+        otherwise match it itself) unless `quote` is False."""
+        return f"{where}/{shlex.quote(self.pattern) if quote else self.pattern}" if self.pattern else where
+
+
+def split_pattern(path: str) -> tuple[str, str]:
+    """A local pattern's folder (its parts before the first with a wildcard) and the pattern under it; (path, "") for a
+    path without wildcards."""
+    parts = Path(path).parts
+    for index, part in enumerate(parts):
+        if any(character in part for character in WILDCARDS):
+            return (str(Path(*parts[:index])) if index else "."), "/".join(parts[index:])
+    return path, ""
 
 
 def parse_input(item: str) -> JobInput:
@@ -48,6 +67,15 @@ def parse_input(item: str) -> JobInput:
             )
         given[key] = value
     kind = given.get("type", "uri_folder")
+    if is_local(path) and not Path(path).exists() and split_pattern(path)[1]:  # its folder uploaded, matched there
+        folder, pattern = split_pattern(path)
+        if given.get("type", "uri_folder") != "uri_folder":
+            raise SubmitError(f"--inputs {item}: a pattern is uploaded as its folder, {folder}: give type=uri_folder")
+        if not Path(folder).is_dir():
+            raise SubmitError(f"--inputs {item}: no such folder {folder}")
+        if not any(match.is_file() for match in Path(folder).glob(pattern)):
+            raise SubmitError(f"--inputs {item}: no file in {folder} matches {pattern}; give a pattern that does")
+        return JobInput(option, str(Path(folder).resolve()), "uri_folder", given.get("mode", "ro_mount"), pattern)
     if is_local(path):  # uploaded with the job
         if not Path(path).exists():
             raise SubmitError(f"--inputs {item}: no such file or folder {path}")
@@ -102,6 +130,9 @@ def left_out_kind(value: str) -> str | None:
     hold: outside this folder, or left out by .amlignore (data/, outputs/, ...); else None (not a path here at all)."""
     try:
         path = Path(value)
+        if not path.exists() and split_pattern(value)[1]:  # a pattern: its files here, if it matches any
+            folder, pattern = split_pattern(value)
+            path = next((match for match in Path(folder).glob(pattern) if match.is_file()), path)
         if not path.exists():
             return None
         probe = value if path.is_file() else os.path.join(value, "_")  # a folder's files are uploaded with it
@@ -117,7 +148,7 @@ def check_data_paths(config: dict, given: set[str], fix: dict[str, str] | None =
     for option, value in data_paths(config).items():
         kind = option not in given and left_out_kind(value)
         if kind:
-            advice = (fix or {}).get(option) or f"--inputs+ {option}={value}"
+            advice = (fix or {}).get(option) or f"--inputs+ {shlex.quote(f'{option}={value}')}"
             raise SubmitError(
                 f"{option} {value}: a {kind} here that the job's code leaves out (it is outside this folder, or "
                 f".amlignore leaves it out: data/, outputs/, ...), so its processes would not find it; give it as an "

@@ -145,7 +145,7 @@ def plan_job(
                 f"--inputs {job_input.option}={job_input.path}: another input also ends in .{job_input.name}"
             )
         names.add(job_input.name)
-        parts.append(f"--{job_input.option} ${{{{inputs.{job_input.name}}}}}")
+        parts.append(f"--{job_input.option} {job_input.value(f'${{{{inputs.{job_input.name}}}}}')}")
     if train_args:
         parts.append(train_args)
     return Plan(" ".join(parts), configs, horovod, gpu, launch, shape, job_inputs, environment, tier, timeout_s, shm)

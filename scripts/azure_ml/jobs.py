@@ -49,7 +49,8 @@ def build_job(
     target = check_compute(compute, instance_type, plan.configs, plan.gpu)
     experiment = job_experiment(experiment, plan.configs, train_args)
     if checked_args is not None:  # a typo in an option or a config would end the job on Azure, after its image build
-        given = [f"--{i.option} {shlex.quote(i.path if is_local(i.path) else f'inputs/{i.name}')}" for i in plan.inputs]
+        given = [f"--{i.option} {shlex.quote(i.value(i.path, quote=False) if is_local(i.path) else f'inputs/{i.name}')}"
+                 for i in plan.inputs]  # fmt: skip
         config = resolved_config(plan.configs, " ".join([checked_args, *given]))
         check_data_paths(config, {i.option for i in plan.inputs})
         check_unset_arguments(config, {i.option for i in plan.inputs}, plan.configs[0])

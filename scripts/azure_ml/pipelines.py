@@ -17,7 +17,13 @@ import yaml
 
 from scripts.azure_ml.components import TaskComponents, plan_components, value_at
 from scripts.azure_ml.errors import SubmitError, sweeps_for_azure
-from scripts.azure_ml.job_inputs import check_data_paths, check_unset_arguments, check_uploaded_name, is_local
+from scripts.azure_ml.job_inputs import (
+    check_data_paths,
+    check_unset_arguments,
+    check_uploaded_name,
+    is_local,
+    split_pattern,
+)
 from scripts.azure_ml.job_plan import PRESETS, Plan, plan_job
 from scripts.azure_ml.option_values import parse_reference
 from scripts.azure_ml.workspace import GPU_SIZE, SERVERLESS
@@ -151,6 +157,10 @@ def plan_pipeline(
 
     for option, given in (("--data", data), ("--test_data", test_data), ("--score_data", score_data)):
         given = given and given.removesuffix(MLTABLE)
+        if given and is_local(given) and not Path(given).exists() and split_pattern(given)[1]:  # steps take paths whole
+            raise SubmitError(f"{option} {given}: a pipeline's data is a file or a folder, not a pattern; give the "
+                              f"folder: {option} {split_pattern(given)[0]}{URI_FOLDER} (the task reads the files "
+                              "in it)")  # fmt: skip
         if given and is_local(given) and not Path(given).exists():  # before the training CLI's import
             raise SubmitError(f"{option} {given}: no such file or folder; give the data as the task reads it")
     if instance_type is not None and not compute:

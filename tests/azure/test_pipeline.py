@@ -720,3 +720,18 @@ def test_a_table_pipeline_takes_a_folder_of_parquet_files_as_a_uri_folder(tmp_pa
     result = run_module("scripts.pipeline", *TABLE, "--data", str(folder), "--compute", "cpu", "--dry_run", "true")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith("error: --data is a folder, which the score step")
+
+
+def test_a_pattern_as_a_table_pipeline_s_data_is_one_line_naming_its_folder(tmp_path):
+    """The steps' commands take an input's path whole: a pattern of part files is refused, its folder named."""
+    import pandas as pd
+
+    folder = tmp_path / "lake"
+    folder.mkdir()
+    pd.read_csv(PENGUINS).to_parquet(folder / "part-00000.snappy.parquet")
+    given = f"{folder}/part-*.parquet"
+    result = run_module("scripts.pipeline", *TABLE, "--compute", "cpu", "--data", given, "--dry_run", "true")
+    assert (result.returncode, result.stderr) == (1, (
+        f"error: --data {given}: a pipeline's data is a file or a folder, not a pattern; give the folder: "
+        f"--data {folder},type=uri_folder (the task reads the files in it)\n"
+    ))  # fmt: skip

@@ -1126,6 +1126,64 @@ def test_an_mltable_data_asset_is_the_table_task_s_input(tmp_path):
     assert "--data.init_args.label churned" in loaded.command
 
 
+def spark_parts(folder: Path) -> Path:
+    """A folder of Parquet part files as Spark writes them, with its _SUCCESS marker."""
+    import pandas as pd
+
+    folder.mkdir(parents=True)
+    for part in range(2):
+        pd.DataFrame({"x": [1.0, 2.0], "y": ["a", "b"]}).to_parquet(folder / f"part-0000{part}.snappy.parquet")
+    (folder / "_SUCCESS").write_text("")
+    return folder
+
+
+def test_a_local_pattern_is_its_folder_uploaded_and_the_pattern_matched_by_the_task(tmp_path):
+    """A glob of a lakehouse's part files: its folder goes up as a uri_folder, the job's command gives the pattern
+    under the input's mount point, quoted so that the job's shell does not match it, and the CLI reads it here."""
+    from azure.ai.ml import load_job
+
+    lake = spark_parts(tmp_path / "lake" / "sales")
+    inputs = [f"data.init_args.csv_path={lake}/part-*.parquet"]
+    text = submit("configs/table.yaml", compute="cpu-cluster", dry_run=True, inputs=inputs,
+                  train_args="--data.init_args.label y")  # fmt: skip
+    written = yaml.safe_load(text)
+    given = written["inputs"]["csv_path"]
+    assert (given["type"], given["mode"], (REPO / given["path"]).resolve()) == ("uri_folder", "ro_mount", lake)
+    (tmp_path / "job.yml").write_text(text)
+    loaded = load_job(tmp_path / "job.yml")
+    assert "--data.init_args.csv_path ${{inputs.csv_path}}/'part-*.parquet' " in loaded.command
+    mounted = loaded.command.replace("${{inputs.csv_path}}", "/mnt/azureml/inputs/sales")  # as Azure ML writes it
+    words = shlex.split(mounted)  # what the job's shell gives scripts.train: the pattern whole
+    assert words[words.index("--data.init_args.csv_path") + 1] == "/mnt/azureml/inputs/sales/part-*.parquet"
+
+
+@pytest.mark.parametrize(
+    ("given", "line"),
+    [
+        ("{lake}/*.csv", "no file in {lake} matches *.csv; give a pattern that does"),
+        ("{lake}/part-*.parquet,type=uri_file", "a pattern is uploaded as its folder, {lake}: give type=uri_folder"),
+        ("{lake}/missing/*.parquet", "no such folder {lake}/missing"),
+    ],
+)
+def test_a_local_pattern_that_cannot_be_uploaded_is_one_line(tmp_path, given, line):
+    lake = spark_parts(tmp_path / "lake")
+    item = "data.init_args.csv_path=" + given.format(lake=lake)
+    with pytest.raises(SubmitError) as refused:
+        submit("configs/table.yaml", compute="c", dry_run=True, inputs=[item], train_args="--data.init_args.label y")
+    assert str(refused.value) == f"--inputs {item}: {line.format(lake=lake)}"
+
+
+def test_a_pattern_in_train_args_matching_files_the_job_leaves_out_names_the_input(tmp_path, capsys):
+    lake = spark_parts(tmp_path / "lake")
+    pattern = f"{lake}/part-*.parquet"
+    with pytest.raises(SystemExit) as exit:
+        main(["configs/table.yaml", "--compute", "c", "--dry_run", "true",
+              f"--train_args=--data.init_args.label y --data.init_args.csv_path {pattern}"])  # fmt: skip
+    line = str(exit.value.code)
+    assert line.startswith(f"error: data.init_args.csv_path {pattern}: a file here that the job's code leaves out")
+    assert line.endswith(f"give it as an input: --inputs+ 'data.init_args.csv_path={pattern}'")  # quoted for a shell
+
+
 def test_the_sdk_s_experimental_warnings_come_from_the_logger_the_commands_quiet():
     """Canary of the README's private names: scripts/azure_ml/options.py quiets the logger of azure-ai-ml's module
     `_utils._experimental` by name; renamed, its warnings would come back on every command."""
