@@ -38,7 +38,13 @@ class TrackConfig(SaveConfigCallback):
     held logger's run at the first batch (a start refused before leaves none: docs/tracking.md)."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if isinstance(trainer.logger, BufferedMLFlowLogger) and trainer.logger.held:
+        logger = trainer.logger
+        held = isinstance(logger, BufferedMLFlowLogger) and logger.held
+        if trainer.world_size > 1:  # global rank 0's answer: a resumed run's id may be on its node's disk alone
+            held = trainer.strategy.broadcast(held, src=0)
+            if isinstance(logger, BufferedMLFlowLogger):
+                logger.held = held
+        if held:  # every process waits for the run's folder at the first batch (start_record), or none does
             self.waiting = [callback for callback in trainer.checkpoint_callbacks if callback.dirpath is None]  # run's
         else:
             super().setup(trainer, pl_module, stage)

@@ -183,7 +183,7 @@ def test_horovod_under_mpirun_with_a_folder_per_process_trains_as_one_tests_and_
     for i, folder in enumerate(folders):
         command += [*([":"] if i else []), "-np", "1", "-wdir", str(folder), sys.executable, "-m", "scripts.train"]
         command += args
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert len(re.findall(r"test_acc: ", result.stdout)) == 1
     assert checkpoints(folders[0]) == ["best.ckpt", "last.ckpt"] and checkpoints(folders[1]) == []
