@@ -14,6 +14,7 @@ import gzip
 import hashlib
 import math
 import os
+import resource
 import shutil
 import struct
 import subprocess
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from mlflow import MlflowClient
+from mlflow.entities import ViewType
 from torchvision.io import write_png
 
 from tests import warm_launcher
@@ -176,6 +179,7 @@ class Case:
     module: str = "scripts.train"
     env: dict[str, str] = field(default_factory=dict)
     cwd: str = str(REPO)
+    trained: bool = False  # refused after training began: its run, which measured nothing, is left deleted
 
 
 def Submit(name: str, args: list[str], line: str, **options) -> Case:  # noqa: N802 (reads as a kind of Case)
@@ -204,8 +208,15 @@ CASES = [
     Case("config-missing", ["fit", "--config", "{user}/penguins.yaml"],
          "error: --config {user}/penguins.yaml: no such file; give a YAML file such as configs/penguins.yaml"),
     Case("class-that-does-not-import", ["fit", "--model.network.class_path", "lightning_modules.nope.Net"],
-         "error: model.network: lightning_modules.nope.Net cannot be used here (module 'lightning_modules' has no "
-         "attribute 'nope'); give a class as configs/ do"),
+         "error: model.network: lightning_modules.nope: lightning_modules has no class or module nope; give a class "
+         "that exists, as configs/ do"),
+    Case("class-name-typo", ["fit", "--model.network.class_path", "lightning_modules.penguin_net.PenguinNt"],
+         "error: model.network: lightning_modules.penguin_net.PenguinNt: lightning_modules.penguin_net has no class "
+         "or module PenguinNt (closest: lightning_modules.penguin_net.PenguinNet); give a class that exists, as "
+         "configs/ do"),
+    Case("optimizer-name-typo", ["fit", "--model.optimizer", "torch.optim.Adamm"],
+         "error: model.optimizer: torch.optim.Adamm: torch.optim has no class or module Adamm (closest: "
+         "torch.optim.Adam, torch.optim.RAdam, torch.optim.NAdam); give a class that exists, as configs/ do"),
     Case("optimizer-that-is-not-one", ["fit", "--model.optimizer.class_path", "torch.nn.Linear"],
          "error: model.optimizer: torch.nn.Linear cannot be used here (Expected 'torch.nn.Linear' to be a subclass "
          "of <class 'Optimizer'>); give a class as configs/ do"),
@@ -323,6 +334,10 @@ CASES = [
     Case("checkpoint-cut-short", ["test", "--ckpt_path", "{user}/cut_short.ckpt"],
          "error: {user}/cut_short.ckpt: not a checkpoint this can read (not torch.save's zip format, or cut short); "
          "give a .ckpt written by scripts.train fit"),
+    Case("test-with-another-network-width", ["test", "--ckpt_path", "{penguins_ckpt}",
+                                             "--model.network.init_args.hidden", "64"],
+         "error: --model.network.init_args.hidden 64: {penguins_ckpt} was trained with 10, and validate, test and "
+         "predict use its network as trained; leave --model.network.init_args.hidden out"),
     Case("birds-checkpoint-on-penguins", ["test", "--ckpt_path", "{birds_ckpt}"],
          "error: --ckpt_path {birds_ckpt}: trained on classes ['chickens', 'turkeys'], but the data has ['Adelie', "
          "'Gentoo', 'Chinstrap']; give the checkpoint of this task, or data of its classes"),
@@ -498,11 +513,11 @@ CASES = [
                                                 "--data.init_args.verify_images", "false",
                                                 "--data.init_args.num_workers", "1"],
          f"error: {{user}}/birds-broken-late/train/turkeys/broken.jpg: not a readable image ({NOT_AN_IMAGE}); remove "
-         "or replace it"),
+         "or replace it", trained=True),  # a batch after the first
     Case("birds-image-too-narrow-to-crop", ["fit", *BIRDS, "--data.init_args.data_dir", "{user}/birds-strip"],
          "error: {user}/birds-strip/val/turkeys/strip.png: 60000x1 pixels, which the centre crop would resize to "
          "2220000x37; send a picture whose sides are nearer alike (resized, at most 40000000 pixels: "
-         "SCORE_MAX_IMAGE_PIXELS)"),
+         "SCORE_MAX_IMAGE_PIXELS)", trained=True),  # met in the first epoch's validation
     Case("birds-val-fraction-0", ["fit", *BIRDS, "--data.init_args.val_fraction", "0"],
          "error: data.init_args.val_fraction 0.0: give a fraction between 0 and 1 (exclusive)"),
     Case("birds-weights-missing", ["fit", *BIRDS, "--data.init_args.data_dir", "{user}/birds",
@@ -820,6 +835,11 @@ def test_a_mistake(case: Case, outcomes: dict[str, Outcome]):
     assert stderr.strip().splitlines()[-1] == case.line.format(**outcome.values)
     assert outcome.untouched, "a file of the user's, or a checkpoint, was written over"
     assert not list(outcome.outputs.glob("*/*/")), "a run folder was left"
+    if (outcome.outputs / "mlflow.db").exists():  # nor a run row, deleted or not, before training (tracking.md)
+        client = MlflowClient(f"sqlite:///{outcome.outputs / 'mlflow.db'}")
+        experiments = [experiment.experiment_id for experiment in client.search_experiments(ViewType.ALL)]
+        view = ViewType.ACTIVE_ONLY if case.trained else ViewType.ALL
+        assert client.search_runs(experiments, run_view_type=view) == [], "a run was recorded"
 
 
 @pytest.fixture
@@ -877,6 +897,43 @@ def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(full_disk, tmp_
         {path.name: path.read_bytes() for path in new.iterdir() if path.name != "fit.lock"} if new.exists() else {}
     )
     assert set(written) <= {"mlflow_run_id"} and all(written.values()), written
+
+
+def test_a_file_size_limit_is_one_line_naming_the_file_and_the_limit(tmp_path):
+    """Under `ulimit -f` (RLIMIT_FSIZE) a write past it fails with EFBIG (Python ignores SIGXFSZ): a checkpoint's, or
+    the MLflow store's (sqlite says "disk I/O error"). 20 KiB: below a penguin checkpoint and a new store."""
+    fit = [sys.executable, "-m", "scripts.train", "fit", "--config", "configs/penguins.yaml", "--trainer.max_epochs",
+           "1", "--test_after_fit", "false"]  # fmt: skip
+    limit = 20480
+    cases = {  # the file that goes past the limit: the checkpoint (no store), else the store, made first
+        tmp_path / "a" / "checkpoints" / "best.ckpt": ["--trainer.logger", "false"],
+        tmp_path / "b" / "outputs" / "mlflow.db": [],
+    }
+    processes = {
+        written: subprocess.Popen(
+            [
+                *fit,
+                *args,
+                "--trainer.default_root_dir",
+                str(written.parents[1] / "outputs"),
+                "--checkpoint_dir",
+                str(written.parents[1] / "checkpoints"),
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
+        )  # fmt: skip
+        for written, args in cases.items()
+    }
+    for written, process in processes.items():
+        _, stderr = process.communicate(timeout=600)
+        assert process.returncode == 1 and "Traceback" not in stderr, stderr[-3000:]
+        assert stderr.strip().splitlines()[-1] == (
+            f"error: {written}: file too large: this shell limits files to {limit} bytes (`ulimit -f`); raise the "
+            "limit (`ulimit -f unlimited`), or write where it does not apply"
+        )
 
 
 def test_predict_into_a_closed_pipe_ends_quietly(trained):

@@ -64,13 +64,23 @@ CHANGED = [  # what a resume cannot change, and the line it ends in (LAST: the c
      "--data.class_path datamodules.mnist.MNISTDataModule: {last} was trained with "
      "datamodules.penguins.PenguinDataModule (and {more} more option(s)), and a resume goes on as it began; give "
      "--data.class_path datamodules.penguins.PenguinDataModule, or a new --checkpoint_dir to train anew"),
+    (["--model.lr_scheduler", "torch.optim.lr_scheduler.StepLR", "--model.lr_scheduler.init_args.step_size", "1"],
+     "--model.lr_scheduler torch.optim.lr_scheduler.StepLR: {last} was trained with null, and a resume goes on as it "
+     "began; give --model.lr_scheduler null, or a new --checkpoint_dir to train anew"),
+    (["--trainer.overfit_batches", "3"],  # a Trainer option the old list of what trains did not name
+     "--trainer.overfit_batches 3: {last} was trained with 0.0, and a resume goes on as it began; give "
+     "--trainer.overfit_batches 0.0, or a new --checkpoint_dir to train anew"),
     (["--trainer.max_epochs", "1"],
      "--trainer.max_epochs 1: {last} has trained 2 epochs already (its config: 2); give 2 or more, or a new "
      "--checkpoint_dir to train anew"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("args", "line"), CHANGED, ids=["lr", "width", "other-task", "fewer-epochs"])
+@pytest.mark.parametrize(
+    ("args", "line"),
+    CHANGED,
+    ids=["lr", "width", "other-task", "scheduler-added", "overfit", "fewer-epochs"],
+)
 def test_a_resume_with_another_config_stops_in_one_line_and_touches_nothing(two_epochs, args, line):
     before = snapshot(two_epochs)
     result = run_module("scripts.train", *resume(two_epochs, *args))

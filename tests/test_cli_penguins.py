@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 from mlflow import MlflowClient
+from mlflow.entities import ViewType
 
 from tests.conftest import REPO, run_module
 
@@ -236,14 +237,14 @@ def test_register_model_without_mlflow_stops_before_training(train_cli):
 
 
 # end extra: serving
-def test_a_fit_that_trains_no_step_is_one_line_and_a_failed_run(train_cli, tmp_path):
+def test_a_fit_that_trains_no_step_is_one_line_and_no_run(train_cli, tmp_path):
     result = train_cli("fit", "--config", "configs/penguins.yaml", "--trainer.limit_train_batches", "0")
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1].startswith("error: the fit trained no step")
     assert "test_acc" not in result.stdout  # an untrained network's accuracy is not presented as the model's
     client = MlflowClient(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
-    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
-    assert [run.info.status for run in runs] == ["FAILED"]
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()], run_view_type=ViewType.ALL)
+    assert runs == []  # it failed before its first step: no run (docs/tracking.md)
 
 
 # extra: serving
@@ -282,3 +283,17 @@ def test_a_registry_refusal_after_the_fit_is_one_line_that_keeps_the_fit_and_say
 
 
 # end extra: serving
+
+
+def test_an_overlay_that_replaces_the_tasks_callbacks_says_so(train_cli, tmp_path):
+    """LightningCLI replaces a list a later --config gives: the task's EarlyStopping goes, now with a note."""
+    overlay = tmp_path / "lr_monitor.yaml"
+    overlay.write_text("trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.LearningRateMonitor\n")
+    result = train_cli("fit", "--config", "configs/penguins.yaml", "--config", str(overlay), "--trainer.max_epochs",
+                       "1", "--test_after_fit", "false")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (
+        f"note: --config {overlay} names trainer.callbacks, which replaces those of configs/penguins.yaml: "
+        "EarlyStopping dropped; to add callbacks to a task's, give --trainer.callbacks+ CLASS on the command line "
+        "instead"
+    ) in result.stderr.splitlines()

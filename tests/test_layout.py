@@ -12,7 +12,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("scripts", "datamodules", "lightning_modules", "strategies")
 LOWER = ("datamodules", "lightning_modules", "strategies")
-COMMANDS = {"train", "plot", "checkpoint_of", "drop"}
+COMMANDS = {"train", "plot", "checkpoint_of", "drop", "torchrun"}
 COMMANDS |= {"submit", "assets"}  # extra: azure
 COMMANDS |= {"pipeline", "deploy"}  # extra: azure, serving
 COMMANDS |= {"serve", "score", "export"}  # extra: serving

@@ -12,6 +12,7 @@ import torch
 from mlflow import MlflowClient
 from torch.utils.data import DataLoader, TensorDataset
 
+from scripts.training.resume import resend
 from scripts.training.tracking import BufferedMLFlowLogger
 from scripts.training.tracking_server import Sender
 
@@ -56,19 +57,19 @@ def test_unsent_metrics_carried_by_a_checkpoint_reach_their_own_run_only_once(st
     # The fit resumed from that checkpoint, in the same run, has run again the epoch after its last.ckpt's: the
     # carried metrics go first, the steps the run has already are not sent twice.
     again = logger_for(store, tmp_path, flush_every_s=3600, run_id=first.run_id)
-    again.resend({**carried, "metrics": json.dumps([["val_loss", 9.0, 0, 1], *json.loads(carried["metrics"])])})
+    resend(again, {**carried, "metrics": json.dumps([["val_loss", 9.0, 0, 1], *json.loads(carried["metrics"])])})
     again.log_metrics({"val_loss": 0.2}, step=4)
     again.finalize("success")
     assert history(store, again, "val_loss") == [(0, 1.0), (1, 0.5), (2, 1 / 3), (3, 0.25), (4, 0.2)]
 
     listed = logger_for(store, tmp_path, flush_every_s=3600, run_id=first.run_id)  # a checkpoint of the list format
-    listed.resend({**carried, "metrics": [["val_loss", 0.1, 0, 5]]})
+    resend(listed, {**carried, "metrics": [["val_loss", 0.1, 0, 5]]})
     listed.log_metrics({"val_loss": 0.05}, step=6)
     listed.finalize("success")
     assert {(5, 0.1), (6, 0.05)} <= set(history(store, listed, "val_loss"))
 
     other = logger_for(store, tmp_path, flush_every_s=0)  # a new run started from someone else's checkpoint
-    other.resend(carried)
+    resend(other, carried)
     other.log_metrics({"val_loss": 0.125}, step=0)
     assert history(store, other, "val_loss") == [(0, 0.125)]
 

@@ -7,10 +7,10 @@ Spark and the benches build it. What a plain fit does not use loads only when as
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 
 import lightning as L
@@ -23,7 +23,7 @@ from datamodules.base import ClassificationDataModule
 from lightning_modules.classifier import ClassificationModule, refuse_lightning_optimizer_options
 from scripts.training import tracking
 from scripts.training.checkpoints import RandomStates, WholeCheckpointIO, add_checkpoint_arguments
-from scripts.training.run_record import TrackConfig, first_process, launched, write_metrics
+from scripts.training.run_record import TrackConfig, first_process, launched
 
 PROCESSES_PER_CORE = 4  # the most CPU training processes a core: --trainer.devices' bound
 OUTPUTS = Path("outputs")  # Azure ML uploads ./outputs of every job
@@ -85,11 +85,14 @@ class TemplateCLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         super().parse_arguments(parser, args)
+        words = sys.argv[1:] if args is None else args
+        if isinstance(words, list) and sum(str(word).startswith("--config") for word in words) > 1:  # overlays
+            importlib.import_module("scripts.training.config_overlays").note_replaced_callbacks(words)
         subcommand = self.config.get("subcommand")
         if subcommand and self.config[subcommand].get("ckpt_path"):  # LightningCLI reads its hyperparameters next
-            from scripts.training.from_checkpoint import check_ckpt_path
+            from scripts.training.from_checkpoint import check_before_reading
 
-            check_ckpt_path(self.config[subcommand].ckpt_path, launched())
+            check_before_reading(self.config[subcommand], subcommand, words, launched())
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
@@ -114,12 +117,7 @@ class TemplateCLI(LightningCLI):
         if self.subcommand == "fit" and config.get("checkpoint_dir"):
             from scripts.training import resume
 
-            if resume.ours_only(config.checkpoint_dir):  # Lightning warns of it at every start, resumes included
-                warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
-            if last := resume.resume_from(config):
-                resume.check_resume(last, self.parser.dump(self.config, skip_unset=False, skip_validation=True))
-                config.ckpt_path, self.resumes = str(last), True
-                rank_zero_print(f"resuming from {last}")
+            resume.prepare(self, config)
         check_trainer(config.trainer, writes=self.subcommand != "predict")
         logger = config.trainer.logger
         if tracking.is_mlflow_logger(logger):
@@ -141,6 +139,8 @@ class TemplateCLI(LightningCLI):
             trainer = super().instantiate_trainer(**kwargs)
         except ValueError as error:  # the Trainer's own checks of its options (a strategy name that does not exist)
             raise ConfigError(f"trainer: {str(error).strip().splitlines()[0]}") from None
+        if isinstance(logger := trainer.logger, tracking.BufferedMLFlowLogger):  # its run starts at the first batch
+            logger.held = not logger.started and not logger.handed_over  # (TrackConfig; a resumed run exists)
         trainer.callbacks.append(RandomStates())
         if self.subcommand == "fit" and self.config.fit.get("ckpt_path"):  # data compared before the weights load
             from scripts.training.resume import CheckData
@@ -186,7 +186,7 @@ class TemplateCLI(LightningCLI):
             metrics.update(results)
         config = self.config.fit
         if config.metrics_file and self.trainer.is_global_zero:
-            write_metrics(metrics, Path(config.metrics_file))
+            importlib.import_module("scripts.training.metrics_file").write_metrics(metrics, Path(config.metrics_file))
         if (config.register_model or config.model_dir) and self.trainer.is_global_zero:
             model_outputs("--register_model").hand_on(self, checkpoint)
 
@@ -199,7 +199,8 @@ class TemplateCLI(LightningCLI):
 
     def after_test(self) -> None:
         if self.config.test.metrics_file and self.trainer.is_global_zero:
-            write_metrics(dict(self.trainer.callback_metrics), Path(self.config.test.metrics_file))
+            metrics, path = dict(self.trainer.callback_metrics), Path(self.config.test.metrics_file)
+            importlib.import_module("scripts.training.metrics_file").write_metrics(metrics, path)
 
     def after_predict(self) -> None:
         from scripts.training.from_checkpoint import write_predictions

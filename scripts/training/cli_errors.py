@@ -35,6 +35,9 @@ def config_error_line(error: ArgumentError, args: list[str]) -> str:
         owner = re.search(r"class_path '([\w.]+)'|class_path='([\w.]+)'", text)
         of = f"{owner[1] or owner[2]} takes no such argument; " if owner else ""
         return f"unrecognized arguments: --{key}.init_args.{option[1]} ({of}check the name against --print_config)"
+    missing = re.search(r"module '([\w.]+)' has no attribute '(\w+)'", text)
+    if key and missing and (line := no_such_name_line(key, missing[1], missing[2])):  # a typo in a class's name
+        return line
     unusable = re.search(
         r"has no attribute|No module named|to be a subclass of|does not correspond to a subclass", text
     )
@@ -54,6 +57,28 @@ def config_error_line(error: ArgumentError, args: list[str]) -> str:
     if "unrecognized arguments" in text or "does not accept" in text:
         return f"{lines[0]} (check the name against --print_config)"
     return lines[0]
+
+
+def no_such_name_line(key: str, module_name: str, name: str) -> str | None:
+    """`key` names `module_name.name`, and the module has no such class (nor, for a package, submodule): the names
+    closest to it, as a typo of a module's name gets them from Python."""
+    import difflib
+    import importlib
+    import pkgutil
+
+    try:
+        module = importlib.import_module(module_name)
+    except Exception:  # noqa: BLE001 (whatever the module raises, the line without the names)
+        return None
+    names = [attribute for attribute, value in vars(module).items() if isinstance(value, type)]
+    if hasattr(module, "__path__"):
+        names += [found.name for found in pkgutil.iter_modules(module.__path__)]
+    close = difflib.get_close_matches(name, [n for n in names if not n.startswith("_")], n=3)
+    closest = f" (closest: {', '.join(f'{module_name}.{n}' for n in close)})" if close else ""
+    return (
+        f"{key}: {module_name}.{name}: {module_name} has no class or module {name}{closest}; give a class that "
+        "exists, as configs/ do"
+    )
 
 
 def yaml_error_line(args: list[str]) -> str | None:
@@ -95,6 +120,10 @@ def full_disk_line(error: BaseException) -> str | None:
         if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
             where = f"{cause.filename}: " if cause.filename else ""
             return f"{where}no space left on the device; free space there, or write to a folder on another disk"
+        if isinstance(cause, OSError) and cause.errno == errno.EFBIG:
+            return file_too_large_line(cause)
+        if "disk I/O error" in str(cause) and file_size_limit() is not None:  # sqlite's words for EFBIG
+            return file_too_large_line(OSError(errno.EFBIG, "File too large"))
         if "database or disk is full" in str(cause):
             return (
                 "the MLflow store's disk is full (sqlite: database or disk is full); free space there, or give "
@@ -102,6 +131,26 @@ def full_disk_line(error: BaseException) -> str | None:
             )
         cause = cause.__cause__ or cause.__context__
     return None
+
+
+def file_size_limit() -> int | None:
+    """This process's file-size limit in bytes (`ulimit -f`, RLIMIT_FSIZE), None where there is none."""
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if limit == resource.RLIM_INFINITY else limit
+
+
+def file_too_large_line(error: OSError) -> str:
+    """A write past the process's file-size limit, or past the largest file its filesystem holds (FAT32's 4 GiB)."""
+    where = f"{error.filename}: " if error.filename else ""
+    if (limit := file_size_limit()) is None:
+        return f"{where}file too large for its filesystem; write to a folder on another filesystem"
+    size = f"{limit / 2**20:.1f} MiB" if limit >= 2**20 else f"{limit} bytes"
+    return (
+        f"{where}file too large: this shell limits files to {size} (`ulimit -f`); raise the limit (`ulimit -f "
+        "unlimited`), or write where it does not apply"
+    )
 
 
 def exit_for(error: BaseException, interrupted: bool, args: list[str], several: bool) -> None:

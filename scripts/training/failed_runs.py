@@ -53,7 +53,9 @@ def delete_record(logger) -> None:
 
 def end_failed(logger) -> None:
     """Ends the run FAILED after Lightning ended it FINISHED (its fit loop skips the hooks a stop there would go
-    through): a fit that trained no step did not succeed."""
+    through): a fit that trained no step did not succeed. A run held until that step (tracking.py) has none to end."""
+    if not logger.started:
+        return
     logger.send(partial(logger.experiment.set_terminated, logger.run_id, "FAILED"), "the run's end (failed)")
     if logger.sender is not None:
         logger.sender.wait(2.0, through_outage=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 from lightning.pytorch.cli import LightningCLI
 
 from datamodules.errors import csv_line
-from scripts.training.checkpoints import CheckpointError, check_checkpoint_file
+from scripts.training.checkpoints import CheckpointError, check_checkpoint_file, flatten
 
 
 def check_ckpt_path(ckpt_path: str | None, launched: bool) -> None:
@@ -29,6 +29,44 @@ def check_ckpt_path(ckpt_path: str | None, launched: bool) -> None:
 
     if launched_first() and (Path(ckpt_path).exists() or launched_processes() == 1):
         check_checkpoint_file(ckpt_path)
+
+
+def check_before_reading(config, subcommand: str, words: object, launched: bool) -> None:
+    """Before LightningCLI reads the --ckpt_path's hyperparameters into `config` (the command's): the file, and at
+    validate, test and predict the --model. options of the command line `words` against it."""
+    check_ckpt_path(config.ckpt_path, launched)
+    if subcommand != "fit" and Path(config.ckpt_path).is_file() and isinstance(words, list):  # else its model wins
+        check_model_options(config.ckpt_path, config.model, words)
+
+
+def check_model_options(ckpt_path: str, model, words: list[str]) -> None:
+    """Raises CheckpointError for a `--model.` option on the command line (`words`) whose value (in `model`, the
+    parsed config's) contradicts the checkpoint's: LightningCLI would replace it with the checkpoint's without a word,
+    and the network evaluated is the one trained."""
+    import torch
+
+    given = {word[2:].split("=", 1)[0] for word in words if isinstance(word, str) and word.startswith("--model.")}
+    if not given:
+        return
+    hyper_parameters = torch.load(ckpt_path, weights_only=True, map_location="cpu", mmap=True).get("hyper_parameters")
+    trained = flatten({"model": {k: v for k, v in (hyper_parameters or {}).items() if not k.startswith("_")}})
+    now = flatten({"model": model.as_dict()})
+    for option in sorted(given):
+        keys = [key for key in now if key == option or key.startswith(f"{option}.")]
+        if any(key in trained and str(trained[key]) != str(now[key]) for key in keys):
+            raise CheckpointError(
+                f"--{option} {shown(now, option)}: {ckpt_path} was trained with {shown(trained, option)}, and "
+                f"validate, test and predict use its network as trained; leave --{option} out"
+            )
+
+
+def shown(flat: dict, option: str) -> object:
+    """`option`'s value in a flattened config: a class by its class path, a group by its options."""
+    if option in flat or f"{option}.class_path" in flat:
+        return flat.get(option, flat.get(f"{option}.class_path"))
+    return ", ".join(
+        f"{key.removeprefix(option + '.')} {value}" for key, value in flat.items() if key.startswith(option)
+    )
 
 
 def prepare(cli: LightningCLI, config) -> None:

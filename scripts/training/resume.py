@@ -15,23 +15,41 @@ from pathlib import Path
 import lightning as L
 import torch
 import yaml
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from scripts.training.checkpoints import CONFIG_KEY, CheckpointError, check_checkpoint_file, flatten, write_whole
 
 RUN_ID_FILE = "mlflow_run_id"
 FIT_LOCK = "fit.lock"  # in DIR while a fit writes there
-# What a resume compares with the checkpoint's config: what is trained and how. Everything else (how long, where it
-# runs, what is recorded, where the data is found, options a newer release added) may change (docs/tracking.md).
-TRAINING = (
-    "model.", "data.", "seed_everything", "trainer.precision", "trainer.accumulate_grad_batches",
-    "trainer.gradient_clip_val", "trainer.gradient_clip_algorithm", "trainer.limit_train_batches",
-    "trainer.deterministic",
-)  # fmt: skip
-# Options under data. that say where the data is found or how fast it is read, not what it is.
-DATA_LOCATION = (
+# What may differ between a resume's config and its checkpoint's: how long it trains and when it stops, where it runs
+# (other hardware resumes soundly), what is recorded, shown or saved, and where the data is found. Every other option
+# changes what is trained or how, and is compared, nested ones and groups the checkpoint had as null included
+# (docs/tracking.md, "Resumed runs").
+MAY_DIFFER = (
+    "config", "ckpt_path", "weights_only", "checkpoint_dir", "test_after_fit", "register_model", "model_dir",
+    "metrics_file", "checkpoint", "last_checkpoint",
+    "trainer.max_epochs", "trainer.max_steps", "trainer.min_epochs", "trainer.min_steps", "trainer.max_time",
+    "trainer.callbacks", "trainer.accelerator", "trainer.devices", "trainer.strategy", "trainer.num_nodes",
+    "trainer.benchmark", "trainer.logger", "trainer.default_root_dir", "trainer.enable_progress_bar",
+    "trainer.enable_model_summary", "trainer.enable_checkpointing", "trainer.log_every_n_steps", "trainer.profiler",
+    "trainer.enable_autolog_hparams", "trainer.model_registry", "trainer.num_sanity_val_steps",
+    "trainer.limit_test_batches", "trainer.limit_predict_batches", "trainer.detect_anomaly",
     "data.init_args.data_dir", "data.init_args.csv_path", "data.init_args.archive", "data.init_args.mirrors",
     "data.init_args.predict_path", "data.init_args.num_workers", "data.init_args.verify_images", "model.class_names",
 )  # fmt: skip
+
+
+def prepare(cli, config) -> None:
+    """The CLI's part for a fit with --checkpoint_dir, before anything is built: the checkpoints there and, where
+    last.ckpt is, the resume from it once its config is checked."""
+    import warnings
+
+    if ours_only(config.checkpoint_dir):  # Lightning warns of it at every start, resumes included
+        warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
+    if last := resume_from(config):
+        check_resume(last, cli.parser.dump(cli.config, skip_unset=False, skip_validation=True))
+        config.ckpt_path, cli.resumes = str(last), True
+        rank_zero_only(print)(f"resuming from {last}")
 
 
 def resume_from(config) -> Path | None:
@@ -51,9 +69,10 @@ def ours_only(folder: str) -> bool:
 
 def check_resume(last: Path, dumped: str) -> None:
     """Raises CheckpointError when `dumped` (the CLI's config as YAML) trains otherwise than `last` was trained (an
-    option of TRAINING that both configs have, with another value), or asks for fewer epochs or steps than it has
-    trained: the fit would go on under options that do not describe its weights, or fail half-started."""
-    config = flatten(yaml.safe_load(dumped)["fit"])
+    option not in MAY_DIFFER with another value), or asks for fewer epochs or steps than it has trained: the fit would
+    go on under options that do not describe its weights, or fail half-started."""
+    now = yaml.safe_load(dumped)["fit"]
+    config = flatten(now)
     check_checkpoint_file(last)
     try:  # mmap: the weights stay on disk, only the small entries are read
         checkpoint = torch.load(last, map_location="cpu", weights_only=False, mmap=True)
@@ -63,11 +82,12 @@ def check_resume(last: Path, dumped: str) -> None:
             "a new --checkpoint_dir"
         ) from None
     if CONFIG_KEY in checkpoint:
-        then = flatten(yaml.safe_load(checkpoint[CONFIG_KEY]))
+        before = yaml.safe_load(checkpoint[CONFIG_KEY])
     else:  # written before checkpoints held their config: the module's and the datamodule's arguments
         model = {k: v for k, v in (checkpoint.get("hyper_parameters") or {}).items() if not k.startswith("_")}
-        then = flatten({"model": model, "data": {"init_args": checkpoint.get("datamodule_hyper_parameters") or {}}})
-        config = {key: value for key, value in config.items() if key.startswith(("model.", "data.init_args."))}
+        before = {"model": model, "data": {"init_args": checkpoint.get("datamodule_hyper_parameters") or {}}}
+        now = {"model": now.get("model") or {}, "data": {"init_args": (now.get("data") or {}).get("init_args") or {}}}
+    then = flatten(before)
     fix = "or a new --checkpoint_dir to train anew"
     done = {"max_epochs": checkpoint.get("epoch", -1) + 1, "max_steps": checkpoint.get("global_step", 0)}
     for option, trained in done.items():
@@ -77,17 +97,15 @@ def check_resume(last: Path, dumped: str) -> None:
                 f"--trainer.{option} {wanted}: {last} has trained {trained} {option.removeprefix('max_')} already "
                 f"(its config: {then.get(f'trainer.{option}')}); give {trained} or more, {fix}"
             )
-    changed = [
-        key for key in then
-        if key.startswith(TRAINING) and not key.startswith(DATA_LOCATION) and str(then[key]) != str(config.get(key))
-    ]  # fmt: skip
+    changed = [key for key in differences(before, now) if not may_differ(key)]
     if changed:
-        first = ("data.class_path", "model.network.class_path")  # another task, or another network, first
-        key = min(changed, key=lambda key: (key not in first, first.index(key) if key in first else 0))
+        # Another task, another network or another class first: the options under it differ because of it.
+        key = min(changed, key=lambda key: (not key.endswith("class_path"), key.count("."), changed.index(key)))
         more = f" (and {len(changed) - 1} more option(s))" if len(changed) > 1 else ""
+        was, given = as_option(value_at(before, key)), as_option(value_at(now, key))
         raise CheckpointError(
-            f"--{key} {as_option(config.get(key))}: {last} was trained with {as_option(then.get(key))}{more}, and a "
-            f"resume goes on as it began; give --{key} {as_option(then.get(key))}, {fix}"
+            f"--{key} {given}: {last} was trained with {was}{more}, and a resume goes on as it began; give --{key} "
+            f"{was}, {fix}"
         )
 
 
@@ -111,11 +129,40 @@ class CheckData(L.Callback):
         check_trained(datamodule, (checkpoint.get(type(datamodule).__qualname__) or {}).get("identity"))
 
 
+def differences(then: object, now: object, prefix: str = "") -> list[str]:
+    """The dotted options whose values differ between two configs: a group set on one side and null on the other is
+    one option (`model.lr_scheduler`); an option only `now` has, in a group both have, is one a newer release added."""
+    if isinstance(then, dict) and isinstance(now, dict):
+        return [key for name in then for key in differences(then[name], now.get(name), f"{prefix}{name}.")]
+    if isinstance(then, list) and isinstance(now, list) and len(then) == len(now):
+        return [key for index, pair in enumerate(zip(then, now)) for key in differences(*pair, f"{prefix}{index}.")]
+    return [] if then == now or str(then) == str(now) else [prefix.removesuffix(".")]
+
+
+def may_differ(key: str) -> bool:
+    return any(key == option or key.startswith(f"{option}.") for option in MAY_DIFFER)
+
+
+def value_at(config: dict, key: str) -> object:
+    """The value of dotted `key` in a nested config (None where it is not)."""
+    value: object = config
+    for part in key.split("."):
+        if isinstance(value, dict):
+            value = value.get(part)
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return None
+    return value
+
+
 def as_option(value: object) -> str:
     """`value` as one types it after an option on the command line (None as null, lists as YAML)."""
     if isinstance(value, str):
         return value
-    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+    if isinstance(value, dict) and isinstance(value.get("class_path"), str):  # a class: its name, as one gives it
+        return value["class_path"]
+    return yaml.safe_dump(value, default_flow_style=True, width=float("inf")).strip().removesuffix("...").strip()
 
 
 def hold(folder: Path) -> None:

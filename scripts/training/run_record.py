@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import importlib
 import io
 import json
 import os
@@ -33,7 +34,36 @@ UNSENT_KEY = "unsent_metrics"  # a checkpoint's metrics that the local store did
 
 
 class TrackConfig(SaveConfigCallback):
-    """The resolved config beside the checkpoints and in MLflow, the metrics not sent yet in each checkpoint."""
+    """The resolved config beside the checkpoints and in MLflow, the metrics not sent yet in each checkpoint; the
+    held logger's run at the first batch (a start refused before leaves none: docs/tracking.md)."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        logger = trainer.logger
+        held = isinstance(logger, BufferedMLFlowLogger) and logger.held
+        if trainer.world_size > 1:  # global rank 0's answer: a resumed run's id may be on its node's disk alone
+            held = trainer.strategy.broadcast(held, src=0)
+            if isinstance(logger, BufferedMLFlowLogger):
+                logger.held = held
+        if held:  # every process waits for the run's folder at the first batch (start_record), or none does
+            self.waiting = [callback for callback in trainer.checkpoint_callbacks if callback.dirpath is None]  # run's
+        else:
+            super().setup(trainer, pl_module, stage)
+
+    def start_record(self, trainer: L.Trainer, pl_module: L.LightningModule, *batch) -> None:
+        """Creates the held run (global rank 0), puts the checkpoints in its folder, records the config."""
+        if getattr(self, "waiting", None) is None or trainer.sanity_checking:
+            return
+        trainer.logger.held = False
+        folder = Path(trainer.strategy.broadcast(str(run_dir(trainer)) if trainer.is_global_zero else None))
+        for callback in self.waiting:  # where ModelCheckpoint puts them, had the run existed at its setup
+            callback.dirpath = str(folder / "checkpoints")
+        self.waiting = None
+        super().setup(trainer, pl_module, trainer.state.fn)
+        if pending := getattr(self, "datasets_pending", None):  # the splits' datasets, now that the run is there
+            self.datasets_pending = None
+            log_datasets(trainer, pending)
+
+    on_train_batch_start = on_validation_batch_start = on_test_batch_start = start_record  # its first batch read
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "predict":  # no run to file it under: it would overwrite outputs/config.yaml
@@ -79,15 +109,23 @@ class TrackConfig(SaveConfigCallback):
             logger.flush(wait=True, stop=lambda: trainer.received_sigterm or any(c.signalled for c in signalled))
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        log_datasets(trainer, ("train", "val"))  # here, not at setup: a checkpoint's split rule is restored by now
+        self.log_datasets(trainer, ("train", "val"))  # not at setup: a checkpoint's split rule is restored by now
 
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        log_datasets(trainer, ("test",))
+        self.log_datasets(trainer, ("test",))
+
+    def log_datasets(self, trainer: L.Trainer, splits: tuple[str, ...]) -> None:
+        """Now, or once the held run is created at the first batch (start_record)."""
+        if getattr(self, "waiting", None) is not None:
+            self.datasets_pending = splits
+        else:
+            log_datasets(trainer, splits)
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         # A resumed fit's (a test of this run's checkpoint would send them again, which the store keeps once).
-        if isinstance(trainer.logger, BufferedMLFlowLogger) and UNSENT_KEY in checkpoint and trainer.state.fn == "fit":
-            trainer.logger.resend(checkpoint[UNSENT_KEY])
+        fit = trainer.state.fn == "fit" and trainer.is_global_zero  # in the logger's process (resume.py)
+        if isinstance(trainer.logger, BufferedMLFlowLogger) and UNSENT_KEY in checkpoint and fit:
+            importlib.import_module("scripts.training.resume").resend(trainer.logger, checkpoint[UNSENT_KEY])
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         from scripts.training.failed_runs import after_exception
@@ -151,13 +189,6 @@ def first_process() -> bool:
     from strategies.launch_check import launched_first
 
     return launched_first()
-
-
-def write_metrics(metrics: dict, path: Path) -> None:
-    """The metrics as a JSON object of numbers, written whole (by global rank 0: the CLI's after_fit, after_test)."""
-    values = {name: float(value) for name, value in sorted(metrics.items())}
-    write_whole(path, (json.dumps(values, indent=1) + "\n").encode())
-    print(f"wrote metrics: {path}")
 
 
 FOLDER = "evaluation"  # in the run's folder and in its MLflow artifacts

@@ -8,7 +8,6 @@ or a network round trip), epoch metrics at step = epoch, the store kept to runs 
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import importlib
 import json
@@ -51,17 +50,15 @@ class BufferedMLFlowLogger(MLFlowLogger):
         kwargs["tags"] = {**(kwargs.get("tags") or {}), HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
         self.metric_prefix = kwargs.get("prefix", "")
         self.sender = None  # not MLflow's asynchronous logging: it drops what the server does not take, waits unbounded
-        if kwargs.get("synchronous") is False:  # to a server (tracking_server.py)
-            from scripts.training.tracking_server import Sender
-
-            self.sender = Sender()
-            atexit.register(lambda: self.sender.report_unsent(self.store, self.run_id))
+        if kwargs.get("synchronous") is False:  # to a server: a thread of its own (tracking_server.py)
+            self.sender = importlib.import_module("scripts.training.tracking_server").sender_for(self)
         self.upload_checkpoints = bool(kwargs.pop("log_model", False))
         super().__init__(*args, **kwargs)
         self._checkpoint_callbacks: list = []
         self._uploaded: set[tuple[str, float]] = set()  # (path, mtime) of checkpoints already uploaded
         self.measured = False  # any metric logged: a run worth keeping
         self.started = False  # its run exists: created here or handed over
+        self.held = False  # no run created while held: until the first batch (the CLI's TrackConfig.start_record)
         self.interrupted = False  # stopped by Ctrl-C (TrackConfig.on_exception): the run ends KILLED, not FAILED
         self.flush_every_s, self.epoch_as_step = flush_every_s, epoch_as_step
         self._pending: list = []
@@ -129,28 +126,21 @@ class BufferedMLFlowLogger(MLFlowLogger):
         metrics = json.dumps([[m.key, m.value, m.timestamp, m.step] for m in self._pending])
         return {"run_id": self.run_id if self.started else None, "metrics": metrics}
 
-    @rank_zero_only
-    def resend(self, carried: dict) -> None:
-        """Queues the metrics a checkpoint of this run carried (`unsent`) that the run does not have yet (resume.py)."""
-        from scripts.training.resume import resend
-
-        resend(self, carried)
-
     def log_hyperparams(self, params) -> None:
         """Nothing: the run's parameters are its resolved config (run_record.py), not the module's again."""
 
     @property
     @rank_zero_experiment
     def experiment(self):
+        if self.held:  # Lightning asks before the data's setup: a client without a run (name, version None)
+            return importlib.import_module("mlflow").MlflowClient(self.store)
         client = super().experiment
         if not self.started:
             self.started = True
             if self._given_run_id is None:
                 self.end_killed_runs(client)
             else:  # a continued run: what a resumed fit trains again is not logged twice
-                from scripts.training.resume import recorded_steps
-
-                self._recorded = recorded_steps(client, self.run_id)
+                self._recorded = importlib.import_module("scripts.training.resume").recorded_steps(client, self.run_id)
         return client
 
     def end_killed_runs(self, client) -> None:
@@ -261,4 +251,8 @@ def open_sqlite_store(tracking_uri: str) -> None:
     path = Path(tracking_uri.removeprefix("sqlite:///"))
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{path}.lock"):
-        MlflowClient(tracking_uri).search_experiments(max_results=1)  # MLflow makes a new store's tables here
+        try:
+            MlflowClient(tracking_uri).search_experiments(max_results=1)  # MLflow makes a new store's tables here
+        except Exception as error:  # a full disk, a file-size limit: one line naming the store
+            full = importlib.import_module("scripts.training.tracking_server").full_store(error, tracking_uri)
+            raise full or error from None

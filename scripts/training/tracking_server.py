@@ -39,10 +39,13 @@ def full_store(error: BaseException, store: str | None) -> TrackingError | None:
     """One line naming the store, for `error` of a store on a full disk; None for another error."""
     from scripts.training.cli_errors import full_disk_line
 
-    if full_disk_line(error) is None:
+    if (line := full_disk_line(error)) is None:
         return None
+    path = (store or "").removeprefix("sqlite:///")
+    if "file too large" in line:  # the file-size limit, not the disk: named with the store, not a file of sqlite's
+        return TrackingError(f"{path}: file too large{line.split('file too large', 1)[1]}")
     return TrackingError(
-        f"{(store or '').removeprefix('sqlite:///')}: the MLflow store's disk is full; free space there, or give "
+        f"{path}: the MLflow store's disk is full; free space there, or give "
         "--trainer.default_root_dir (or MLFLOW_TRACKING_URI) a store on another disk"
     )
 
@@ -134,6 +137,15 @@ def credentials_out_of_uri(uri: str, environ: MutableMapping[str, str] = os.envi
     if password:
         environ["MLFLOW_TRACKING_PASSWORD"] = unquote(password)
     return urlunsplit(parts._replace(netloc=host))
+
+
+def sender_for(logger) -> Sender:
+    """A Sender for BufferedMLFlowLogger `logger`, which says at exit what the server never took."""
+    import atexit
+
+    sender = Sender()
+    atexit.register(lambda: sender.report_unsent(logger.store, logger.run_id))
+    return sender
 
 
 class Sender:

@@ -179,7 +179,9 @@ class HorovodStrategy(ParallelStrategy):
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         with torch.inference_mode(False):
-            return self.hvd.broadcast_object(obj, root_rank=src)
+            # Named: Horovod matches a collective by name, and its default is the object's type, which differs where
+            # only the source has the object (`x if trainer.is_global_zero else None`): the ranks would wait forever.
+            return self.hvd.broadcast_object(obj, root_rank=src, name="strategy.broadcast")
 
     def barrier(self, name: str | None = None) -> None:
         self.hvd.barrier()

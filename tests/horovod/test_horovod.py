@@ -45,13 +45,13 @@ def needs_horovod() -> None:
         pytest.skip("needs Horovod: make horovod (python -m scripts.build_horovod; .ci/run builds it)")
 
 
-def horovodrun(*args: str, python: tuple[str, ...] = ("-m", "scripts.train")):
+def horovodrun(*args: str, python: tuple[str, ...] = ("-m", "scripts.train"), timeout: float = 600):
     """`horovodrun -np 2 python -m scripts.train ARGS` (or `python PYTHON ARGS`) from the repository root."""
     needs_horovod()
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     launcher = [str(Path(sys.executable).parent / "horovodrun"), "-np", "2", "-H", "localhost:2"]
     command = [*launcher, sys.executable, *python, *args]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=timeout)
 
 
 def test_horovod_processes_accumulating_two_batches_of_5_train_as_one_of_20_with_one_run_and_one_report(
@@ -89,7 +89,8 @@ def test_horovod_built_for_cpus_refuses_gpus_in_one_line():
 
 
 def test_horovod_reduces_as_lightning_asks_mean_sum_max_min(tmp_path):
-    """self.log(..., sync_dist=True, reduce_fx=...) and the callbacks' decisions come through strategy.reduce."""
+    """self.log(..., sync_dist=True, reduce_fx=...) and the callbacks' decisions come through strategy.reduce; a
+    broadcast of what only the source has (`x if is_global_zero else None`, as Lightning's own code does) arrives."""
     code = (
         "import torch\n"
         "from strategies.horovod import HorovodStrategy\n"
@@ -97,11 +98,14 @@ def test_horovod_reduces_as_lightning_asks_mean_sum_max_min(tmp_path):
         "value = torch.tensor([strategy.global_rank + 1.0])  # 1 and 2\n"
         "ops = ['mean', 'sum', 'max', 'min', torch.distributed.ReduceOp.SUM]\n"
         "print(f'reduced {[strategy.reduce(value, reduce_op=op).item() for op in ops]}')\n"  # one write: see below
+        "print(f'broadcast {strategy.broadcast(\"outputs/1/run\" if strategy.global_rank == 0 else None)}')\n"
     )
-    result = horovodrun(python=("-c", code))
+    result = horovodrun(python=("-c", code), timeout=120)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     # mpirun tags each write of a rank ("[1,0]<stdout>:"); unbuffered (PYTHONUNBUFFERED, set on CI machines), print's
-    # pieces are writes of their own, and tags of both ranks could split the line: so one string, one write.
+    # pieces are writes of their own, and tags of both ranks could split the line: so one string, one write, and
+    # patterns that end where the string does.
+    assert re.findall(r"broadcast (outputs/1/run|None)", result.stdout) == ["outputs/1/run"] * 2
     assert re.findall(r"reduced \[[^\]]*\]", result.stdout) == ["reduced [1.5, 3.0, 2.0, 1.0, 3.0]"] * 2
 
 
