@@ -170,10 +170,20 @@ def split_rows(rule: dict, hashes: np.ndarray, labels: torch.Tensor) -> tuple[to
 
         copies = torch.from_numpy(np.unique(hashes, return_inverse=True)[1].astype(np.int64))
         return stratified_split(labels, fractions, rule["seed"], copies)
-    seed = mixed(np.array([rule["seed"] & (2**64 - 1)], dtype=np.uint64))
-    share = (mixed(hashes ^ seed) >> np.uint64(11)).astype(np.float64) / 2.0**53  # uniform in [0, 1)
+    share = hash_shares(rule["seed"], hashes)
     val, held_out = share < fractions[0], share < sum(fractions)
     return tuple(torch.from_numpy(part.nonzero()[0]) for part in (~held_out, val, held_out & ~val))
+
+
+def hash_shares(seed: int, hashes: np.ndarray) -> np.ndarray:
+    """Each 64-bit hash mixed with the seed, as a share of all 64-bit values: uniform in [0, 1)."""
+    mix = mixed(np.array([seed & (2**64 - 1)], dtype=np.uint64))
+    return (mixed(hashes ^ mix) >> np.uint64(11)).astype(np.float64) / 2.0**53
+
+
+def content_hash(data: bytes) -> int:
+    """A 64-bit hash of bytes (a file's, an image's pixels): what an image's split and the data's digest are made of."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 def digest(hashes: np.ndarray) -> str:
@@ -181,12 +191,22 @@ def digest(hashes: np.ndarray) -> str:
     return hashlib.sha256(np.sort(hashes).tobytes()).hexdigest()[:16]
 
 
-def data_identity(source: str, content: np.ndarray, keys: np.ndarray, rule: dict, schema: dict, parts: tuple) -> dict:
+def data_identity(source: str, content: np.ndarray, keys: np.ndarray | None, rule: dict, schema: dict,
+                  parts: tuple) -> dict:  # fmt: skip
     """The data's source, digest (of `content`, the rows' hashes), rows, split rule, schema (column: kind), each split's
-    digest and rows, and the rows' `keys` (the hashes split by, sorted: a later command counts rows added, removed)."""
+    digest and rows, and the rows' `keys` (the hashes split by, sorted: a later command counts rows added, removed;
+    None: not kept, image folders keep their files' instead)."""
     splits = {name: {"digest": digest(content[rows.numpy()]), "rows": len(rows)} for name, rows in zip(SPLITS, parts)}
-    return {"source": source, "digest": digest(content), "rows": len(content), "split": rule, "schema": schema,
-            "splits": splits, "row_hashes": torch.from_numpy(np.sort(keys).view(np.int64))}  # fmt: skip
+    identity = {"source": source, "digest": digest(content), "rows": len(content), "split": rule, "schema": schema,
+                "splits": splits}  # fmt: skip
+    if keys is not None:
+        identity["row_hashes"] = torch.from_numpy(np.sort(keys).view(np.int64))
+    return identity
+
+
+def image_schema(channels: int, size: int | str, classes: list[str]) -> dict:
+    """The schema of images a network sees (channels x size x size) and their classes: an image task's identity's."""
+    return {"image": f"image {channels}x{size}x{size}", "label": f"label: {', '.join(classes)}"}
 
 
 COPIES_SAID: set[tuple[str, int]] = set()  # (table, count) already said in this process
