@@ -181,6 +181,19 @@ def hash_shares(seed: int, hashes: np.ndarray) -> np.ndarray:
     return (mixed(hashes ^ mix) >> np.uint64(11)).astype(np.float64) / 2.0**53
 
 
+def held_out_by_hash(seed: int, hashes: np.ndarray, fraction: float) -> np.ndarray:
+    """Which of `hashes` (a class's images, or all) the rule holds out: a seeded share below `fraction`. Where that
+    leaves no image on one side (a few images), the lowest share is held out, or the highest kept (with its copies);
+    none is held out of images all alike."""
+    shares = hash_shares(seed, hashes)
+    held = shares < fraction
+    if not held.any():
+        held = shares == shares.min()
+    if held.all():
+        held &= shares != shares.max()
+    return held
+
+
 def content_hash(data: bytes) -> int:
     """A 64-bit hash of bytes (a file's, an image's pixels): what an image's split and the data's digest are made of."""
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")

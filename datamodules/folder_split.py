@@ -38,15 +38,10 @@ def file_hashes(splits: Pictures) -> dict[Path, int]:
 
 
 def hash_split(files: list[Path], hashes: np.ndarray, rule: dict, where: Path) -> tuple[list[Path], list[Path]]:
-    """(kept, held out) of one class's files by `rule` (base.split_rule's): a file is held out when its hash's seeded
-    share is below val_fraction. A class the rule leaves with no picture on one side (a few pictures) holds out its
-    lowest share, or keeps its highest; a later command's check leaves out of validation what a checkpoint trained."""
-    shares = base.hash_shares(rule["seed"], hashes)
-    held = shares < rule["val_fraction"]
-    if not held.any():
-        held = shares == shares.min()
-    if held.all():
-        held &= shares != shares.max()
+    """(kept, held out) of one class's files by `rule` (base.split_rule's: base.held_out_by_hash). Pictures added to a
+    class of a few may move the one it held out for want of others: a later command's check (split_check.py) leaves
+    out of validation what a checkpoint trained on."""
+    held = base.held_out_by_hash(rule["seed"], hashes, rule["val_fraction"])
     if not held.any():
         raise DataError(
             f"{where}: {len(files)} image(s), {len(np.unique(hashes))} different, cannot be split into training and "

@@ -314,16 +314,16 @@ class MNISTDataModule(InMemoryDataModule):
         """The splits by `rule` (this config's, or a checkpoint's: datamodules/split_check.py) and the identity."""
         (images, labels), count = self.rows, self.train_count
         if rule["method"] == base.METHOD:
-            train, val, _ = base.split_rows(rule, self.keys[:count], labels[:count])
+            held = torch.from_numpy(base.held_out_by_hash(rule["seed"], self.keys[:count], rule["val_fraction"]))
+            train, val = (~held).nonzero().flatten(), held.nonzero().flatten()
         else:
             from datamodules.permuted_split import permuted_rows
 
             train, val = permuted_rows(count, rule["val_size"], rule["seed"])
-        if not len(train) or not len(val):
+        if not len(val):
             raise DataError(
-                f"data.init_args.val_size {rule['val_size']}: of the {count} training images in "
-                f"{self.hparams.data_dir}, {len(val)} hash into validation and {len(train)} into training; give a "
-                f"val_size that leaves some in both (e.g. {max(1, count // 5)})"
+                f"{self.hparams.data_dir}: its {count} training images are all alike, which no split can divide into "
+                "training and validation; give MNIST's files, or images of digits"
             )
         parts = (train, val, torch.arange(count, len(labels)))
         self.rule, self.split_indices = rule, {"train": train, "val": val}  # rows of the training files
