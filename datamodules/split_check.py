@@ -21,7 +21,17 @@ OPTIONS = ("seed", "val_fraction", "test_fraction", "id_column")  # the rule's p
 def check_trained(datamodule, trained: dict | None) -> None:
     """Splits `datamodule` (split by its config's rule, its `identity` set) by the rule of the checkpoint whose
     datamodule state held `trained` (None: a checkpoint older than the rule, split by a seeded permutation), and says
-    what differs, once; a resumed fit on other columns is a DataError."""
+    what differs, once; a resumed fit on other columns is a DataError. A resumed fit compares twice (before its
+    weights load, and as its datamodule's state loads): the second time, on the data the first left, does nothing."""
+    compared = datamodule.__dict__.setdefault("compared", set())
+    if trained and (trained["digest"], datamodule.identity["digest"]) in compared:
+        return
+    compare(datamodule, trained)
+    if trained:
+        compared.add((trained["digest"], datamodule.identity["digest"]))
+
+
+def compare(datamodule, trained: dict | None) -> None:
     given, said = datamodule.identity, datamodule.__dict__.setdefault("said", set())
     first = datamodule.trainer is None or datamodule.trainer.is_global_zero
 

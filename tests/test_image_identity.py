@@ -206,6 +206,9 @@ def test_images_added_removed_or_edited_are_named_and_no_image_trained_on_is_sco
         f" each image keeps its split by its own bytes, so none it trained on is tested; left out of validation, as "
         f"the checkpoint trained on them: {edited}"
     )
+    scored = list(tested.splits["test"][0])
+    tested.load_state_dict(state)  # a resumed fit compares twice: before the weights load, and as the state loads
+    assert tested.splits["test"][0] == scored and not capsys.readouterr().err
 
 
 def test_an_older_checkpoint_is_tested_on_the_images_its_permutation_held_out(tmp_path, capsys):
