@@ -52,12 +52,15 @@ def compare(datamodule, trained: dict | None) -> None:
     if not trained:
         say(f"{where}: the checkpoint predates kept split rules: split as its fit split then (a seeded permutation of "
             f"{permuted}, seed {rule['seed']})")  # fmt: skip
+    elif rule["method"] != given["split"]["method"]:  # an image folder with val/ then, without it now, or the reverse
+        say(f"{where}: the checkpoint was split by {rule['method']}, this data by {given['split']['method']}: what it "
+            "trained on is left out of what is scored")  # fmt: skip
     elif differ:
         say(f"{where}: split as the checkpoint's fit split it ({', '.join(differ)}): {held_out}, none it trained on")
     if rule != given["split"]:
         datamodule.resplit(rule)
         given = datamodule.identity
-    if not trained or trained["digest"] == given["digest"]:
+    if not trained or (trained["digest"] == given["digest"] and rule == given["split"]):
         return
     fitting = datamodule.trainer is not None and datamodule.trainer.state.fn == "fit"
     if "row_hashes" not in given:  # images: each split's files (a folder's) or digests (MNIST's) compared

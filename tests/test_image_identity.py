@@ -22,7 +22,7 @@ from torchvision.io import write_png
 from datamodules import base
 from datamodules.errors import DataError
 from datamodules.mnist import MNISTDataModule
-from tests.conftest import CLASSES, REPO, birds_data, run_module, write_images
+from tests.conftest import CLASSES, REPO, bird_folders, birds_data, run_module, write_images
 
 OLD_CHECKPOINTS = REPO / "tests" / "checkpoints"
 
@@ -209,6 +209,29 @@ def test_images_added_removed_or_edited_are_named_and_no_image_trained_on_is_sco
     scored = list(tested.splits["test"][0])
     tested.load_state_dict(state)  # a resumed fit compares twice: before the weights load, and as the state loads
     assert tested.splits["test"][0] == scored and not capsys.readouterr().err
+
+
+def test_a_folder_trained_with_val_and_tested_without_it_scores_no_image_it_trained_on(tmp_path, capsys):
+    """The same pictures, the folder's train/ and val/ merged since: the same digest, but no rule to restore."""
+    root = bird_folders(tmp_path / "split", count=6)
+    fitted = split_folder(root)
+    trained = {path.read_bytes() for path in fitted.splits["train"][0]}
+    merged = tmp_path / "merged"
+    for split in ("train", "val"):
+        for path in (root / split).rglob("*.*"):
+            (merged / path.parent.name).mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, merged / path.parent.name / f"{split}-{path.name}")
+    tested = birds_data(merged)
+    tested.setup("test")
+    assert {path.read_bytes() for path in tested.splits["test"][0]} & trained  # the config's split: trained ones
+    assert tested.identity["digest"] == fitted.identity["digest"]  # the same pictures of the same classes
+    capsys.readouterr()
+    tested.load_state_dict(fitted.state_dict())
+    assert tested.splits["test"][0] and not {path.read_bytes() for path in tested.splits["test"][0]} & trained
+    assert capsys.readouterr().err.splitlines()[0] == (
+        f"{merged}: the checkpoint was split by split folders, this data by row hash: what it trained on is left out "
+        "of what is scored"
+    )
 
 
 def test_an_older_checkpoint_is_tested_on_the_images_its_permutation_held_out(tmp_path, capsys):
