@@ -3,8 +3,8 @@ in memory (penguins, MNIST, any table) `InMemoryDataModule`, whose batches are s
 gather a batch, not `batch_size` calls to `__getitem__`); and a table's split as a rule on rows, with what names the
 data a run saw. A row's split is a function of the row alone: a 64-bit hash of its cells (or of its id column's),
 mixed with the seed, as a share of all 64-bit values: the first `val_fraction` validation, the next `test_fraction`
-test, the rest training. Appending, removing or editing rows moves no other row; exact copies share a split. The rule,
-the digests and the schema (`identity`) go in every checkpoint.
+test, the rest training (images: of their bytes). Appending, removing or editing rows moves no other row; exact copies
+share a split. The rule, the digests and the schema (`identity`) go in every checkpoint.
 
     python -m scripts.train fit --config configs/penguins.yaml --data.init_args.batch_size 32
 """
@@ -182,9 +182,8 @@ def hash_shares(seed: int, hashes: np.ndarray) -> np.ndarray:
 
 
 def held_out_by_hash(seed: int, hashes: np.ndarray, fraction: float) -> np.ndarray:
-    """Which of `hashes` (a class's images, or all) the rule holds out: a seeded share below `fraction`. Where that
-    leaves no image on one side (a few images), the lowest share is held out, or the highest kept (with its copies);
-    none is held out of images all alike."""
+    """Which of `hashes` (a class's images, or all) a share below `fraction` holds out; where none is on one side (a
+    few images), the lowest share is held out, or the highest kept (with its copies); none if all are alike."""
     shares = hash_shares(seed, hashes)
     held = shares < fraction
     if not held.any():
@@ -210,11 +209,9 @@ def data_identity(source: str, content: np.ndarray, keys: np.ndarray | None, rul
     digest and rows, and the rows' `keys` (the hashes split by, sorted: a later command counts rows added, removed;
     None: not kept, image folders keep their files' instead)."""
     splits = {name: {"digest": digest(content[rows.numpy()]), "rows": len(rows)} for name, rows in zip(SPLITS, parts)}
-    identity = {"source": source, "digest": digest(content), "rows": len(content), "split": rule, "schema": schema,
-                "splits": splits}  # fmt: skip
-    if keys is not None:
-        identity["row_hashes"] = torch.from_numpy(np.sort(keys).view(np.int64))
-    return identity
+    kept = {} if keys is None else {"row_hashes": torch.from_numpy(np.sort(keys).view(np.int64))}
+    return {"source": source, "digest": digest(content), "rows": len(content), "split": rule, "schema": schema,
+            "splits": splits, **kept}  # fmt: skip
 
 
 def image_schema(channels: int, size: int | str, classes: list[str]) -> dict:
