@@ -3,8 +3,8 @@ in memory (penguins, MNIST, any table) `InMemoryDataModule`, whose batches are s
 gather a batch, not `batch_size` calls to `__getitem__`); and a table's split as a rule on rows, with what names the
 data a run saw. A row's split is a function of the row alone: a 64-bit hash of its cells (or of its id column's),
 mixed with the seed, as a share of all 64-bit values: the first `val_fraction` validation, the next `test_fraction`
-test, the rest training. Appending, removing or editing rows moves no other row; exact copies share a split. The rule,
-the digests and the schema (`identity`) go in every checkpoint.
+test, the rest training (images: of their bytes). Appending, removing or editing rows moves no other row; exact copies
+share a split. The rule, the digests and the schema (`identity`) go in every checkpoint.
 
     python -m scripts.train fit --config configs/penguins.yaml --data.init_args.batch_size 32
 """
@@ -170,10 +170,32 @@ def split_rows(rule: dict, hashes: np.ndarray, labels: torch.Tensor) -> tuple[to
 
         copies = torch.from_numpy(np.unique(hashes, return_inverse=True)[1].astype(np.int64))
         return stratified_split(labels, fractions, rule["seed"], copies)
-    seed = mixed(np.array([rule["seed"] & (2**64 - 1)], dtype=np.uint64))
-    share = (mixed(hashes ^ seed) >> np.uint64(11)).astype(np.float64) / 2.0**53  # uniform in [0, 1)
+    share = hash_shares(rule["seed"], hashes)
     val, held_out = share < fractions[0], share < sum(fractions)
     return tuple(torch.from_numpy(part.nonzero()[0]) for part in (~held_out, val, held_out & ~val))
+
+
+def hash_shares(seed: int, hashes: np.ndarray) -> np.ndarray:
+    """Each 64-bit hash mixed with the seed, as a share of all 64-bit values: uniform in [0, 1)."""
+    mix = mixed(np.array([seed & (2**64 - 1)], dtype=np.uint64))
+    return (mixed(hashes ^ mix) >> np.uint64(11)).astype(np.float64) / 2.0**53
+
+
+def held_out_by_hash(seed: int, hashes: np.ndarray, fraction: float) -> np.ndarray:
+    """Which of `hashes` (a class's images, or all) a share below `fraction` holds out; where none is on one side (a
+    few images), the lowest share is held out, or the highest kept (with its copies); none if all are alike."""
+    shares = hash_shares(seed, hashes)
+    held = shares < fraction
+    if not held.any():
+        held = shares == shares.min()
+    if held.all():
+        held &= shares != shares.max()
+    return held
+
+
+def content_hash(data: bytes) -> int:
+    """A 64-bit hash of bytes (a file's, an image's pixels): what an image's split and the data's digest are made of."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 def digest(hashes: np.ndarray) -> str:
@@ -181,12 +203,20 @@ def digest(hashes: np.ndarray) -> str:
     return hashlib.sha256(np.sort(hashes).tobytes()).hexdigest()[:16]
 
 
-def data_identity(source: str, content: np.ndarray, keys: np.ndarray, rule: dict, schema: dict, parts: tuple) -> dict:
+def data_identity(source: str, content: np.ndarray, keys: np.ndarray | None, rule: dict, schema: dict,
+                  parts: tuple) -> dict:  # fmt: skip
     """The data's source, digest (of `content`, the rows' hashes), rows, split rule, schema (column: kind), each split's
-    digest and rows, and the rows' `keys` (the hashes split by, sorted: a later command counts rows added, removed)."""
+    digest and rows, and the rows' `keys` (the hashes split by, sorted: a later command counts rows added, removed;
+    None: not kept, image folders keep their files' instead)."""
     splits = {name: {"digest": digest(content[rows.numpy()]), "rows": len(rows)} for name, rows in zip(SPLITS, parts)}
+    kept = {} if keys is None else {"row_hashes": torch.from_numpy(np.sort(keys).view(np.int64))}
     return {"source": source, "digest": digest(content), "rows": len(content), "split": rule, "schema": schema,
-            "splits": splits, "row_hashes": torch.from_numpy(np.sort(keys).view(np.int64))}  # fmt: skip
+            "splits": splits, **kept}  # fmt: skip
+
+
+def image_schema(channels: int, size: int | str, classes: list[str]) -> dict:
+    """The schema of images a network sees (channels x size x size) and their classes: an image task's identity's."""
+    return {"image": f"image {channels}x{size}x{size}", "label": f"label: {', '.join(classes)}"}
 
 
 COPIES_SAID: set[tuple[str, int]] = set()  # (table, count) already said in this process

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import unicodedata
 from collections import defaultdict
 from collections.abc import Callable
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 
 from datamodules.errors import DataError
-from datamodules.preprocessing.images import hidden, ignored, is_image, open_image, pixels
+from datamodules.preprocessing.images import FORMATS, hidden, ignored, is_image, open_image, pixels
 
 # What other tools name their splits (Roboflow's valid/, Keras' and Kaggle's validation/, Train/ made on Windows).
 SPLIT_NAMES = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val",
@@ -55,6 +56,28 @@ def files_below(folder: Path) -> list[Path]:
                 raise dangling_link(path)
             files.append(path)
     return sorted(files)
+
+
+def predict_files(predict_path: str | None, say: bool) -> list[Path]:
+    """The images to predict of `predict_path` (a folder, at any depth, or one image); `say`: name what is skipped."""
+    if predict_path is None:
+        raise DataError("predict needs data.init_args.predict_path: a folder of images or one image")
+    path = Path(predict_path)
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise DataError(f"{path}: no such file or folder; give predict_path a folder of images or one image")
+    found = files_below(path)
+    # A file that is no image (notes.txt, a zip of the same photos) is named and skipped, as MNIST's predict and
+    # scripts.score skip it: it refused the whole folder. A damaged image is still refused, by check_readable.
+    files = [file for file in found if is_image(file)]
+    if not files:
+        raise DataError(f"{path}: no images in this folder")
+    skipped = [file for file in found if file not in files]
+    if skipped and say:
+        more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+        print(f"{skipped[0]}{more}: not an image ({FORMATS}): skipped, no answer for it", file=sys.stderr)
+    return files
 
 
 def check_split_names(root: Path, splits: tuple[str, ...]) -> None:
@@ -248,6 +271,23 @@ def colour_share(files: list[Path], sample: int = 32) -> float:
     return colour / max(1, len(chosen))
 
 
+def check_colour(trained: float | None, files: list[Path], predict_path: str) -> None:
+    """Predict refuses colour pictures for a network trained on grey ones only (digits or scans), and a folder of grey
+    pictures only for one trained on colour ones only (photos): it answers them with confidence, a photo of a bird
+    classed as the digit "0". `trained`: the share of colour among the checkpoint's training images (None: unknown); a
+    black and white photo for a network of colour ones is refused too (its answers would be a guess)."""
+    if trained not in (0, 1):
+        return
+    given = colour_share(files)
+    if (trained == 0 and given > 0.5) or (trained == 1 and given == 0):
+        found, learnt = ("colour", "grey") if trained == 0 else ("grey", "colour")
+        raise DataError(
+            f"{predict_path}: {found} pictures, but this checkpoint was trained on {learnt} images only (another "
+            "task's data?); give it images like its training data, or give --ckpt_path a checkpoint trained on "
+            "pictures like these (make predict takes the newest trained on the config's data_dir)"
+        )
+
+
 def check_readable(paths: list[Path]) -> None:
     """One DataError listing every file that does not decode, so a run never dies mid-epoch on one. A file is an
     image by its bytes, not its name: a JPEG named .jfif or .JPE is read, a text file named .jpg is refused."""
@@ -255,19 +295,6 @@ def check_readable(paths: list[Path]) -> None:
     if bad:
         lines = "; ".join(f"{path} ({reason})" for path, reason in bad)
         raise DataError(f"{len(bad)} file(s) are not readable images: {lines}; remove or replace them")
-
-
-def seeded_split(files: list[Path], fraction: float, seed: int, where: Path) -> tuple[list[Path], list[Path]]:
-    """(kept, held out) of one class's files: `fraction` of them, at least one, drawn with `seed`."""
-    n_held = max(1, round(fraction * len(files)))
-    if n_held >= len(files):
-        raise DataError(
-            f"{where}: {len(files)} image(s) cannot be split into training and validation with "
-            f"data.init_args.val_fraction {fraction}; add images or give separate train/ and val/ folders"
-        )
-    order = torch.randperm(len(files), generator=torch.Generator().manual_seed(seed)).tolist()
-    held = set(order[:n_held])
-    return [f for i, f in enumerate(files) if i not in held], [f for i, f in enumerate(files) if i in held]
 
 
 def dangling_link(path: Path) -> DataError:

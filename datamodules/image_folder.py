@@ -5,13 +5,14 @@ are its configs.
     python -m scripts.train fit --config configs/birds.yaml --data.init_args.data_dir my_photos/
     python -m scripts.train predict --config configs/birds.yaml --ckpt_path ... --data.init_args.predict_path photos/
 
-`data_dir` holds either `train/` and `val/` (and optionally `test/`) with one subfolder per
-class, or just the class subfolders, split into training and validation by a seeded
-`val_fraction` of every class. When it is missing and `archive` names a .zip/.tar.gz (path or
-URL, e.g. the Azure ML tutorial's `fowl_data.zip`), the archive is extracted there once.
-Images are decoded by Pillow (the serving code's decoder) in DataLoader workers and cropped there (training: random
-resized crop and horizontal flip; evaluation: resize and centre crop); batches travel as uint8
-and become ImageNet-normalised floats on the training device (`on_after_batch_transfer`).
+`data_dir` holds either `train/` and `val/` (and optionally `test/`) with one subfolder per class, or just the class
+subfolders, split into training and validation by each file's bytes: a seeded hash holds out about `val_fraction` of
+every class (datamodules/folder_split.py), so renaming or adding photos moves no other one, and every checkpoint keeps
+which images the fit saw (`identity`). When it is missing and `archive` names a .zip/.tar.gz (path or URL, e.g. the
+Azure ML tutorial's `fowl_data.zip`), the archive is extracted there once. Images are decoded by Pillow (the serving
+code's decoder) in DataLoader workers and cropped there (training: random resized crop and horizontal flip; evaluation:
+resize and centre crop); batches travel as uint8 and become ImageNet-normalised floats on the training device
+(`on_after_batch_transfer`).
 """
 
 from __future__ import annotations
@@ -24,25 +25,27 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from datamodules import base
 from datamodules.base import ClassificationDataModule
 from datamodules.errors import DataError, ImageError
 from datamodules.folder_files import (
     case_twins,
+    check_colour,
     check_readable,
     check_same_classes,
     check_split_names,
     class_folders,
     colour_share,
-    files_below,
     left_out_lines,
     list_images,
+    predict_files,
     read_image,
     read_once,
-    seeded_split,
     without_copies,
 )
+from datamodules.folder_split import FOLDERS, file_hashes, folder_identity, leave_out, split_train
 from datamodules.preprocessing import images as preprocessing
-from datamodules.preprocessing.images import FORMATS, IMAGENET_MEAN, IMAGENET_STD, MAX_IMAGE_PIXELS, is_image
+from datamodules.preprocessing.images import IMAGENET_MEAN, IMAGENET_STD, MAX_IMAGE_PIXELS
 
 WORKERS_PER_CORE = 4  # the most DataLoader processes a core: data.init_args.num_workers' bound
 
@@ -77,7 +80,8 @@ class ImageFolderDataModule(ClassificationDataModule):
         predict_path: a folder of images (any depth, no labels needed) or one image to classify.
         classes: label names in index order; None: the sorted class folders of the training data.
             Give them to predict where the training data is not at hand (becomes `class_names`).
-        val_fraction: share of each class held out for validation when data_dir has no `val/`.
+        val_fraction: share of each class held out for validation when data_dir has no `val/` (about: each file by
+            the seeded hash of its bytes).
         batch_size: images per step and process.
         image_size: side of the square crops the network sees (224: the ImageNet size).
         num_workers: DataLoader processes decoding images (0: in the training process).
@@ -134,6 +138,7 @@ class ImageFolderDataModule(ClassificationDataModule):
         self._class_names: list[str] | None = None
         self._labelled: dict[str, dict[str, list[Path]]] | None = None
         self._pictures: dict[str, dict[str, list[Path]]] | None = None
+        self.hashes: dict[Path, int] = {}  # each file's hash of its bytes (folder_split.py)
         self._colour: float | None = None
 
     def fetch(self) -> None:
@@ -200,24 +205,52 @@ class ImageFolderDataModule(ClassificationDataModule):
             self._labelled = images
         return self._labelled
 
-    def pictures(self) -> dict[str, dict[str, list[Path]]]:
-        """train, val (held out of train by val_fraction where data_dir has no val/) and test where present, by class:
-        a byte-identical copy of a picture in two classes is a DataError, one of an earlier split's picture is left
-        out of the later split (validation, test) with a line on stderr, so no score counts a picture trained on."""
-        if self._pictures is None:
+    def pictures(self, rule: dict | None = None) -> dict[str, dict[str, list[Path]]]:
+        """train, val (held out of train where data_dir has no val/, by `rule`: a checkpoint's, else the config's;
+        datamodules/folder_split.py) and test where present, by class: a byte-identical copy of a picture in two
+        classes is a DataError, one of an earlier split's picture is left out of the later split (validation, test)
+        with a line on stderr, so no score counts a picture trained on. Sets `identity`."""
+        if self._pictures is None or rule is not None:
             images = dict(self.labelled())
+            self.hashes = self.hashes or file_hashes(images)
+            if rule is None or ("val" in images) != (rule["method"] == FOLDERS):  # the folders are the split
+                rule = {"method": FOLDERS} if "val" in images else self.config_rule()
             if "val" not in images:
-                parts = {
-                    name: seeded_split(paths, self.hparams.val_fraction, self.seed, self.split_dir("train") / name)
-                    for name, paths in images["train"].items()
-                }
-                train, val = ({name: part[i] for name, part in parts.items()} for i in (0, 1))
-                images = {"train": train, "val": val} | {split: images[split] for split in images if split == "test"}
-            self._pictures, found = without_copies(images)
-            if self.trainer is None or self.trainer.is_global_zero:
+                images = split_train(images, self.hashes, rule, self.split_dir("train"))
+            first, (self._pictures, found) = self._pictures is None, without_copies(images)
+            if first and (self.trainer is None or self.trainer.is_global_zero):
                 for line in left_out_lines(found):
                     print(line, file=sys.stderr)
+            self.set_identity(rule)
         return self._pictures
+
+    split_options = ("seed", "val_fraction")  # what split_check.py names of a rule; what it says it restores:
+    held_out, permuted = "its validation images are held out", "each class's images"
+
+    def config_rule(self) -> dict:
+        return base.split_rule(self.seed, self.hparams.val_fraction, 0.0, ["file bytes"])
+
+    def set_identity(self, rule: dict) -> None:
+        schema = base.image_schema(3, self.hparams.image_size, self.class_names)
+        self.identity = folder_identity(self.root, self._pictures, self.hashes, rule, schema)
+
+    def resplit(self, rule: dict) -> None:
+        """The split by a checkpoint's rule (datamodules/split_check.py), in the splits this command has set up."""
+        self.pictures(rule)
+        self.set_splits()
+
+    def leave_out(self, contents: set[int], paths: set[int]) -> dict[str, list[Path]]:
+        """folder_split.leave_out of the pictures (split_check.py: what a checkpoint trained on), the splits anew."""
+        left = leave_out(self._pictures, self.hashes, self.root, contents, paths)
+        self.set_identity(self.identity["split"])
+        self.set_splits()
+        return left
+
+    def set_splits(self) -> None:
+        """The splits set up so far, from `pictures()`: test is the validation split where there is no test/."""
+        for split in [split for split in SPLITS if split in self.splits]:
+            source = "val" if split == "test" and self.tests_on_validation else split
+            self.splits[split] = self.flatten(self._pictures[source])
 
     def flatten(self, images: dict[str, list[Path]]) -> tuple[list[Path], list[int]]:
         index = {name: i for i, name in enumerate(self.class_names)}
@@ -228,13 +261,14 @@ class ImageFolderDataModule(ClassificationDataModule):
         if stage != "predict":  # predicting needs no training data when `classes` names the labels
             self.fetch()
         if stage in ("fit", "validate") and "train" not in self.splits:
-            pictures = self.pictures()
-            self.splits["train"], self.splits["val"] = self.flatten(pictures["train"]), self.flatten(pictures["val"])
+            self.splits["train"] = self.splits["val"] = ([], [])
+            self.pictures()
+            self.set_splits()
             self.fit_batch_to_training_set()
         if stage == "test" and "test" not in self.splits:
-            pictures = self.pictures()
-            self.tests_on_validation = "test" not in pictures  # the evaluation report and test_acc's line say so too
-            self.splits["test"] = self.flatten(pictures["val" if self.tests_on_validation else "test"])
+            self.splits["test"] = ([], [])
+            self.tests_on_validation = "test" not in self.pictures()  # the evaluation report and test_acc's line too
+            self.set_splits()
             if self.tests_on_validation and (self.trainer is None or self.trainer.is_global_zero):
                 print(
                     f"{self.hparams.data_dir}: no test/ folder, so `test` scores the validation split, which chose the "
@@ -242,7 +276,7 @@ class ImageFolderDataModule(ClassificationDataModule):
                     file=sys.stderr,
                 )
         if stage == "predict":
-            files = self.predict_files()
+            files = predict_files(self.hparams.predict_path, self.trainer is None or self.trainer.is_global_zero)
             self.splits["predict"] = (files, None)
             self.predict_names = [str(path) for path in files]
         wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}[stage]
@@ -268,26 +302,6 @@ class ImageFolderDataModule(ClassificationDataModule):
                 "choose another",
                 file=sys.stderr,
             )
-
-    def predict_files(self) -> list[Path]:
-        if self.hparams.predict_path is None:
-            raise DataError("predict needs data.init_args.predict_path: a folder of images or one image")
-        path = Path(self.hparams.predict_path)
-        if path.is_file():
-            return [path]
-        if not path.is_dir():
-            raise DataError(f"{path}: no such file or folder; give predict_path a folder of images or one image")
-        found = files_below(path)
-        # A file that is no image (notes.txt, a zip of the same photos) is named and skipped, as MNIST's predict and
-        # scripts.score skip it: it refused the whole folder. A damaged image is still refused, by check_readable.
-        files = [file for file in found if is_image(file)]
-        if not files:
-            raise DataError(f"{path}: no images in this folder")
-        skipped = [file for file in found if file not in files]
-        if skipped and (self.trainer is None or self.trainer.is_global_zero):
-            more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
-            print(f"{skipped[0]}{more}: not an image ({FORMATS}): skipped, no answer for it", file=sys.stderr)
-        return files
 
     def transform(self, train: bool):
         from torchvision.transforms import v2
@@ -348,24 +362,11 @@ class ImageFolderDataModule(ClassificationDataModule):
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Predict refuses colour pictures for a network trained on grey ones only (digits or scans), and a folder of
-        grey pictures only for one trained on colour ones only (photos): it answers them with confidence, a photo of a
-        bird classed as the digit "0". What the checkpoint recorded of its training images is their colour; a black
-        and white photo for a network of colour ones is refused too (its answers would be a guess)."""
         super().load_state_dict(state)
-        predicting = self.trainer is not None and self.trainer.predicting and "predict" in self.splits
-        trained = state.get("colour_share")
-        if not predicting or trained not in (0, 1):
-            return
-        given = colour_share(self.splits["predict"][0])
-        if (trained == 0 and given > 0.5) or (trained == 1 and given == 0):
-            found, learnt = ("colour", "grey") if trained == 0 else ("grey", "colour")
-            raise DataError(
-                f"{self.hparams.predict_path}: {found} pictures, but this checkpoint was trained on {learnt} images "
-                "only (another task's data?); give it images like its training data, or give --ckpt_path a "
-                "checkpoint trained on pictures like these (make predict takes the newest trained on the config's "
-                "data_dir)"
-            )
+        if getattr(self, "identity", None):  # the crop's size may be the checkpoint's now
+            self.identity["schema"] = base.image_schema(3, self.hparams.image_size, self.class_names)
+        if self.trainer is not None and self.trainer.predicting and "predict" in self.splits:
+            check_colour(state.get("colour_share"), self.splits["predict"][0], self.hparams.predict_path)
 
     serving_preprocess = staticmethod(preprocessing.photo_batch)
 

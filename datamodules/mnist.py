@@ -3,13 +3,15 @@
     python -m scripts.train fit --config configs/mnist.yaml
     python -m scripts.train predict --config configs/mnist.yaml --ckpt_path ... --data.predict_path my_digits/
 
-The files (`train-images-idx3-ubyte` etc., gzipped or not) live in `data_dir`; `prepare_data`
-downloads missing ones from torchvision's mirrors and checks their MD5. The whole set stays a
-uint8 tensor (N, 1, 28, 28), on the training GPU when there is one; batches are slices of it
-(`InMemoryBatches`), scaled, normalised and, when training with `augment`, randomly warped a
-whole batch at a time in `on_after_batch_transfer`. Predict reads a folder of images, told by their bytes (PNG, JPEG
-saved as .jpg, .jfif or .jpe, WebP, GIF; white digit on black, as MNIST; any size, made grey 28x28; dark digits on a
-light background are inverted, saying so on stderr) or an idx file of images.
+The files (`train-images-idx3-ubyte` etc., gzipped or not) live in `data_dir`; `prepare_data` downloads missing ones
+from torchvision's mirrors and checks their MD5. The whole set stays a uint8 tensor (N, 1, 28, 28), on the training GPU
+when there is one; batches are slices of it (`InMemoryBatches`), scaled, normalised and, when training with `augment`,
+randomly warped a whole batch at a time in `on_after_batch_transfer`. Validation is about `val_size` of the training
+file's images, each by a seeded hash of its pixels (datamodules/base.py's rule); the split's rule and the data's digest
+go in every checkpoint, and a test or resume on other files says what differs (datamodules/split_check.py). Predict
+reads a folder of images, told by their bytes (PNG, JPEG saved as .jpg, .jfif or .jpe, WebP, GIF; white digit on black,
+as MNIST; any size, made grey 28x28; dark digits on a light background are inverted, saying so on stderr) or an idx file
+of images.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from datamodules import base
 from datamodules.base import InMemoryDataModule
 from datamodules.errors import DataError
 from datamodules.preprocessing import digits as preprocessing
@@ -118,7 +121,8 @@ class MNISTDataModule(InMemoryDataModule):
         data_dir: folder holding the four idx files (gzipped or not); missing ones are downloaded there.
         predict_path: a folder of images (PNG, JPEG, WebP, GIF), one image, or an idx file of images to classify.
         batch_size: images per step and process.
-        val_size: training images held out for validation (seeded, the same on every rank).
+        val_size: about this many training images held out for validation: each image by a seeded hash of its
+            pixels (the same on every rank; adding or reordering images moves no other one).
         augment: warp training batches by a random small rotation, scale and shift per image.
         rotation: the largest rotation in degrees.
         translation: the largest shift as a fraction of the image side.
@@ -261,22 +265,13 @@ class MNISTDataModule(InMemoryDataModule):
         return images, [f"{path}[{i}]" for i in range(len(images))]
 
     def setup(self, stage: str) -> None:
-        if stage in ("fit", "validate"):
-            images, labels = self.load("train")
-            if self.hparams.val_size >= len(images):
-                raise DataError(
-                    f"data.init_args.val_size {self.hparams.val_size}: the training files in {self.hparams.data_dir} "
-                    f"hold {len(images)} images, so none would be left to train on; give a val_size below "
-                    f"{len(images)} (e.g. {max(1, len(images) // 5)})"
-                )
-            order = torch.randperm(len(images), generator=torch.Generator().manual_seed(self.seed))
-            val, train = order[: self.hparams.val_size], order[self.hparams.val_size :]
-            self.split_indices = {"train": train, "val": val}  # rows of the training files
-            self.splits["train"] = (images[train], labels[train])
-            self.splits["val"] = (images[val], labels[val])
-        elif stage == "test":
-            self.splits["test"] = self.load("t10k")
-        elif stage == "predict":
+        if stage != "predict":
+            if not hasattr(self, "rows"):
+                self.read_rows()
+            wanted = ("test",) if stage == "test" else ("train", "val")
+            self.splits.update({name: () for name in wanted if name not in self.splits})
+            self.resplit(getattr(self, "rule", None) or self.config_rule())
+        else:
             images, self.predict_names = self.read_predict()
             images, light = as_white_on_black(images)
             if light.any():
@@ -286,10 +281,58 @@ class MNISTDataModule(InMemoryDataModule):
                     f"{inverted[0]}{more}: dark digits on a light background; inverted to MNIST's white on black",
                     file=sys.stderr,
                 )
-            self.splits["predict"] = (images,)
-        device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
-        if device.type != "cpu":  # batches become slices on the GPU: nothing is copied per step
-            self.splits = {name: tuple(t.to(device) for t in split) for name, split in self.splits.items()}
+            self.splits["predict"] = (images.to(self.data_device),)
+
+    @property
+    def data_device(self) -> torch.device:  # batches become slices on the training GPU: nothing is copied per step
+        return self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+
+    def read_rows(self) -> None:
+        """Both files' images and labels (training's first), and each image's hash of its pixels (its split's key)."""
+        images, labels = self.load("train")
+        if self.hparams.val_size >= len(images):
+            raise DataError(
+                f"data.init_args.val_size {self.hparams.val_size}: the training files in {self.hparams.data_dir} "
+                f"hold {len(images)} images, so none would be left to train on; give a val_size below "
+                f"{len(images)} (e.g. {max(1, len(images) // 5)})"
+            )
+        test_images, test_labels = self.load("t10k")
+        self.train_count, self.rows = len(images), (torch.cat([images, test_images]), torch.cat([labels, test_labels]))
+        pixels = self.rows[0].reshape(len(self.rows[0]), -1).numpy()
+        self.keys = np.array([base.content_hash(image.tobytes()) for image in pixels], dtype=np.uint64)
+
+    split_options = ("seed", "val_size")  # the rule's parts this datamodule's config gives (split_check.py)
+    held_out = "its validation images are held out"  # what a checkpoint's rule restores (split_check.py)
+    permuted = "the training file's images"  # what the split before the hash rule permuted (split_check.py)
+
+    def config_rule(self) -> dict:
+        """About val_size of the training file's images held out: a share of it, each image's by its pixels' hash."""
+        rule = base.split_rule(self.seed, self.hparams.val_size / self.train_count, 0.0, ["image"])
+        return rule | {"val_size": self.hparams.val_size}
+
+    def resplit(self, rule: dict) -> None:
+        """The splits by `rule` (this config's, or a checkpoint's: datamodules/split_check.py) and the identity."""
+        (images, labels), count = self.rows, self.train_count
+        if rule["method"] == base.METHOD:
+            held = torch.from_numpy(base.held_out_by_hash(rule["seed"], self.keys[:count], rule["val_fraction"]))
+            train, val = (~held).nonzero().flatten(), held.nonzero().flatten()
+        else:
+            from datamodules.permuted_split import permuted_rows
+
+            train, val = permuted_rows(count, rule["val_size"], rule["seed"])
+        if not len(val):
+            raise DataError(
+                f"{self.hparams.data_dir}: its {count} training images are all alike, which no split can divide into "
+                "training and validation; give MNIST's files, or images of digits"
+            )
+        parts = (train, val, torch.arange(count, len(labels)))
+        self.rule, self.split_indices = rule, {"train": train, "val": val}  # rows of the training files
+        content = base.mixed(self.keys ^ labels.numpy().astype(np.uint64))  # the label too: the digest's rows
+        schema = base.image_schema(1, 28, self.class_names)
+        self.identity = base.data_identity(str(self.hparams.data_dir), content, None, rule, schema, parts)
+        for name, rows in zip(base.SPLITS, parts):
+            if name in self.splits:
+                self.splits[name] = (images[rows].to(self.data_device), labels[rows].to(self.data_device))
 
     def warp(self, images: torch.Tensor) -> torch.Tensor:
         """Every image of the batch rotated, scaled and shifted by its own random amount, in one call."""

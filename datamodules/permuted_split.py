@@ -1,13 +1,18 @@
-"""The split of tables and penguins before the row-hash rule (datamodules/base.py): a seeded permutation of each
-class's rows, exact copies kept together. Loaded only to test or resume a checkpoint written before checkpoints kept
-their split's rule, so that it is tested on the rows it was tested on then.
+"""The splits before the hash rule (datamodules/base.py): of tables and penguins, a seeded permutation of each class's
+rows, exact copies kept together; of an image folder without val/, of each class's files; of MNIST, of the training
+file's rows. Loaded only to test or resume a checkpoint written before checkpoints kept their split's rule, so that it
+is tested on the rows it was tested on then.
 
     python -m scripts.train fit --config configs/table.yaml --data.init_args.csv_path FILE --data.init_args.label COLUMN
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+
+from datamodules.errors import DataError
 
 
 def stratified_split(
@@ -43,3 +48,24 @@ def copies_together(rows: torch.Tensor, ids: torch.Tensor, n_val: int, n_test: i
     val = next((end for end in ends if end >= n_val), 0) if n_val else 0
     test = next((end for end in ends if end >= val + n_test), val) - val if n_test else 0
     return rows[ordered], val, test
+
+
+def seeded_split(files: list[Path], fraction: float, seed: int, where: Path) -> tuple[list[Path], list[Path]]:
+    """(kept, held out) of one class's files as an image folder's split was: `fraction` of them, at least one, drawn
+    with `seed` (a generator of its own for each class)."""
+    n_held = max(1, round(fraction * len(files)))
+    if n_held >= len(files):
+        raise DataError(
+            f"{where}: {len(files)} image(s) cannot be split into training and validation with "
+            f"data.init_args.val_fraction {fraction}; add images or give separate train/ and val/ folders"
+        )
+    order = torch.randperm(len(files), generator=torch.Generator().manual_seed(seed)).tolist()
+    held = set(order[:n_held])
+    return [f for i, f in enumerate(files) if i not in held], [f for i, f in enumerate(files) if i in held]
+
+
+def permuted_rows(count: int, val_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(training rows, validation rows) of MNIST's training file as its split was: the first `val_size` of a seeded
+    permutation of its `count` rows held out."""
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(seed))
+    return order[val_size:], order[:val_size]

