@@ -116,17 +116,6 @@ class ClassificationDataModule(L.LightningDataModule):
         return (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
 
 
-def check_shardable(split: str, size: int, world_size: int) -> None:
-    """A DataError when an evaluation split of `size` items would leave a process of `world_size` without one item (else
-    Lightning's "`DataLoader` within local rank has zero length"); every process stops so, none waits for the others."""
-    if 0 < size < world_size:
-        raise DataError(
-            f"{split} split: {size} item{'s' if size > 1 else ''} for {world_size} processes, each of which evaluates "
-            f"its own share (one item at least); give the {split} split {world_size} items or more, or run on "
-            f"{size} process{'es' if size > 1 else ''} (--trainer.devices, --trainer.num_nodes)"
-        )
-
-
 def check_fractions(val_fraction: float, test_fraction: float) -> None:
     if not (val_fraction >= 0 and test_fraction >= 0 and val_fraction + test_fraction < 1):
         raise DataError(
@@ -181,23 +170,6 @@ def hash_shares(seed: int, hashes: np.ndarray) -> np.ndarray:
     return (mixed(hashes ^ mix) >> np.uint64(11)).astype(np.float64) / 2.0**53
 
 
-def held_out_by_hash(seed: int, hashes: np.ndarray, fraction: float) -> np.ndarray:
-    """Which of `hashes` (a class's images, or all) a share below `fraction` holds out; where none is on one side (a
-    few images), the lowest share is held out, or the highest kept (with its copies); none if all are alike."""
-    shares = hash_shares(seed, hashes)
-    held = shares < fraction
-    if not held.any():
-        held = shares == shares.min()
-    if held.all():
-        held &= shares != shares.max()
-    return held
-
-
-def content_hash(data: bytes) -> int:
-    """A 64-bit hash of bytes (a file's, an image's pixels): what an image's split and the data's digest are made of."""
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
-
-
 def digest(hashes: np.ndarray) -> str:
     """The rows' digest, of their hashes sorted: the same rows in another order are the same data."""
     return hashlib.sha256(np.sort(hashes).tobytes()).hexdigest()[:16]
@@ -212,11 +184,6 @@ def data_identity(source: str, content: np.ndarray, keys: np.ndarray | None, rul
     kept = {} if keys is None else {"row_hashes": torch.from_numpy(np.sort(keys).view(np.int64))}
     return {"source": source, "digest": digest(content), "rows": len(content), "split": rule, "schema": schema,
             "splits": splits, **kept}  # fmt: skip
-
-
-def image_schema(channels: int, size: int | str, classes: list[str]) -> dict:
-    """The schema of images a network sees (channels x size x size) and their classes: an image task's identity's."""
-    return {"image": f"image {channels}x{size}x{size}", "label": f"label: {', '.join(classes)}"}
 
 
 COPIES_SAID: set[tuple[str, int]] = set()  # (table, count) already said in this process
@@ -305,7 +272,9 @@ class InMemoryDataModule(ClassificationDataModule):
     def batches(self, split: str, shuffle: bool = False) -> InMemoryBatches:
         training = split == "train"
         rank, world_size = self.rank_and_world_size
-        if not training:  # evaluation shards are not padded: each process needs a row of its own
+        if not training and world_size > 1:  # evaluation shards are not padded: each process needs a row of its own
+            from datamodules.evaluation_shard import check_shardable
+
             check_shardable(split, len(self.splits[split][0]), world_size)
         batch_size = self.batch_size if training or not self.evaluate_in_one_batch else len(self.splits[split][0])
         return InMemoryBatches(*self.splits[split], batch_size=batch_size, shuffle=shuffle, seed=self.seed, rank=rank,

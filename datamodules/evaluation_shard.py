@@ -10,7 +10,18 @@ from collections.abc import Iterator, Sized
 
 from torch.utils.data import DistributedSampler
 
-from datamodules.base import check_shardable
+from datamodules.errors import DataError
+
+
+def check_shardable(split: str, size: int, world_size: int) -> None:
+    """A DataError when an evaluation split of `size` items would leave a process of `world_size` without one item (else
+    Lightning's "`DataLoader` within local rank has zero length"); every process stops so, none waits for the others."""
+    if 0 < size < world_size:
+        raise DataError(
+            f"{split} split: {size} item{'s' if size > 1 else ''} for {world_size} processes, each of which evaluates "
+            f"its own share (one item at least); give the {split} split {world_size} items or more, or run on "
+            f"{size} process{'es' if size > 1 else ''} (--trainer.devices, --trainer.num_nodes)"
+        )
 
 
 class EvaluationShard(DistributedSampler):

@@ -9,6 +9,7 @@ each split's digest and count, and each file's content and path hash with its sp
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -22,8 +23,30 @@ FOLDERS = "split folders"  # the rule of a data_dir of train/ and val/: its fold
 Pictures = dict[str, dict[str, list[Path]]]  # split -> class -> files
 
 
+def held_out_by_hash(seed: int, hashes: np.ndarray, fraction: float) -> np.ndarray:
+    """Which of `hashes` (a class's images, or all) a share below `fraction` holds out; where none is on one side (a
+    few images), the lowest share is held out, or the highest kept (with its copies); none if all are alike."""
+    shares = base.hash_shares(seed, hashes)
+    held = shares < fraction
+    if not held.any():
+        held = shares == shares.min()
+    if held.all():
+        held &= shares != shares.max()
+    return held
+
+
+def content_hash(data: bytes) -> int:
+    """A 64-bit hash of bytes (a file's, an image's pixels): what an image's split and the data's digest are made of."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def image_schema(channels: int, size: int | str, classes: list[str]) -> dict:
+    """The schema of images a network sees (channels x size x size) and their classes: an image task's identity's."""
+    return {"image": f"image {channels}x{size}x{size}", "label": f"label: {', '.join(classes)}"}
+
+
 def file_hashes(splits: Pictures) -> dict[Path, int]:
-    """Each file's 64-bit hash of its bytes (base.content_hash), read once per inode (hard links: once)."""
+    """Each file's 64-bit hash of its bytes (content_hash), read once per inode (hard links: once)."""
     by_inode: dict[tuple[int, int], int] = {}
     hashes = {}
     for classes in splits.values():
@@ -32,16 +55,16 @@ def file_hashes(splits: Pictures) -> dict[Path, int]:
                 stat = os.stat(path)
                 key = (stat.st_dev, stat.st_ino)
                 if key not in by_inode:
-                    by_inode[key] = base.content_hash(path.read_bytes())
+                    by_inode[key] = content_hash(path.read_bytes())
                 hashes[path] = by_inode[key]
     return hashes
 
 
 def hash_split(files: list[Path], hashes: np.ndarray, rule: dict, where: Path) -> tuple[list[Path], list[Path]]:
-    """(kept, held out) of one class's files by `rule` (base.split_rule's: base.held_out_by_hash). Pictures added to a
+    """(kept, held out) of one class's files by `rule` (base.split_rule's: held_out_by_hash). Pictures added to a
     class of a few may move the one it held out for want of others: a later command's check (split_check.py) leaves
     out of validation what a checkpoint trained on."""
-    held = base.held_out_by_hash(rule["seed"], hashes, rule["val_fraction"])
+    held = held_out_by_hash(rule["seed"], hashes, rule["val_fraction"])
     if not held.any():
         raise DataError(
             f"{where}: {len(files)} image(s), {len(np.unique(hashes))} different, cannot be split into training and "
@@ -70,7 +93,7 @@ def split_train(images: Pictures, hashes: dict[Path, int], rule: dict, train_dir
 
 def path_key(path: Path, root: Path) -> int:
     """A 64-bit hash of a file's path below data_dir: an edited picture is the same path with other bytes."""
-    return base.content_hash(path.relative_to(root).as_posix().encode())
+    return content_hash(path.relative_to(root).as_posix().encode())
 
 
 def folder_identity(root: Path, pictures: Pictures, hashes: dict[Path, int], rule: dict, schema: dict) -> dict:
@@ -81,7 +104,7 @@ def folder_identity(root: Path, pictures: Pictures, hashes: dict[Path, int], rul
     rows = [(index, name, path) for index, split in enumerate(base.SPLITS)
             for name, paths in pictures.get(split, {}).items() for path in paths]  # fmt: skip
     content = np.array([hashes[path] for _, _, path in rows], dtype=np.uint64)
-    keys = np.array([base.content_hash(name.encode() + b"\0" + int(h).to_bytes(8, "little"))
+    keys = np.array([content_hash(name.encode() + b"\0" + int(h).to_bytes(8, "little"))
                      for (_, name, _), h in zip(rows, content)], dtype=np.uint64)  # fmt: skip
     splits = np.array([index for index, _, _ in rows], dtype=np.int64)
     parts = tuple(torch.from_numpy((splits == index).nonzero()[0]) for index in range(len(base.SPLITS)))

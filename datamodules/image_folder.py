@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from datamodules import base
+from datamodules import base, folder_split
 from datamodules.base import ClassificationDataModule
 from datamodules.errors import DataError, ImageError
 from datamodules.folder_files import (
@@ -231,7 +231,7 @@ class ImageFolderDataModule(ClassificationDataModule):
         return base.split_rule(self.seed, self.hparams.val_fraction, 0.0, ["file bytes"])
 
     def set_identity(self, rule: dict) -> None:
-        schema = base.image_schema(3, self.hparams.image_size, self.class_names)
+        schema = folder_split.image_schema(3, self.hparams.image_size, self.class_names)
         self.identity = folder_identity(self.root, self._pictures, self.hashes, rule, schema)
 
     def resplit(self, rule: dict) -> None:
@@ -364,7 +364,7 @@ class ImageFolderDataModule(ClassificationDataModule):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         if getattr(self, "identity", None):  # the crop's size may be the checkpoint's now
-            self.identity["schema"] = base.image_schema(3, self.hparams.image_size, self.class_names)
+            self.identity["schema"] = folder_split.image_schema(3, self.hparams.image_size, self.class_names)
         if self.trainer is not None and self.trainer.predicting and "predict" in self.splits:
             check_colour(state.get("colour_share"), self.splits["predict"][0], self.hparams.predict_path)
 

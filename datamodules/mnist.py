@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from datamodules import base
+from datamodules import base, folder_split
 from datamodules.base import InMemoryDataModule
 from datamodules.errors import DataError
 from datamodules.preprocessing import digits as preprocessing
@@ -299,7 +299,7 @@ class MNISTDataModule(InMemoryDataModule):
         test_images, test_labels = self.load("t10k")
         self.train_count, self.rows = len(images), (torch.cat([images, test_images]), torch.cat([labels, test_labels]))
         pixels = self.rows[0].reshape(len(self.rows[0]), -1).numpy()
-        self.keys = np.array([base.content_hash(image.tobytes()) for image in pixels], dtype=np.uint64)
+        self.keys = np.array([folder_split.content_hash(image.tobytes()) for image in pixels], dtype=np.uint64)
 
     split_options = ("seed", "val_size")  # the rule's parts this datamodule's config gives (split_check.py)
     held_out = "its validation images are held out"  # what a checkpoint's rule restores (split_check.py)
@@ -314,7 +314,8 @@ class MNISTDataModule(InMemoryDataModule):
         """The splits by `rule` (this config's, or a checkpoint's: datamodules/split_check.py) and the identity."""
         (images, labels), count = self.rows, self.train_count
         if rule["method"] == base.METHOD:
-            held = torch.from_numpy(base.held_out_by_hash(rule["seed"], self.keys[:count], rule["val_fraction"]))
+            held = folder_split.held_out_by_hash(rule["seed"], self.keys[:count], rule["val_fraction"])
+            held = torch.from_numpy(held)
             train, val = (~held).nonzero().flatten(), held.nonzero().flatten()
         else:
             from datamodules.permuted_split import permuted_rows
@@ -328,7 +329,7 @@ class MNISTDataModule(InMemoryDataModule):
         parts = (train, val, torch.arange(count, len(labels)))
         self.rule, self.split_indices = rule, {"train": train, "val": val}  # rows of the training files
         content = base.mixed(self.keys ^ labels.numpy().astype(np.uint64))  # the label too: the digest's rows
-        schema = base.image_schema(1, 28, self.class_names)
+        schema = folder_split.image_schema(1, 28, self.class_names)
         self.identity = base.data_identity(str(self.hparams.data_dir), content, None, rule, schema, parts)
         for name, rows in zip(base.SPLITS, parts):
             if name in self.splits:

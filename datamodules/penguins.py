@@ -19,6 +19,8 @@ from datamodules.errors import DataError
 from datamodules.preprocessing import penguins as preprocessing
 from datamodules.preprocessing.penguins import FEATURES, SCHEMAS, SPECIES, read_penguins, scale_features
 
+KINDS = {name: "categorical" if name == "island" else "numeric" for name in FEATURES}  # each feature's, as tables say
+
 
 def check_plausible(table, where: str) -> None:
     """Refuses a training row whose measurement no penguin has (PLAUSIBLE): a typo of a few orders of magnitude, or
@@ -112,8 +114,7 @@ class PenguinDataModule(InMemoryDataModule):
         say_copies(len(hashes) - len(np.unique(hashes)), where, self.trainer)
         self.split_rows = base.split_rows(rule, hashes, labels)
         check_splits(where, labels, self.split_rows)
-        schema = {name: "categorical" if name == "island" else "numeric" for name in FEATURES} | {"species": "label"}
-        self.identity = base.data_identity(where, hashes, hashes, rule, schema, self.split_rows)
+        self.identity = base.data_identity(where, hashes, hashes, rule, KINDS | {"species": "label"}, self.split_rows)
         raw = torch.tensor(table[list(FEATURES)].to_numpy(dtype="float32"))
         train_rows = raw[self.split_rows[0]]
         self.seen = {  # what the training split looks like: the model's inputs are scaled by it and judged against it
@@ -179,5 +180,4 @@ class PenguinDataModule(InMemoryDataModule):
 
     @classmethod
     def serving_column_kinds(cls) -> dict[str, str]:
-        kinds = {name: "categorical" if name == "island" else "numeric" for name in FEATURES}
-        return {column: kinds[name] for schema in SCHEMAS.values() for name, column in schema.items() if name in kinds}
+        return {column: KINDS[name] for schema in SCHEMAS.values() for name, column in schema.items() if name in KINDS}

@@ -19,7 +19,7 @@ import pytest
 import torch
 from torchvision.io import write_png
 
-from datamodules import base
+from datamodules import base, folder_split
 from datamodules.errors import DataError
 from datamodules.mnist import MNISTDataModule
 from tests.conftest import CLASSES, REPO, bird_folders, birds_data, run_module, write_images
@@ -174,7 +174,7 @@ def edited_into_validation(path: Path, rule: dict) -> None:
         image[:, 0, 0] = value
         data = encode_png(image).numpy().tobytes()
         if (
-            base.hash_shares(rule["seed"], np.array([base.content_hash(data)], dtype=np.uint64))[0]
+            base.hash_shares(rule["seed"], np.array([folder_split.content_hash(data)], dtype=np.uint64))[0]
             < rule["val_fraction"]
         ):
             path.write_bytes(data)
