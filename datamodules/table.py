@@ -33,6 +33,9 @@ from datamodules.preprocessing.penguins import SCHEMA_COLUMNS
 
 CSV_SUFFIXES = {".csv": ",", ".tsv": "\t", ".txt": ","}  # and the delimiter each means
 PARQUET_SUFFIXES = (".parquet", ".pq")
+# The in-memory read's peak, about a Parquet cell's (rows x columns, from its footer) and a CSV byte's worth (its cells
+# read as text) of these bytes (docs/measured.md, 2026-11-29): what decides, before reading, to stream instead.
+PARQUET_CELL_BYTES, CSV_BYTE_BYTES = 100, 60
 FILE_KINDS = (
     "a CSV (.csv, .tsv) or Parquet (.parquet) file, a folder or glob of them, "
     "an MLTable folder or a Delta table's folder"
@@ -55,6 +58,35 @@ def read_table(path: str, option: str):
     if source.suffix.lower() in PARQUET_SUFFIXES or source.read_bytes()[:4] == b"PAR1":
         return read_file(path, None)
     raise DataError(f"{path}: not a CSV or Parquet file (by its name and first bytes); give {FILE_KINDS}")
+
+
+def in_memory_mb(path: str) -> float:
+    """The in-memory read's estimated peak (MB) of the one file, folder or glob of files at `path`, from their sizes and
+    Parquet footers, none read; 0 for a Delta table or MLTable (read in memory) or what is not there."""
+    source = Path(path)
+    if source.is_file():
+        files = [source]
+    elif source.is_dir() and not (source / "MLTable").exists() and not (source / "_delta_log").exists():
+        from datamodules.table_sources import data_files
+
+        files = data_files(source)
+    else:
+        import glob
+
+        files = [Path(name) for name in glob.glob(path, recursive=True) if Path(name).is_file()]
+    total = 0
+    for file in files:
+        if file.suffix.lower() in CSV_SUFFIXES:
+            total += file.stat().st_size * CSV_BYTE_BYTES
+            continue
+        import pyarrow.parquet as pq
+
+        try:
+            metadata = pq.read_metadata(file)
+        except Exception:  # pyarrow's many types: the in-memory read names what is wrong with the file
+            continue
+        total += metadata.num_rows * metadata.num_columns * PARQUET_CELL_BYTES
+    return total / 2**20
 
 
 def read_file(path: str, delimiter: str | None):
@@ -143,6 +175,12 @@ class TableDataModule(InMemoryDataModule):
         test_path: a table of its own to test on, all of its rows (of csv_path's columns): csv_path then gives
             training and validation rows alone (test_fraction is not used). What a DataFrame split with randomSplit
             gives (scripts/spark/dataframes.py).
+        memory_budget_mb: past this estimate of the in-memory read's peak (`in_memory_mb`, from the files' sizes and
+            Parquet footers, before reading), the table streams (datamodules/table_stream.py): row group by row group,
+            each process and DataLoader worker its own, in memory that does not grow with the rows. 2048: a laptop's
+            or a small node's share, about 700,000 rows x 30 columns of Parquet or a 35 MB CSV; below it, reading
+            whole is the faster (docs/tasks.md, "Tables bigger than memory").
+        num_workers: DataLoader worker processes that read a streamed table's row groups (an in-memory one has none).
     """
 
     serving_kind = "rows"
@@ -161,6 +199,8 @@ class TableDataModule(InMemoryDataModule):
         drop: list[str] | None = None,
         id_column: str | None = None,
         test_path: str | None = None,
+        memory_budget_mb: float = 2048,
+        num_workers: int = 0,
     ) -> None:
         super().__init__(batch_size, seed)
         check_fractions(val_fraction, test_fraction)
@@ -173,6 +213,10 @@ class TableDataModule(InMemoryDataModule):
         self.state: dict | None = None
         self._table = None
         self.set_aside: dict[str, str] = {}  # column: why it is no feature (data.init_args.drop, lists)
+        if csv_path is not None and in_memory_mb(csv_path) > memory_budget_mb:
+            from datamodules.table_stream import StreamedTable
+
+            self.__class__ = StreamedTable  # the same datamodule, streamed: a subclass's methods, no state of its own
 
     def table(self):
         """The training table, its row names, each row's class and the class names: read once."""
@@ -196,7 +240,15 @@ class TableDataModule(InMemoryDataModule):
     def set_columns_aside(self, frame, path: str, label: str):
         """`frame` less its columns of lists (a Parquet list column: no one value a cell, and unhashable where the
         split looks for copies); those and data.init_args.drop's are named in `set_aside`."""
-        columns = list(map(str, frame.columns))
+        self.check_drop(list(map(str, frame.columns)), path, label)
+        # A Parquet column's cells are all of its one type: its first given cell tells (a CSV's are all text).
+        lists = [column for column in frame.columns if frame[column].dropna().head(1).map(holds_many).any()]
+        for column in lists:
+            self.set_aside[column] = "lists, not one value a cell (give one number or text a cell to use it)"
+        return frame.drop(columns=lists)
+
+    def check_drop(self, columns: list[str], path: str, label: str) -> None:
+        """data.init_args.drop's columns, each one of `columns` and not the label, named in `set_aside`."""
         for name in self.hparams.drop or []:
             if name not in columns or name == label:
                 what = "the label" if name == label else f"no column {name!r} in {path}"
@@ -205,11 +257,6 @@ class TableDataModule(InMemoryDataModule):
                     f"{', '.join(repr(column) for column in columns if column != label)})"
                 )
             self.set_aside[name] = "data.init_args.drop names it"
-        # A Parquet column's cells are all of its one type: its first given cell tells (a CSV's are all text).
-        lists = [column for column in frame.columns if frame[column].dropna().head(1).map(holds_many).any()]
-        for column in lists:
-            self.set_aside[column] = "lists, not one value a cell (give one number or text a cell to use it)"
-        return frame.drop(columns=lists)
 
     @property
     def class_names(self) -> list[str]:

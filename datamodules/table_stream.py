@@ -1,0 +1,248 @@
+"""A table past `data.init_args.memory_budget_mb`, streamed rather than read whole (datamodules/table.py decides from
+the source's size before reading it): the same table task, in memory bounded by the row groups being read.
+
+    python -m scripts.train fit --config configs/table.yaml --data.init_args.csv_path lake/big/ \\
+        --data.init_args.label outcome --data.init_args.memory_budget_mb 256 --data.init_args.num_workers 2
+
+pyarrow.dataset reads the Parquet files (the folders, globs and hive partitions of datamodules/table_sources.py) one
+row group at a time; a CSV is first copied once into Parquet under the system's temporary folder (its cells kept as
+text, so that it splits and is typed as the in-memory CSV is; said on stderr, reused while the CSV is unchanged). One
+pass over every row group (`scan`), in every process alike, then gives:
+- each row's split by the same rule as in memory (base.row_hashes of the same cells, base.split_rows), kept on disk as
+  one byte a row (a temporary folder, deleted at exit), so that the epochs read each row's split rather than hash it;
+- the class names (the label column's distinct values, as class_labels names them);
+- the identity: the split's rule, the schema, each split's row count and a digest of the rows' hashes that is a sum
+  (order-free, in constant memory), so not the in-memory one's: a streamed checkpoint is compared with a streamed
+  table (`split_check` counts no rows added or removed: no row's hash is kept);
+- a sample of the training split: its SAMPLE_ROWS rows (table_stream_scan.py) of the smallest (seeded) hash, the
+  same whatever the files' order; the column kinds, categories, medians and scaling come from it (describe_columns,
+  as in memory), so a training split of at most that many rows is described exactly as in memory.
+The epochs then read each process's and each DataLoader worker's share of row groups (table_stream_batches.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+import weakref
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from datamodules import base
+from datamodules.errors import DataError
+from datamodules.preprocessing import table as preprocessing
+from datamodules.table import TableDataModule, column_lines
+from datamodules.table_stream_batches import CODES, EpochLoader, StreamedRows, check_every_process_has_rows, plan
+
+ROW_GROUP_ROWS = 65_536  # a CSV's Parquet copy: the unit of work each process and worker reads
+
+
+def source_files(path: str) -> tuple[list[Path], Path | None, str | None]:
+    """The files of the table at `path` (one file, a folder, a glob: what datamodules/table.py streams), the folder
+    hive partitions are read under, and None for Parquet or the delimiter of CSV files."""
+    from datamodules import table_sources
+
+    source = Path(path)
+    if source.is_file():
+        files, root = [source], None
+    elif source.is_dir():
+        files, root = table_sources.data_files(source), source
+    else:
+        import glob
+
+        files, root = [Path(name) for name in sorted(glob.glob(path, recursive=True)) if Path(name).is_file()], None
+    if not files:
+        raise DataError(f"{path}: no data files; give data.init_args.csv_path the table's file, folder or glob")
+    return files, root, table_sources.kind_of(files, path)[1]
+
+
+def csv_as_parquet(path: Path, delimiter: str) -> Path:
+    """A Parquet copy of the CSV at `path`, made once (read in blocks, every cell as text, MISSING's spellings
+    missing) under the temporary folder and reused while the CSV's size and time are the same."""
+    import pyarrow.csv as pv
+    import pyarrow.parquet as pq
+
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{delimiter}".encode()).hexdigest()[:16]
+    copy = Path(tempfile.gettempdir()) / "table-cache" / key / f"{path.stem}.parquet"
+    if copy.is_file():
+        return copy
+    print(f"{path}: copied once into Parquet, {copy}, to be streamed", file=sys.stderr)
+    with path.open(encoding="utf-8-sig", newline="") as file:
+        import csv
+
+        names = [name.strip() for name in next(csv.reader(file, delimiter=delimiter), [])]
+    if twice := next((name for name in names if names.count(name) > 1), None):
+        raise DataError(f"{path}: column {twice!r} is named {names.count(twice)} times; give each column one name")
+    convert = pv.ConvertOptions(column_types=dict.fromkeys(names, pa.string()), null_values=preprocessing.MISSING,
+                                strings_can_be_null=True, quoted_strings_can_be_null=True)  # fmt: skip
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    partial = copy.with_suffix(f".{os.getpid()}.partial")
+    try:
+        reader = pv.open_csv(path, read_options=pv.ReadOptions(column_names=names, skip_rows=1),
+                             parse_options=pv.ParseOptions(delimiter=delimiter), convert_options=convert)  # fmt: skip
+        with pq.ParquetWriter(partial, reader.schema) as writer:
+            for batch in reader:
+                writer.write_batch(batch, row_group_size=ROW_GROUP_ROWS)
+    except pa.ArrowInvalid as error:
+        partial.unlink(missing_ok=True)
+        raise DataError(f"{path}: not a readable CSV ({str(error).strip().splitlines()[0]})") from None
+    os.replace(partial, copy)  # whole or not at all, whichever process finishes first
+    return copy
+
+
+def open_dataset(path: str) -> tuple[ds.Dataset, list]:
+    """The table at `path` as a pyarrow dataset (a CSV's through its Parquet copy) and its row groups."""
+    files, root, delimiter = source_files(path)
+    if delimiter is not None:
+        files, root = [csv_as_parquet(file, delimiter) for file in files], None
+    try:
+        dataset = ds.dataset([str(file) for file in files], format="parquet", partitioning="hive",
+                             partition_base_dir=str(root) if root is not None else None)  # fmt: skip
+        units = [unit for fragment in dataset.get_fragments() for unit in fragment.split_by_row_group()]
+    except (pa.ArrowException, OSError) as error:
+        raise DataError(f"{path}: not a readable Parquet dataset ({str(error).strip().splitlines()[0]})") from None
+    return dataset, units
+
+
+def integers_with_nulls(dataset: ds.Dataset, units: list) -> set[str]:
+    """Integer columns with a missing cell anywhere: read whole, pandas makes such a column float (3 becomes 3.0, which
+    hashes otherwise), so the streamed rows are made so too."""
+    found = set()
+    for field in dataset.schema:
+        if pa.types.is_integer(field.type) and any(
+            unit.to_table(schema=dataset.schema, columns=[field.name]).column(0).null_count for unit in units
+        ):
+            found.add(field.name)
+    return found
+
+
+class StreamedTable(TableDataModule):
+    """TableDataModule past its memory budget (datamodules/table.py makes an instance this class): the same options,
+    read as the module docstring says."""
+
+    def dataset(self) -> tuple[ds.Dataset, list]:
+        if getattr(self, "opened", None) is None:
+            self.opened = open_dataset(self.hparams.csv_path)
+        return self.opened
+
+    @property
+    def class_names(self) -> list[str]:
+        if self.hparams.classes is not None:
+            return list(self.hparams.classes)
+        return self.scan(None)["classes"]
+
+    def columns(self) -> list[str]:
+        """The table's columns less those of lists (set aside, as in memory), data.init_args.drop's checked."""
+        schema, label, where = self.dataset()[0].schema, self.hparams.label, self.hparams.csv_path
+        if label not in schema.names:
+            raise DataError(f"{where}: no label column {label!r} (its columns: {', '.join(schema.names)}); give "
+                            "data.init_args.label one of them")  # fmt: skip
+        nested = (pa.types.is_list, pa.types.is_large_list, pa.types.is_struct, pa.types.is_map)
+        self.check_drop(schema.names, where, label)
+        for field in schema:
+            if any(kind(field.type) for kind in nested):
+                self.set_aside[field.name] = "lists, not one value a cell (give one number or text a cell to use it)"
+        return [name for name in schema.names if not any(kind(schema.field(name).type) for kind in nested)]
+
+    def config_rule(self, columns: list[str]) -> dict:
+        id_column = self.hparams.id_column
+        if id_column is not None and id_column not in columns:
+            raise DataError(f"{self.hparams.csv_path}: no column {id_column!r}; give data.init_args.id_column one of "
+                            "its columns")  # fmt: skip
+        keys = [id_column] if id_column is not None else columns
+        return base.split_rule(self.seed, self.hparams.val_fraction, self.hparams.test_fraction, keys, id_column)
+
+    def scan(self, rule: dict | None) -> dict:
+        """The one pass (module docstring) by `rule` (None: the config's), remembered for that rule."""
+        columns = self.columns()
+        rule = rule or self.config_rule(columns)
+        if getattr(self, "scanned", None) and self.scanned["rule"] == rule:
+            return self.scanned
+        from datamodules.table_stream_scan import scan_table
+
+        if rule["method"] != base.METHOD or self.hparams.test_path:
+            what = "a checkpoint split before row-hash rules" if rule["method"] != base.METHOD else "test_path"
+            raise DataError(f"{self.hparams.csv_path}: {what} is read in memory only; give a larger "
+                            "data.init_args.memory_budget_mb")  # fmt: skip
+        if not getattr(self, "codes", None):
+            self.codes = Path(tempfile.mkdtemp(prefix="table-splits-"))
+            weakref.finalize(self, shutil.rmtree, self.codes, True)
+        dataset, units = self.dataset()
+        self.scanned = scan_table(dataset, units, columns, self.hparams.label, rule, self.codes,
+                                  str(self.hparams.csv_path), integers_with_nulls(dataset, units))  # fmt: skip
+        self.scanned["rule"] = rule
+        return self.scanned
+
+    def setup(self, stage: str) -> None:
+        if not (stage == "predict" and self.hparams.classes is not None) and self.state is None:
+            self.split()
+        if stage == "predict":
+            super().setup(stage)
+
+    def split(self, rule: dict | None = None) -> None:
+        scanned = self.scan(rule)
+        label, where, rule = self.hparams.label, str(self.hparams.csv_path), scanned["rule"]
+        unknown = [name for name in scanned["classes"] if name not in self.class_names]
+        if unknown:
+            raise DataError(f"{where}: label {unknown[0]!r} is not one of the checkpoint's classes {self.class_names}; "
+                            "give the data it was trained on")  # fmt: skip
+        rows = {name: sum(counts[name] for counts in scanned["counts"]) for name in CODES}
+        total = sum(rows.values())
+        if len(scanned["classes"]) * 2 > total:
+            raise DataError(f"{where}: label column {label!r} has {len(scanned['classes'])} classes in {total} rows; "
+                            "a classifier needs several rows of each class: give the column of each row's class as "
+                            "data.init_args.label")  # fmt: skip
+        if rows["test"] == 0:
+            raise DataError(f"{where}: {total} rows leave no test rows at test_fraction {self.hparams.test_fraction}; "
+                            "give more rows or a larger data.init_args.test_fraction")  # fmt: skip
+        sample = scanned["sample"].drop(columns=[rule["id_column"]] if rule["id_column"] else [])
+        self.state = preprocessing.describe_columns(sample, label, where, self.set_aside)
+        if self.trainer is None or self.trainer.is_global_zero:
+            print("\n".join(column_lines(where, self.state, [])), file=sys.stderr)
+            print(f"{where}: streamed ({total} rows in {len(scanned['counts'])} row groups, past "
+                  f"data.init_args.memory_budget_mb {self.hparams.memory_budget_mb}); column kinds and statistics of "
+                  f"{len(scanned['sample'])} of its {rows['train']} training rows", file=sys.stderr)  # fmt: skip
+        schema = {column: "left out" for column in scanned["columns"]} | {label: "label"}
+        schema |= {column["name"]: column["kind"] for column in self.state["columns"]}
+        splits = {name: {"digest": scanned["digests"][name], "rows": rows[name]} for name in CODES}
+        self.identity = {"source": where, "digest": scanned["digests"]["all"], "rows": total, "split": rule,
+                         "schema": schema, "splits": splits, "streamed": True}  # fmt: skip
+
+    def resplit(self, rule: dict) -> None:
+        self.split(rule)
+
+    def featurise(self) -> list:
+        return []  # each batch is made as it is read (table_stream_batches.py)
+
+    def labels(self) -> tuple[pa.Array, np.ndarray]:
+        """The label column's values and each one's class index (of class_names: the checkpoint's, once restored)."""
+        scanned, index = self.scan(self.identity["split"]), {name: i for i, name in enumerate(self.class_names)}
+        return scanned["label_values"], np.array([index[name] for name in scanned["label_names"]], dtype=np.int64)
+
+    def loader(self, split: str) -> EpochLoader:
+        scanned, (dataset, units) = self.scan(self.identity["split"]), self.dataset()
+        rank, world_size = self.rank_and_world_size
+        workers = self.hparams.num_workers
+        counts = [unit[split] for unit in scanned["counts"]]
+        planned = plan(counts, world_size, max(1, workers), self.batch_size, pad=split == "train")
+        if split != "train":
+            check_every_process_has_rows(split, planned, sum(1 for count in counts if count))
+        rows = StreamedRows(units, dataset.schema, self.codes, split, self.state, self.labels(), planned[rank],
+                            self.batch_size, split == "train", self.seed, rank)  # fmt: skip
+        return EpochLoader(rows, lambda: self.trainer.current_epoch if self.trainer else 0, workers)
+
+    def train_dataloader(self) -> EpochLoader:
+        return self.loader("train")
+
+    def val_dataloader(self) -> EpochLoader:
+        return self.loader("val")
+
+    def test_dataloader(self) -> EpochLoader:
+        return self.loader("test")
