@@ -59,9 +59,15 @@ def check_trained(datamodule, trained: dict | None) -> None:
             + "); a resumed fit goes on with its columns: give the table it was trained on, or a new --checkpoint_dir "
             "to train anew"
         )
-    now, before = given["row_hashes"].numpy(), trained["row_hashes"].numpy()
-    added, removed = len(np.setdiff1d(now, before)), len(np.setdiff1d(before, now))
     goes_on = "the fit goes on" if fitting else "its test split is this table's by the checkpoint's rule"
-    say(f"{where}: not the table the checkpoint saw ({added} row{'s' * (added != 1)} added, {removed} removed; digest "
-        f"{trained['digest']}, now {given['digest']}): each row keeps its split by its own hash, so {goes_on}, and no "
-        "row it trained on is tested")  # fmt: skip
+    if "row_hashes" in given and "row_hashes" in trained:
+        now, before = given["row_hashes"].numpy(), trained["row_hashes"].numpy()
+        added, removed = len(np.setdiff1d(now, before)), len(np.setdiff1d(before, now))
+        counted = f"{added} row{'s' * (added != 1)} added, {removed} removed; "
+    else:  # a streamed table keeps no row's hash (datamodules/table_stream.py), nor digests as one read whole does
+        counted = (
+            f"{trained.get('rows', '?')} rows then, {given['rows']} now; a streamed table's digest is of its "
+            "own kind and counts no rows added or removed; "
+        )
+    say(f"{where}: not the table the checkpoint saw ({counted}digest {trained['digest']}, now {given['digest']}): each "
+        f"row keeps its split by its own hash, so {goes_on}, and no row it trained on is tested")  # fmt: skip
