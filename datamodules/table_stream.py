@@ -236,7 +236,7 @@ class StreamedTable(TableDataModule):
             check_every_process_has_rows(split, planned, sum(1 for count in counts if count))
         rows = StreamedRows(units, dataset.schema, self.codes, split, self.state, self.labels(), planned[rank],
                             self.batch_size, split == "train", self.seed, rank)  # fmt: skip
-        return EpochLoader(rows, lambda: self.trainer.current_epoch if self.trainer else 0, workers)
+        return EpochLoader(rows, lambda: self.trainer.current_epoch if self.trainer else None, workers)
 
     def train_dataloader(self) -> EpochLoader:
         return self.loader("train")

@@ -165,15 +165,18 @@ class StreamedRows(IterableDataset):
 
 
 class EpochLoader(DataLoader):
-    """A DataLoader of a StreamedRows that tells it the epoch (`epoch()`, Lightning's current one) as each epoch's
-    iteration starts, so that a resumed fit shuffles as an uninterrupted one; workers get their copy after it."""
+    """A DataLoader of a StreamedRows that tells it the epoch as each epoch's iteration starts: `epoch()`, Lightning's
+    current one (a resumed fit shuffles as an uninterrupted one), or without a Trainer (None) the iterations so far;
+    workers get their copy after it."""
 
-    def __init__(self, dataset: StreamedRows, epoch: Callable[[], int], num_workers: int = 0) -> None:
+    def __init__(self, dataset: StreamedRows, epoch: Callable[[], int | None], num_workers: int = 0) -> None:
         super().__init__(dataset, batch_size=None, num_workers=num_workers)
-        self.epoch_of = epoch
+        self.epoch_of, self.iterations = epoch, 0
 
     def __iter__(self):
-        self.dataset.epoch = self.epoch_of()
+        epoch = self.epoch_of()
+        self.dataset.epoch = self.iterations if epoch is None else epoch
+        self.iterations += 1
         return super().__iter__()
 
 
