@@ -64,6 +64,9 @@ def as_text(values: pd.Series) -> pd.Series:
 
 def as_numbers(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     """The cells as float64 (NaN where missing) and a mask of the cells given that are not finite numbers."""
+    if values.dtype.kind in "fiu":  # numbers already (Parquet's): what their text would read as, without the text
+        numbers = values.to_numpy(dtype=np.float64, na_value=np.nan)
+        return numbers, np.isinf(numbers)
     text = as_text(values)
     given = text.notna().to_numpy()
     numbers = pd.to_numeric(text.where(text.notna(), np.nan), errors="coerce").to_numpy(dtype=np.float64)
@@ -135,9 +138,9 @@ def describe_columns(train: pd.DataFrame, label: str, where: str = "the table", 
 
 def describe_column(values: pd.Series, name: str, rows: int) -> dict | str:
     """One training column's state, or why it is left out."""
-    given = as_text(values).dropna()
+    given = values.dropna() if values.dtype.kind in "fiu" else as_text(values).dropna()  # numbers: one text each
     if given.nunique() <= 1:
-        return f"one value ({given.iloc[0]!r}) in the training split" if len(given) else "empty"
+        return f"one value ({as_text(given.head(1)).iloc[0]!r}) in the training split" if len(given) else "empty"
     numbers, bad = as_numbers(values)
     kind = "numeric" if tolerated(int((bad & ~np.isinf(numbers)).sum()), len(given)) else None
     if kind is None and tolerated(int((days := as_days(values))[1].sum()), len(given)):
