@@ -33,9 +33,9 @@ from datamodules.preprocessing.penguins import SCHEMA_COLUMNS
 
 CSV_SUFFIXES = {".csv": ",", ".tsv": "\t", ".txt": ","}  # and the delimiter each means
 PARQUET_SUFFIXES = (".parquet", ".pq")
-# The in-memory read's peak, about a Parquet cell's (rows x columns, from its footer) and a CSV byte's worth (its cells
-# read as text) of these bytes (docs/measured.md, 2026-11-29): what decides, before reading, to stream instead.
-PARQUET_CELL_BYTES, CSV_BYTE_BYTES = 100, 60
+# The in-memory fit's peak RSS past the ~1.1 GB a process's imports take, measured as about these bytes a Parquet cell
+# (rows x columns, from its footer) and a CSV byte (its cells read as text) (docs/measured.md, 2026-11-29).
+PARQUET_CELL_BYTES, CSV_BYTE_BYTES = 70, 15
 FILE_KINDS = (
     "a CSV (.csv, .tsv) or Parquet (.parquet) file, a folder or glob of them, "
     "an MLTable folder or a Delta table's folder"
@@ -175,11 +175,10 @@ class TableDataModule(InMemoryDataModule):
         test_path: a table of its own to test on, all of its rows (of csv_path's columns): csv_path then gives
             training and validation rows alone (test_fraction is not used). What a DataFrame split with randomSplit
             gives (scripts/spark/dataframes.py).
-        memory_budget_mb: past this estimate of the in-memory read's peak (`in_memory_mb`, from the files' sizes and
-            Parquet footers, before reading), the table streams (datamodules/table_stream.py): row group by row group,
-            each process and DataLoader worker its own, in memory that does not grow with the rows. 2048: a laptop's
-            or a small node's share, about 700,000 rows x 30 columns of Parquet or a 35 MB CSV; below it, reading
-            whole is the faster (docs/tasks.md, "Tables bigger than memory").
+        memory_budget_mb: past this estimate of the in-memory read's peak (`in_memory_mb`: sizes and Parquet footers,
+            before reading), the table streams (datamodules/table_stream.py) in memory that does not grow with its
+            rows. 2048: a laptop's or small node's share beside the ~1.1 GB torch, Lightning and MLflow take, about
+            1,000,000 rows x 30 columns of Parquet or a 140 MB CSV (docs/tasks.md, "Tables bigger than memory").
         num_workers: DataLoader worker processes that read a streamed table's row groups (an in-memory one has none).
     """
 
@@ -325,7 +324,7 @@ class TableDataModule(InMemoryDataModule):
         self.state = preprocessing.describe_columns(train, label, where, self.set_aside)
         unreadable = self.featurise()
         if self.trainer is None or self.trainer.is_global_zero:
-            print("\n".join(column_lines(where, self.state, unreadable)), file=sys.stderr)
+            print("\n".join(preprocessing.column_lines(where, self.state, unreadable)), file=sys.stderr)
         schema = {column: "left out" for column in frame.columns} | {label: "label"}
         schema |= {column["name"]: column["kind"] for column in self.state["columns"]}
         self.identity = base.data_identity(str(where), content, hashes, rule, schema, rows)
@@ -406,20 +405,3 @@ class TableDataModule(InMemoryDataModule):
     def columns_record(self) -> dict[str, str]:
         """Each column's kind as read, or why it is left out: the run's `columns.json` (scripts/training/run_record)."""
         return preprocessing.describe_kinds(self.state) if self.state else {}
-
-
-def column_lines(where: str, state: dict, unreadable: list[tuple[str, str, object]], shown: int = 10) -> list[str]:
-    """The stderr block that says how the table was read: each column's kind (or why it is left out), then the cells
-    read as missing that were no number or date (`inf` in one line a column)."""
-    kinds = preprocessing.describe_kinds(state).items()
-    lines = [f"{where}: column {name!r}{' ' if kind.startswith('left') else ': '}{kind}" for name, kind in kinds]
-    infinite = [(row, column) for row, column, value in unreadable if preprocessing.infinite(value)]
-    for column in dict.fromkeys(column for _, column in infinite):
-        rows = [row for row, named in infinite if named == column]
-        lines.append(f"{where}: column {column!r}: {len(rows)} inf cell(s) ({', '.join(rows[:shown])}) read as missing")
-    others = [(row, column, value) for row, column, value in unreadable if (row, column) not in set(infinite)]
-    for row, column, value in others[:shown]:
-        lines.append(f"{where}: {row}, column {column!r}: {value!r} is no number or date: read as missing")
-    if len(others) > shown:
-        lines.append(f"{where}: {len(others) - shown} more such cells read as missing")
-    return lines

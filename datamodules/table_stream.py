@@ -37,7 +37,7 @@ import pyarrow.dataset as ds
 from datamodules import base
 from datamodules.errors import DataError
 from datamodules.preprocessing import table as preprocessing
-from datamodules.table import TableDataModule, column_lines
+from datamodules.table import TableDataModule
 from datamodules.table_stream_batches import CODES, EpochLoader, StreamedRows, check_every_process_has_rows, plan
 
 ROW_GROUP_ROWS = 65_536  # a CSV's Parquet copy: the unit of work each process and worker reads
@@ -205,7 +205,7 @@ class StreamedTable(TableDataModule):
         sample = scanned["sample"].drop(columns=[rule["id_column"]] if rule["id_column"] else [])
         self.state = preprocessing.describe_columns(sample, label, where, self.set_aside)
         if self.trainer is None or self.trainer.is_global_zero:
-            print("\n".join(column_lines(where, self.state, [])), file=sys.stderr)
+            print("\n".join(preprocessing.column_lines(where, self.state, [])), file=sys.stderr)
             print(f"{where}: streamed ({total} rows in {len(scanned['counts'])} row groups, past "
                   f"data.init_args.memory_budget_mb {self.hparams.memory_budget_mb}); column kinds and statistics of "
                   f"{len(scanned['sample'])} of its {rows['train']} training rows", file=sys.stderr)  # fmt: skip

@@ -267,3 +267,20 @@ def serving_batch(state: dict, inputs, names: list[str], where: str = "request",
                     "as its other or missing one", where, len(unseen), column["name"], names[row], value,
                 )  # fmt: skip
     return np.concatenate(parts, axis=1).astype(np.float32)
+
+
+def column_lines(where: str, state: dict, unreadable: list[tuple[str, str, object]], shown: int = 10) -> list[str]:
+    """The stderr block that says how the table was read: each column's kind (or why it is left out), then the cells
+    read as missing that were no number or date (`inf` in one line a column)."""
+    kinds = describe_kinds(state).items()
+    lines = [f"{where}: column {name!r}{' ' if kind.startswith('left') else ': '}{kind}" for name, kind in kinds]
+    infinite = [(row, column) for row, column, value in unreadable if infinite(value)]
+    for column in dict.fromkeys(column for _, column in infinite):
+        rows = [row for row, named in infinite if named == column]
+        lines.append(f"{where}: column {column!r}: {len(rows)} inf cell(s) ({', '.join(rows[:shown])}) read as missing")
+    others = [(row, column, value) for row, column, value in unreadable if (row, column) not in set(infinite)]
+    for row, column, value in others[:shown]:
+        lines.append(f"{where}: {row}, column {column!r}: {value!r} is no number or date: read as missing")
+    if len(others) > shown:
+        lines.append(f"{where}: {len(others) - shown} more such cells read as missing")
+    return lines
