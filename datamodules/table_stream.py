@@ -113,14 +113,24 @@ def open_dataset(path: str) -> tuple[ds.Dataset, list]:
 
 def integers_with_nulls(dataset: ds.Dataset, units: list) -> set[str]:
     """Integer columns with a missing cell anywhere: read whole, pandas makes such a column float (3 becomes 3.0, which
-    hashes otherwise), so the streamed rows are made so too."""
-    found = set()
+    hashes otherwise), so the streamed rows are made so too; not where pandas' own metadata in the files makes it a
+    column of whole numbers with missing cells (Int64). From the row groups' statistics where written."""
+    found, read_whole = set(), dataset.schema.empty_table().to_pandas().dtypes
     for field in dataset.schema:
-        if pa.types.is_integer(field.type) and any(
-            unit.to_table(schema=dataset.schema, columns=[field.name]).column(0).null_count for unit in units
-        ):
+        numpy_integers = isinstance(read_whole[field.name], np.dtype) and read_whole[field.name].kind in "iu"
+        if numpy_integers and any(missing_cells(dataset, unit, field.name) for unit in units):
             found.add(field.name)
     return found
+
+
+def missing_cells(dataset: ds.Dataset, unit, name: str) -> int:
+    """Missing cells of column `name` in a row group: its statistics' count, else counted by reading the column."""
+    group = unit.metadata.row_group(unit.row_groups[0].id)
+    for index in range(group.num_columns):
+        statistics = group.column(index).statistics
+        if group.column(index).path_in_schema == name and statistics is not None and statistics.has_null_count:
+            return statistics.null_count
+    return unit.to_table(schema=dataset.schema, columns=[name]).column(0).null_count
 
 
 class StreamedTable(TableDataModule):
