@@ -181,9 +181,9 @@ class EpochLoader(DataLoader):
 
 
 def check_every_process_has_rows(split: str, planned: list[list[tuple]], units: int) -> None:
-    """Evaluation: each process needs rows of its own (`planned` is every process's plan)."""
+    """Evaluation: each process needs rows of its own (`planned` is every process's plan), if the split has any."""
     empty = [rank for rank, workers in enumerate(planned) if not sum(rows for _, rows, _ in workers)]
-    if empty:
+    if empty and units:
         raise DataError(
             f"{split} split: its rows lie in {units} row group(s), too few for {len(planned)} processes, each of which "
             f"evaluates whole row groups of its own; write the table in more row groups or files (Spark: "

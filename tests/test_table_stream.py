@@ -165,3 +165,16 @@ def test_a_streamed_table_names_an_empty_label_cell_by_its_file_and_row(tmp_path
     data = TableDataModule(str(tmp_path / "t.parquet"), "species", memory_budget_mb=0)
     with pytest.raises(DataError, match=r"label column 'species' is empty on t.parquet row 71;"):
         assert data.class_names
+
+
+def test_a_streamed_table_that_changed_since_its_checkpoint_is_said_in_one_line(tmp_path, capsys):
+    from datamodules.split_check import check_trained
+
+    before = TableDataModule(str(lake(tmp_path / "before")), "species", memory_budget_mb=0)
+    before.setup("fit")
+    after = TableDataModule(str(lake(tmp_path / "after", rows=960)), "species", memory_budget_mb=0)
+    after.setup("fit")
+    check_trained(after, before.identity)
+    assert f"{tmp_path / 'after'}: not the table the checkpoint saw (900 rows then, 960 now; a streamed table's " in (
+        capsys.readouterr().err
+    )
