@@ -31,6 +31,7 @@ TRAINING = (
 DATA_LOCATION = (
     "data.init_args.data_dir", "data.init_args.csv_path", "data.init_args.archive", "data.init_args.mirrors",
     "data.init_args.predict_path", "data.init_args.num_workers", "data.init_args.verify_images", "model.class_names",
+    "data.init_args.memory_budget_mb",
 )  # fmt: skip
 
 
