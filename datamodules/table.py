@@ -127,36 +127,6 @@ def holds_many(value) -> bool:
     return hasattr(value, "__len__") and not isinstance(value, str | bytes)
 
 
-def class_labels(values, where: str, label: str, row_name) -> tuple[list[str], list[str]]:
-    """Each row's class name and the sorted class names (whole numbers sorted by value) of a label column."""
-    text = preprocessing.as_text(values)
-    if text.isna().any():
-        row = int(text.isna().to_numpy().argmax())
-        count = int(text.isna().sum())
-        raise DataError(
-            f"{where}: label column {label!r} is empty on {row_name(row)} ({count} row{'s' * (count > 1)} in all); "
-            "fill in those rows' classes or remove them"
-        )
-    labels = text.tolist()
-    classes = sorted(set(labels))
-    numbers = preprocessing.as_numbers(text)[0]
-    if not preprocessing.as_numbers(text)[1].any():  # every label a number
-        if any(not float(number).is_integer() for number in numbers):
-            raise DataError(
-                f"{where}: label column {label!r} holds numbers that are not whole ({text[(numbers % 1 != 0)].iloc[0]})"
-                "; a classifier needs classes (names or whole numbers): is it a measurement rather than the label?"
-            )
-        # `0.0` (a CSV written from floats) is named `0`, as the same labels read from Parquet are.
-        labels = [str(int(number)) if "." in name else name for name, number in zip(labels, numbers)]
-        classes = sorted(set(labels), key=float)
-    if len(classes) < 2:
-        raise DataError(
-            f"{where}: every row of label column {label!r} is {classes[0]!r}; a classifier needs rows of two classes "
-            "or more"
-        )
-    return labels, classes
-
-
 class TableDataModule(InMemoryDataModule):
     """
     Args:
@@ -212,10 +182,11 @@ class TableDataModule(InMemoryDataModule):
         self.state: dict | None = None
         self._table = None
         self.set_aside: dict[str, str] = {}  # column: why it is no feature (data.init_args.drop, lists)
+        self.stream = None  # past the budget, what reads the table (datamodules/table_stream.py)
         if csv_path is not None and in_memory_mb(csv_path) > memory_budget_mb:
-            from datamodules.table_stream import StreamedTable
+            from datamodules.table_stream import TableStream
 
-            self.__class__ = StreamedTable  # the same datamodule, streamed: a subclass's methods, no state of its own
+            self.stream = TableStream(self)
 
     def table(self):
         """The training table, its row names, each row's class and the class names: read once."""
@@ -232,7 +203,7 @@ class TableDataModule(InMemoryDataModule):
                 hint = f"did you mean {near[0]!r}?" if near else f"its columns: {', '.join(map(str, frame.columns))}"
                 raise DataError(f"{path}: no label column {label!r} ({hint}); give data.init_args.label one of them")
             frame = self.set_columns_aside(frame, path, label)
-            labels, classes = class_labels(frame[label], path, label, row_name)
+            labels, classes = preprocessing.class_labels(frame[label], path, label, row_name)
             self._table = frame, row_name, labels, classes
         return self._table
 
@@ -261,11 +232,13 @@ class TableDataModule(InMemoryDataModule):
     def class_names(self) -> list[str]:
         if self.hparams.classes is not None:
             return list(self.hparams.classes)
-        return self.table()[3]
+        return self.stream.class_names() if self.stream else self.table()[3]
 
     def setup(self, stage: str) -> None:
         predicting_alone = stage == "predict" and self.hparams.classes is not None
-        if not predicting_alone and "train" not in self.splits:
+        if (
+            not predicting_alone and "train" not in self.splits and not (self.stream and self.state)
+        ):  # streamed: no splits
             self.split()
         if stage == "predict":
             if self.hparams.predict_path is None:
@@ -279,6 +252,8 @@ class TableDataModule(InMemoryDataModule):
     def split(self, rule: dict | None = None) -> None:
         """The split by `rule` (a checkpoint's; None: this config's), the training split's column state, each split's
         features by it, and the data's identity."""
+        if self.stream:
+            return self.stream.split(rule)
         frame, row_name, labels, classes = self.table()
         where, label, id_column = self.hparams.csv_path, self.hparams.label, self.hparams.id_column
         index = {name: i for i, name in enumerate(self.class_names)}
@@ -340,7 +315,7 @@ class TableDataModule(InMemoryDataModule):
         if absent := [column for column in columns if column not in frame.columns]:
             raise DataError(f"{path}: no column {absent[0]!r} of {self.hparams.csv_path}; give "
                             "data.init_args.test_path a table of the training table's columns")  # fmt: skip
-        labels, _ = class_labels(frame[label], path, label, row_name)
+        labels, _ = preprocessing.class_labels(frame[label], path, label, row_name)
         if unknown := next((name for name in labels if name not in index), None):
             raise DataError(f"{path}: label {unknown!r} is no class of {self.hparams.csv_path} ({', '.join(index)}); "
                             "give test rows of the training table's classes")  # fmt: skip
@@ -375,6 +350,11 @@ class TableDataModule(InMemoryDataModule):
         if state.get("serving"):
             self.state = state["serving"]
             self.featurise()
+
+    def batches(self, split: str, shuffle: bool = False):
+        if self.stream and split != "predict":  # the rows to predict are read whole
+            return self.stream.loader(split)
+        return super().batches(split, shuffle)
 
     def predict_dataloader(self):
         where = self.hparams.predict_path

@@ -1,5 +1,6 @@
 """A table past `data.init_args.memory_budget_mb`, streamed rather than read whole (datamodules/table.py decides from
-the source's size before reading it): the same table task, in memory bounded by the row groups being read.
+the source's size before reading it, and hands its split and batches to a TableStream): the same table task, in memory
+bounded by the row groups being read.
 
     python -m scripts.train fit --config configs/table.yaml --data.init_args.csv_path lake/big/ \\
         --data.init_args.label outcome --data.init_args.memory_budget_mb 256 --data.init_args.num_workers 2
@@ -37,7 +38,6 @@ import pyarrow.dataset as ds
 from datamodules import base
 from datamodules.errors import DataError
 from datamodules.preprocessing import table as preprocessing
-from datamodules.table import TableDataModule
 from datamodules.table_stream_batches import CODES, EpochLoader, StreamedRows, check_every_process_has_rows, plan
 
 ROW_GROUP_ROWS = 65_536  # a CSV's Parquet copy: the unit of work each process and worker reads
@@ -133,75 +133,72 @@ def missing_cells(dataset: ds.Dataset, unit, name: str) -> int:
     return unit.to_table(schema=dataset.schema, columns=[name]).column(0).null_count
 
 
-class StreamedTable(TableDataModule):
-    """TableDataModule past its memory budget (datamodules/table.py makes an instance this class): the same options,
-    read as the module docstring says."""
+class TableStream:
+    """What reads a TableDataModule's table past its memory budget (datamodules/table.py makes one, and hands its
+    split and batches here): the module docstring says how. `data` is the datamodule, whose options, state and
+    identity these are."""
+
+    def __init__(self, data) -> None:
+        self.data, self.opened, self.scanned = data, None, None
+        self.codes = Path(tempfile.mkdtemp(prefix="table-splits-"))
+        weakref.finalize(self, shutil.rmtree, self.codes, True)
 
     def dataset(self) -> tuple[ds.Dataset, list]:
-        if getattr(self, "opened", None) is None:
-            self.opened = open_dataset(self.hparams.csv_path)
+        if self.opened is None:
+            self.opened = open_dataset(self.data.hparams.csv_path)
         return self.opened
 
-    @property
     def class_names(self) -> list[str]:
-        if self.hparams.classes is not None:
-            return list(self.hparams.classes)
         return self.scan(None)["classes"]
 
     def columns(self) -> list[str]:
         """The table's columns less those of lists (set aside, as in memory), data.init_args.drop's checked."""
-        schema, label, where = self.dataset()[0].schema, self.hparams.label, self.hparams.csv_path
+        schema, label, where = self.dataset()[0].schema, self.data.hparams.label, self.data.hparams.csv_path
         if label not in schema.names:
             raise DataError(f"{where}: no label column {label!r} (its columns: {', '.join(schema.names)}); give "
                             "data.init_args.label one of them")  # fmt: skip
         nested = (pa.types.is_list, pa.types.is_large_list, pa.types.is_struct, pa.types.is_map)
-        self.check_drop(schema.names, where, label)
+        self.data.check_drop(schema.names, where, label)
         for field in schema:
             if any(kind(field.type) for kind in nested):
-                self.set_aside[field.name] = "lists, not one value a cell (give one number or text a cell to use it)"
+                self.data.set_aside[field.name] = (
+                    "lists, not one value a cell (give one number or text a cell to use it)"
+                )
         return [name for name in schema.names if not any(kind(schema.field(name).type) for kind in nested)]
 
     def config_rule(self, columns: list[str]) -> dict:
-        id_column = self.hparams.id_column
-        if id_column is not None and id_column not in columns:
-            raise DataError(f"{self.hparams.csv_path}: no column {id_column!r}; give data.init_args.id_column one of "
-                            "its columns")  # fmt: skip
-        keys = [id_column] if id_column is not None else columns
-        return base.split_rule(self.seed, self.hparams.val_fraction, self.hparams.test_fraction, keys, id_column)
+        options = self.data.hparams
+        if options.id_column is not None and options.id_column not in columns:
+            raise DataError(f"{options.csv_path}: no column {options.id_column!r}; give data.init_args.id_column "
+                            "one of its columns")  # fmt: skip
+        keys = [options.id_column] if options.id_column is not None else columns
+        return base.split_rule(self.data.seed, options.val_fraction, options.test_fraction, keys, options.id_column)
 
     def scan(self, rule: dict | None) -> dict:
         """The one pass (module docstring) by `rule` (None: the config's), remembered for that rule."""
-        columns = self.columns()
+        columns, options = self.columns(), self.data.hparams
         rule = rule or self.config_rule(columns)
-        if getattr(self, "scanned", None) and self.scanned["rule"] == rule:
+        if self.scanned and self.scanned["rule"] == rule:
             return self.scanned
         from datamodules.table_stream_scan import scan_table
 
-        if rule["method"] != base.METHOD or self.hparams.test_path:
+        if rule["method"] != base.METHOD or options.test_path:
             what = "a checkpoint split before row-hash rules" if rule["method"] != base.METHOD else "test_path"
-            raise DataError(f"{self.hparams.csv_path}: {what} is read in memory only; give a larger "
+            raise DataError(f"{options.csv_path}: {what} is read in memory only; give a larger "
                             "data.init_args.memory_budget_mb")  # fmt: skip
-        if not getattr(self, "codes", None):
-            self.codes = Path(tempfile.mkdtemp(prefix="table-splits-"))
-            weakref.finalize(self, shutil.rmtree, self.codes, True)
         dataset, units = self.dataset()
-        self.scanned = scan_table(dataset, units, columns, self.hparams.label, rule, self.codes,
-                                  str(self.hparams.csv_path), integers_with_nulls(dataset, units))  # fmt: skip
+        self.scanned = scan_table(dataset, units, columns, options.label, rule, self.codes, str(options.csv_path),
+                                  integers_with_nulls(dataset, units))  # fmt: skip
         self.scanned["rule"] = rule
         return self.scanned
 
-    def setup(self, stage: str) -> None:
-        if not (stage == "predict" and self.hparams.classes is not None) and self.state is None:
-            self.split()
-        if stage == "predict":
-            super().setup(stage)
-
     def split(self, rule: dict | None = None) -> None:
-        scanned = self.scan(rule)
-        label, where, rule = self.hparams.label, str(self.hparams.csv_path), scanned["rule"]
-        unknown = [name for name in scanned["classes"] if name not in self.class_names]
+        """The datamodule's state (the column kinds and statistics of the sample) and identity, by `rule`."""
+        data, scanned = self.data, self.scan(rule)
+        label, where, rule = data.hparams.label, str(data.hparams.csv_path), scanned["rule"]
+        unknown = [name for name in scanned["classes"] if name not in data.class_names]
         if unknown:
-            raise DataError(f"{where}: label {unknown[0]!r} is not one of the checkpoint's classes {self.class_names}; "
+            raise DataError(f"{where}: label {unknown[0]!r} is not one of the checkpoint's classes {data.class_names}; "
                             "give the data it was trained on")  # fmt: skip
         rows = {name: sum(counts[name] for counts in scanned["counts"]) for name in CODES}
         total = sum(rows.values())
@@ -210,49 +207,36 @@ class StreamedTable(TableDataModule):
                             "a classifier needs several rows of each class: give the column of each row's class as "
                             "data.init_args.label")  # fmt: skip
         if rows["test"] == 0:
-            raise DataError(f"{where}: {total} rows leave no test rows at test_fraction {self.hparams.test_fraction}; "
+            raise DataError(f"{where}: {total} rows leave no test rows at test_fraction {data.hparams.test_fraction}; "
                             "give more rows or a larger data.init_args.test_fraction")  # fmt: skip
         sample = scanned["sample"].drop(columns=[rule["id_column"]] if rule["id_column"] else [])
-        self.state = preprocessing.describe_columns(sample, label, where, self.set_aside)
-        if self.trainer is None or self.trainer.is_global_zero:
-            print("\n".join(preprocessing.column_lines(where, self.state, [])), file=sys.stderr)
+        data.state = preprocessing.describe_columns(sample, label, where, data.set_aside)
+        if data.trainer is None or data.trainer.is_global_zero:
+            print("\n".join(preprocessing.column_lines(where, data.state, [])), file=sys.stderr)
             print(f"{where}: streamed ({total} rows in {len(scanned['counts'])} row groups, past "
-                  f"data.init_args.memory_budget_mb {self.hparams.memory_budget_mb}); column kinds and statistics of "
+                  f"data.init_args.memory_budget_mb {data.hparams.memory_budget_mb}); column kinds and statistics of "
                   f"{len(scanned['sample'])} of its {rows['train']} training rows", file=sys.stderr)  # fmt: skip
         schema = {column: "left out" for column in scanned["columns"]} | {label: "label"}
-        schema |= {column["name"]: column["kind"] for column in self.state["columns"]}
+        schema |= {column["name"]: column["kind"] for column in data.state["columns"]}
         splits = {name: {"digest": scanned["digests"][name], "rows": rows[name]} for name in CODES}
-        self.identity = {"source": where, "digest": scanned["digests"]["all"], "rows": total, "split": rule,
+        data.identity = {"source": where, "digest": scanned["digests"]["all"], "rows": total, "split": rule,
                          "schema": schema, "splits": splits, "streamed": True}  # fmt: skip
-
-    def resplit(self, rule: dict) -> None:
-        self.split(rule)
-
-    def featurise(self) -> list:
-        return []  # each batch is made as it is read (table_stream_batches.py)
 
     def labels(self) -> tuple[pa.Array, np.ndarray]:
         """The label column's values and each one's class index (of class_names: the checkpoint's, once restored)."""
-        scanned, index = self.scan(self.identity["split"]), {name: i for i, name in enumerate(self.class_names)}
+        scanned = self.scan(self.data.identity["split"])
+        index = {name: i for i, name in enumerate(self.data.class_names)}
         return scanned["label_values"], np.array([index[name] for name in scanned["label_names"]], dtype=np.int64)
 
     def loader(self, split: str) -> EpochLoader:
-        scanned, (dataset, units) = self.scan(self.identity["split"]), self.dataset()
-        rank, world_size = self.rank_and_world_size
-        workers = self.hparams.num_workers
+        """The DataLoader of `split`'s rows this process reads: its share of row groups, its workers' parts of it."""
+        data, scanned, (dataset, units) = self.data, self.scan(self.data.identity["split"]), self.dataset()
+        rank, world_size = data.rank_and_world_size
+        workers = data.hparams.num_workers
         counts = [unit[split] for unit in scanned["counts"]]
-        planned = plan(counts, world_size, max(1, workers), self.batch_size, pad=split == "train")
+        planned = plan(counts, world_size, max(1, workers), data.batch_size, pad=split == "train")
         if split != "train":
             check_every_process_has_rows(split, planned, sum(1 for count in counts if count))
-        rows = StreamedRows(units, dataset.schema, self.codes, split, self.state, self.labels(), planned[rank],
-                            self.batch_size, split == "train", self.seed, rank)  # fmt: skip
-        return EpochLoader(rows, lambda: self.trainer.current_epoch if self.trainer else None, workers)
-
-    def train_dataloader(self) -> EpochLoader:
-        return self.loader("train")
-
-    def val_dataloader(self) -> EpochLoader:
-        return self.loader("val")
-
-    def test_dataloader(self) -> EpochLoader:
-        return self.loader("test")
+        rows = StreamedRows(units, dataset.schema, self.codes, split, data.state, self.labels(), planned[rank],
+                            data.batch_size, split == "train", data.seed, rank)  # fmt: skip
+        return EpochLoader(rows, lambda: data.trainer.current_epoch if data.trainer else None, workers)

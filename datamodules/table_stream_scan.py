@@ -70,7 +70,7 @@ def label_texts(values: pa.ChunkedArray, unit, where: str, label: str) -> dict:
 
 
 def class_names_of(texts: set[str], where: str, label: str) -> tuple[dict[str, str], list[str]]:
-    """Each label text's class name, and the class names, as datamodules/table.py's class_labels names them."""
+    """Each label text's class name, and the class names, as preprocessing/table.py's class_labels names them."""
     ordered = sorted(texts)
     numbers, bad = preprocessing.as_numbers(pd.Series(ordered, dtype=object))
     names = dict(zip(ordered, ordered))

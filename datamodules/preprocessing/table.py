@@ -274,13 +274,43 @@ def column_lines(where: str, state: dict, unreadable: list[tuple[str, str, objec
     read as missing that were no number or date (`inf` in one line a column)."""
     kinds = describe_kinds(state).items()
     lines = [f"{where}: column {name!r}{' ' if kind.startswith('left') else ': '}{kind}" for name, kind in kinds]
-    infinite = [(row, column) for row, column, value in unreadable if infinite(value)]
-    for column in dict.fromkeys(column for _, column in infinite):
-        rows = [row for row, named in infinite if named == column]
+    inf_cells = [(row, column) for row, column, value in unreadable if infinite(value)]
+    for column in dict.fromkeys(column for _, column in inf_cells):
+        rows = [row for row, named in inf_cells if named == column]
         lines.append(f"{where}: column {column!r}: {len(rows)} inf cell(s) ({', '.join(rows[:shown])}) read as missing")
-    others = [(row, column, value) for row, column, value in unreadable if (row, column) not in set(infinite)]
+    others = [(row, column, value) for row, column, value in unreadable if (row, column) not in set(inf_cells)]
     for row, column, value in others[:shown]:
         lines.append(f"{where}: {row}, column {column!r}: {value!r} is no number or date: read as missing")
     if len(others) > shown:
         lines.append(f"{where}: {len(others) - shown} more such cells read as missing")
     return lines
+
+
+def class_labels(values, where: str, label: str, row_name) -> tuple[list[str], list[str]]:
+    """Each row's class name and the sorted class names (whole numbers sorted by value) of a label column."""
+    text = as_text(values)
+    if text.isna().any():
+        row = int(text.isna().to_numpy().argmax())
+        count = int(text.isna().sum())
+        raise DataError(
+            f"{where}: label column {label!r} is empty on {row_name(row)} ({count} row{'s' * (count > 1)} in all); "
+            "fill in those rows' classes or remove them"
+        )
+    labels = text.tolist()
+    classes = sorted(set(labels))
+    numbers = as_numbers(text)[0]
+    if not as_numbers(text)[1].any():  # every label a number
+        if any(not float(number).is_integer() for number in numbers):
+            raise DataError(
+                f"{where}: label column {label!r} holds numbers that are not whole ({text[(numbers % 1 != 0)].iloc[0]})"
+                "; a classifier needs classes (names or whole numbers): is it a measurement rather than the label?"
+            )
+        # `0.0` (a CSV written from floats) is named `0`, as the same labels read from Parquet are.
+        labels = [str(int(number)) if "." in name else name for name, number in zip(labels, numbers)]
+        classes = sorted(set(labels), key=float)
+    if len(classes) < 2:
+        raise DataError(
+            f"{where}: every row of label column {label!r} is {classes[0]!r}; a classifier needs rows of two classes "
+            "or more"
+        )
+    return labels, classes
