@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -60,10 +61,12 @@ def loaded(data: TableDataModule, split: str) -> tuple[torch.Tensor, torch.Tenso
 
 
 @pytest.mark.parametrize("kind", ["parquet folder", "csv"])
-def test_a_streamed_table_splits_types_and_scales_as_one_read_whole(tmp_path, kind):
+def test_a_streamed_table_splits_types_and_scales_as_one_read_whole(tmp_path, kind, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the CSV's Parquet copy goes under the system's
     source = lake(tmp_path / "lake") if kind == "parquet folder" else tmp_path / "t.csv"
     if kind == "csv":
         make_table(500, seed=2).to_csv(source, index=False)
+        assert not list(tmp_path.glob("table-cache/*/t.parquet"))
     whole, streamed = (
         TableDataModule(str(source), "species"),
         TableDataModule(str(source), "species", memory_budget_mb=0),
@@ -84,6 +87,7 @@ def test_a_streamed_table_splits_types_and_scales_as_one_read_whole(tmp_path, ki
     for split in ("train", "val", "test"):
         assert streamed.identity["splits"][split]["rows"] == whole.identity["splits"][split]["rows"]
         assert same_rows(rows_of(*loaded(streamed, split)), rows_of(*whole.splits[split]))
+    assert len(list(tmp_path.glob("table-cache/*/t.parquet"))) == (kind == "csv")  # made once, where said
 
 
 def test_a_table_below_its_budget_is_read_whole(tmp_path):
