@@ -223,6 +223,7 @@ bench: $(VENV)/installed ## time the template against plain PyTorch loops, a pen
 	$(PY) -m scripts.bench.mnist --data-dir $(MNIST_DIR) --repeats 3
 	$(PY) -m scripts.bench.loop_cost --data-dir $(MNIST_DIR)
 	$(PY) -m scripts.bench.birds
+	$(PY) -m scripts.bench.table
 	$(PY) -m scripts.bench.sweep  # extra: sweeps
 
 bench-gpu: $(VENV)/installed ## on a machine with an NVIDIA GPU: birds and MNIST on it, a real fit, DDP and Horovod with NCCL (logs: outputs/bench-gpu/)

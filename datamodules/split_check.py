@@ -63,7 +63,7 @@ def compare(datamodule, trained: dict | None) -> None:
     if not trained or (trained["digest"] == given["digest"] and rule == given["split"]):
         return
     fitting = datamodule.trainer is not None and datamodule.trainer.state.fn == "fit"
-    if "row_hashes" not in given:  # images: each split's files (a folder's) or digests (MNIST's) compared
+    if str(given["schema"].get("image", "")).startswith("image "):  # images (base.image_schema): files or digests
         return say(image_changes(datamodule, trained, fitting))
     schema, then = given["schema"], trained["schema"]
     if fitting and schema != then:
@@ -78,12 +78,18 @@ def compare(datamodule, trained: dict | None) -> None:
             + "); a resumed fit goes on with its columns: give the table it was trained on, or a new --checkpoint_dir "
             "to train anew"
         )
-    now, before = given["row_hashes"].numpy(), trained["row_hashes"].numpy()
-    added, removed = len(np.setdiff1d(now, before)), len(np.setdiff1d(before, now))
     goes_on = "the fit goes on" if fitting else "its test split is this table's by the checkpoint's rule"
-    say(f"{where}: not the table the checkpoint saw ({added} row{'s' * (added != 1)} added, {removed} removed; digest "
-        f"{trained['digest']}, now {given['digest']}): each row keeps its split by its own hash, so {goes_on}, and no "
-        "row it trained on is tested")  # fmt: skip
+    if "row_hashes" in given and "row_hashes" in trained:
+        now, before = given["row_hashes"].numpy(), trained["row_hashes"].numpy()
+        added, removed = len(np.setdiff1d(now, before)), len(np.setdiff1d(before, now))
+        counted = f"{added} row{'s' * (added != 1)} added, {removed} removed; "
+    else:  # a streamed table keeps no row's hash (datamodules/table_stream.py), nor digests as one read whole does
+        counted = (
+            f"{trained.get('rows', '?')} rows then, {given['rows']} now; a streamed table's digest is of its "
+            "own kind and counts no rows added or removed; "
+        )
+    say(f"{where}: not the table the checkpoint saw ({counted}digest {trained['digest']}, now {given['digest']}): each "
+        f"row keeps its split by its own hash, so {goes_on}, and no row it trained on is tested")  # fmt: skip
 
 
 SPLIT_NAMES = {"train": "training", "val": "validation", "test": "test"}

@@ -33,6 +33,9 @@ from datamodules.preprocessing.penguins import SCHEMA_COLUMNS
 
 CSV_SUFFIXES = {".csv": ",", ".tsv": "\t", ".txt": ","}  # and the delimiter each means
 PARQUET_SUFFIXES = (".parquet", ".pq")
+# The in-memory fit's peak RSS past the ~1.1 GB a process's imports take, measured as about these bytes a Parquet cell
+# (rows x columns, from its footer) and a CSV byte (its cells read as text) (docs/measured.md, 2026-11-29).
+PARQUET_CELL_BYTES, CSV_BYTE_BYTES = 70, 15
 FILE_KINDS = (
     "a CSV (.csv, .tsv) or Parquet (.parquet) file, a folder or glob of them, "
     "an MLTable folder or a Delta table's folder"
@@ -55,6 +58,35 @@ def read_table(path: str, option: str):
     if source.suffix.lower() in PARQUET_SUFFIXES or source.read_bytes()[:4] == b"PAR1":
         return read_file(path, None)
     raise DataError(f"{path}: not a CSV or Parquet file (by its name and first bytes); give {FILE_KINDS}")
+
+
+def in_memory_mb(path: str) -> float:
+    """The in-memory read's estimated peak (MB) of the one file, folder or glob of files at `path`, from their sizes and
+    Parquet footers, none read; 0 for a Delta table or MLTable (read in memory) or what is not there."""
+    source = Path(path)
+    if source.is_file():
+        files = [source]
+    elif source.is_dir() and not (source / "MLTable").exists() and not (source / "_delta_log").exists():
+        from datamodules.table_sources import data_files
+
+        files = data_files(source)
+    else:
+        import glob
+
+        files = [Path(name) for name in glob.glob(path, recursive=True) if Path(name).is_file()]
+    total = 0
+    for file in files:
+        if file.suffix.lower() in CSV_SUFFIXES:
+            total += file.stat().st_size * CSV_BYTE_BYTES
+            continue
+        import pyarrow.parquet as pq
+
+        try:
+            metadata = pq.read_metadata(file)
+        except Exception:  # pyarrow's many types: the in-memory read names what is wrong with the file
+            continue
+        total += metadata.num_rows * metadata.num_columns * PARQUET_CELL_BYTES
+    return total / 2**20
 
 
 def read_file(path: str, delimiter: str | None):
@@ -95,36 +127,6 @@ def holds_many(value) -> bool:
     return hasattr(value, "__len__") and not isinstance(value, str | bytes)
 
 
-def class_labels(values, where: str, label: str, row_name) -> tuple[list[str], list[str]]:
-    """Each row's class name and the sorted class names (whole numbers sorted by value) of a label column."""
-    text = preprocessing.as_text(values)
-    if text.isna().any():
-        row = int(text.isna().to_numpy().argmax())
-        count = int(text.isna().sum())
-        raise DataError(
-            f"{where}: label column {label!r} is empty on {row_name(row)} ({count} row{'s' * (count > 1)} in all); "
-            "fill in those rows' classes or remove them"
-        )
-    labels = text.tolist()
-    classes = sorted(set(labels))
-    numbers = preprocessing.as_numbers(text)[0]
-    if not preprocessing.as_numbers(text)[1].any():  # every label a number
-        if any(not float(number).is_integer() for number in numbers):
-            raise DataError(
-                f"{where}: label column {label!r} holds numbers that are not whole ({text[(numbers % 1 != 0)].iloc[0]})"
-                "; a classifier needs classes (names or whole numbers): is it a measurement rather than the label?"
-            )
-        # `0.0` (a CSV written from floats) is named `0`, as the same labels read from Parquet are.
-        labels = [str(int(number)) if "." in name else name for name, number in zip(labels, numbers)]
-        classes = sorted(set(labels), key=float)
-    if len(classes) < 2:
-        raise DataError(
-            f"{where}: every row of label column {label!r} is {classes[0]!r}; a classifier needs rows of two classes "
-            "or more"
-        )
-    return labels, classes
-
-
 class TableDataModule(InMemoryDataModule):
     """
     Args:
@@ -143,6 +145,11 @@ class TableDataModule(InMemoryDataModule):
         test_path: a table of its own to test on, all of its rows (of csv_path's columns): csv_path then gives
             training and validation rows alone (test_fraction is not used). What a DataFrame split with randomSplit
             gives (scripts/spark/dataframes.py).
+        memory_budget_mb: past this estimate of the in-memory read's peak (`in_memory_mb`: sizes and Parquet footers,
+            before reading), the table streams (datamodules/table_stream.py) in memory that does not grow with its
+            rows. 2048: a laptop's or small node's share beside the ~1.1 GB torch, Lightning and MLflow take, about
+            1,000,000 rows x 30 columns of Parquet or a 140 MB CSV (docs/tasks.md, "Tables bigger than memory").
+        num_workers: DataLoader worker processes that read a streamed table's row groups (an in-memory one has none).
     """
 
     serving_kind = "rows"
@@ -161,6 +168,8 @@ class TableDataModule(InMemoryDataModule):
         drop: list[str] | None = None,
         id_column: str | None = None,
         test_path: str | None = None,
+        memory_budget_mb: float = 2048,
+        num_workers: int = 0,
     ) -> None:
         super().__init__(batch_size, seed)
         check_fractions(val_fraction, test_fraction)
@@ -173,6 +182,11 @@ class TableDataModule(InMemoryDataModule):
         self.state: dict | None = None
         self._table = None
         self.set_aside: dict[str, str] = {}  # column: why it is no feature (data.init_args.drop, lists)
+        self.stream = None  # past the budget, what reads the table (datamodules/table_stream.py)
+        if csv_path is not None and in_memory_mb(csv_path) > memory_budget_mb:
+            from datamodules.table_stream import TableStream
+
+            self.stream = TableStream(self)
 
     def table(self):
         """The training table, its row names, each row's class and the class names: read once."""
@@ -189,14 +203,22 @@ class TableDataModule(InMemoryDataModule):
                 hint = f"did you mean {near[0]!r}?" if near else f"its columns: {', '.join(map(str, frame.columns))}"
                 raise DataError(f"{path}: no label column {label!r} ({hint}); give data.init_args.label one of them")
             frame = self.set_columns_aside(frame, path, label)
-            labels, classes = class_labels(frame[label], path, label, row_name)
+            labels, classes = preprocessing.class_labels(frame[label], path, label, row_name)
             self._table = frame, row_name, labels, classes
         return self._table
 
     def set_columns_aside(self, frame, path: str, label: str):
         """`frame` less its columns of lists (a Parquet list column: no one value a cell, and unhashable where the
         split looks for copies); those and data.init_args.drop's are named in `set_aside`."""
-        columns = list(map(str, frame.columns))
+        self.check_drop(list(map(str, frame.columns)), path, label)
+        # A Parquet column's cells are all of its one type: its first given cell tells (a CSV's are all text).
+        lists = [column for column in frame.columns if frame[column].dropna().head(1).map(holds_many).any()]
+        for column in lists:
+            self.set_aside[column] = "lists, not one value a cell (give one number or text a cell to use it)"
+        return frame.drop(columns=lists)
+
+    def check_drop(self, columns: list[str], path: str, label: str) -> None:
+        """data.init_args.drop's columns, each one of `columns` and not the label, named in `set_aside`."""
         for name in self.hparams.drop or []:
             if name not in columns or name == label:
                 what = "the label" if name == label else f"no column {name!r} in {path}"
@@ -205,21 +227,18 @@ class TableDataModule(InMemoryDataModule):
                     f"{', '.join(repr(column) for column in columns if column != label)})"
                 )
             self.set_aside[name] = "data.init_args.drop names it"
-        # A Parquet column's cells are all of its one type: its first given cell tells (a CSV's are all text).
-        lists = [column for column in frame.columns if frame[column].dropna().head(1).map(holds_many).any()]
-        for column in lists:
-            self.set_aside[column] = "lists, not one value a cell (give one number or text a cell to use it)"
-        return frame.drop(columns=lists)
 
     @property
     def class_names(self) -> list[str]:
         if self.hparams.classes is not None:
             return list(self.hparams.classes)
-        return self.table()[3]
+        return self.stream.class_names() if self.stream else self.table()[3]
 
     def setup(self, stage: str) -> None:
         predicting_alone = stage == "predict" and self.hparams.classes is not None
-        if not predicting_alone and "train" not in self.splits:
+        if (
+            not predicting_alone and "train" not in self.splits and not (self.stream and self.state)
+        ):  # streamed: no splits
             self.split()
         if stage == "predict":
             if self.hparams.predict_path is None:
@@ -233,6 +252,8 @@ class TableDataModule(InMemoryDataModule):
     def split(self, rule: dict | None = None) -> None:
         """The split by `rule` (a checkpoint's; None: this config's), the training split's column state, each split's
         features by it, and the data's identity."""
+        if self.stream:
+            return self.stream.split(rule)
         frame, row_name, labels, classes = self.table()
         where, label, id_column = self.hparams.csv_path, self.hparams.label, self.hparams.id_column
         index = {name: i for i, name in enumerate(self.class_names)}
@@ -278,7 +299,7 @@ class TableDataModule(InMemoryDataModule):
         self.state = preprocessing.describe_columns(train, label, where, self.set_aside)
         unreadable = self.featurise()
         if self.trainer is None or self.trainer.is_global_zero:
-            print("\n".join(column_lines(where, self.state, unreadable)), file=sys.stderr)
+            print("\n".join(preprocessing.column_lines(where, self.state, unreadable)), file=sys.stderr)
         schema = {column: "left out" for column in frame.columns} | {label: "label"}
         schema |= {column["name"]: column["kind"] for column in self.state["columns"]}
         self.identity = base.data_identity(str(where), content, hashes, rule, schema, rows)
@@ -294,7 +315,7 @@ class TableDataModule(InMemoryDataModule):
         if absent := [column for column in columns if column not in frame.columns]:
             raise DataError(f"{path}: no column {absent[0]!r} of {self.hparams.csv_path}; give "
                             "data.init_args.test_path a table of the training table's columns")  # fmt: skip
-        labels, _ = class_labels(frame[label], path, label, row_name)
+        labels, _ = preprocessing.class_labels(frame[label], path, label, row_name)
         if unknown := next((name for name in labels if name not in index), None):
             raise DataError(f"{path}: label {unknown!r} is no class of {self.hparams.csv_path} ({', '.join(index)}); "
                             "give test rows of the training table's classes")  # fmt: skip
@@ -330,6 +351,11 @@ class TableDataModule(InMemoryDataModule):
             self.state = state["serving"]
             self.featurise()
 
+    def batches(self, split: str, shuffle: bool = False):
+        if self.stream and split != "predict":  # the rows to predict are read whole
+            return self.stream.loader(split)
+        return super().batches(split, shuffle)
+
     def predict_dataloader(self):
         where = self.hparams.predict_path
         self.splits["predict"] = (self.features(self.predict_frame, self.predict_names, where, say_unseen=True),)
@@ -359,20 +385,3 @@ class TableDataModule(InMemoryDataModule):
     def columns_record(self) -> dict[str, str]:
         """Each column's kind as read, or why it is left out: the run's `columns.json` (scripts/training/run_record)."""
         return preprocessing.describe_kinds(self.state) if self.state else {}
-
-
-def column_lines(where: str, state: dict, unreadable: list[tuple[str, str, object]], shown: int = 10) -> list[str]:
-    """The stderr block that says how the table was read: each column's kind (or why it is left out), then the cells
-    read as missing that were no number or date (`inf` in one line a column)."""
-    kinds = preprocessing.describe_kinds(state).items()
-    lines = [f"{where}: column {name!r}{' ' if kind.startswith('left') else ': '}{kind}" for name, kind in kinds]
-    infinite = [(row, column) for row, column, value in unreadable if preprocessing.infinite(value)]
-    for column in dict.fromkeys(column for _, column in infinite):
-        rows = [row for row, named in infinite if named == column]
-        lines.append(f"{where}: column {column!r}: {len(rows)} inf cell(s) ({', '.join(rows[:shown])}) read as missing")
-    others = [(row, column, value) for row, column, value in unreadable if (row, column) not in set(infinite)]
-    for row, column, value in others[:shown]:
-        lines.append(f"{where}: {row}, column {column!r}: {value!r} is no number or date: read as missing")
-    if len(others) > shown:
-        lines.append(f"{where}: {len(others) - shown} more such cells read as missing")
-    return lines

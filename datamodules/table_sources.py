@@ -45,7 +45,7 @@ def kind_of(files: list[Path], where: str) -> tuple[str, str | None]:
     kinds = {}
     for path in files:
         suffix = path.suffix.lower()
-        if suffix in PARQUET_SUFFIXES or (suffix not in CSV_SUFFIXES and path.read_bytes()[:4] == b"PAR1"):
+        if suffix in PARQUET_SUFFIXES or (suffix not in CSV_SUFFIXES and first_bytes(path) == b"PAR1"):
             kinds[path] = ("parquet", None)
         elif suffix in CSV_SUFFIXES:
             kinds[path] = ("csv", CSV_SUFFIXES[suffix])
@@ -56,6 +56,11 @@ def kind_of(files: list[Path], where: str) -> tuple[str, str | None]:
         raise DataError(f"{where}: holds both CSV and Parquet files ({', '.join(sorted(f'{k}' for k, _ in found))}); "
                         "give a folder, glob or MLTable of one format")  # fmt: skip
     return found.pop()
+
+
+def first_bytes(path: Path) -> bytes:
+    with path.open("rb") as file:
+        return file.read(4)
 
 
 def read_source(path: str, option: str, read_file):

@@ -92,6 +92,8 @@ def cli_main(args: list[str] | None = None, cli_class: type[TemplateCLI] = Templ
     warnings.filterwarnings("ignore", r"It is recommended to use `self.log\('\w+', ..., sync_dist=True\)`")
     warnings.filterwarnings("ignore", r".*configured with multiple `ModelCheckpoint`")
     warnings.filterwarnings("ignore", r"The number of training batches .* is smaller than the logging interval")
+    # A streamed table's workers each read their own row groups (datamodules/table_stream_batches.py): its length holds.
+    warnings.filterwarnings("ignore", r"Your `IterableDataset` has `__len__` defined")
     return make_cli(args, cli_class)
 
 

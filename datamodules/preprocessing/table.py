@@ -64,6 +64,9 @@ def as_text(values: pd.Series) -> pd.Series:
 
 def as_numbers(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     """The cells as float64 (NaN where missing) and a mask of the cells given that are not finite numbers."""
+    if values.dtype.kind in "fiu":  # numbers already (Parquet's): what their text would read as, without the text
+        numbers = values.to_numpy(dtype=np.float64, na_value=np.nan)
+        return numbers, np.isinf(numbers)
     text = as_text(values)
     given = text.notna().to_numpy()
     numbers = pd.to_numeric(text.where(text.notna(), np.nan), errors="coerce").to_numpy(dtype=np.float64)
@@ -135,9 +138,9 @@ def describe_columns(train: pd.DataFrame, label: str, where: str = "the table", 
 
 def describe_column(values: pd.Series, name: str, rows: int) -> dict | str:
     """One training column's state, or why it is left out."""
-    given = as_text(values).dropna()
+    given = values.dropna() if values.dtype.kind in "fiu" else as_text(values).dropna()  # numbers: one text each
     if given.nunique() <= 1:
-        return f"one value ({given.iloc[0]!r}) in the training split" if len(given) else "empty"
+        return f"one value ({as_text(given.head(1)).iloc[0]!r}) in the training split" if len(given) else "empty"
     numbers, bad = as_numbers(values)
     kind = "numeric" if tolerated(int((bad & ~np.isinf(numbers)).sum()), len(given)) else None
     if kind is None and tolerated(int((days := as_days(values))[1].sum()), len(given)):
@@ -264,3 +267,50 @@ def serving_batch(state: dict, inputs, names: list[str], where: str = "request",
                     "as its other or missing one", where, len(unseen), column["name"], names[row], value,
                 )  # fmt: skip
     return np.concatenate(parts, axis=1).astype(np.float32)
+
+
+def column_lines(where: str, state: dict, unreadable: list[tuple[str, str, object]], shown: int = 10) -> list[str]:
+    """The stderr block that says how the table was read: each column's kind (or why it is left out), then the cells
+    read as missing that were no number or date (`inf` in one line a column)."""
+    kinds = describe_kinds(state).items()
+    lines = [f"{where}: column {name!r}{' ' if kind.startswith('left') else ': '}{kind}" for name, kind in kinds]
+    inf_cells = [(row, column) for row, column, value in unreadable if infinite(value)]
+    for column in dict.fromkeys(column for _, column in inf_cells):
+        rows = [row for row, named in inf_cells if named == column]
+        lines.append(f"{where}: column {column!r}: {len(rows)} inf cell(s) ({', '.join(rows[:shown])}) read as missing")
+    others = [(row, column, value) for row, column, value in unreadable if (row, column) not in set(inf_cells)]
+    for row, column, value in others[:shown]:
+        lines.append(f"{where}: {row}, column {column!r}: {value!r} is no number or date: read as missing")
+    if len(others) > shown:
+        lines.append(f"{where}: {len(others) - shown} more such cells read as missing")
+    return lines
+
+
+def class_labels(values, where: str, label: str, row_name) -> tuple[list[str], list[str]]:
+    """Each row's class name and the sorted class names (whole numbers sorted by value) of a label column."""
+    text = as_text(values)
+    if text.isna().any():
+        row = int(text.isna().to_numpy().argmax())
+        count = int(text.isna().sum())
+        raise DataError(
+            f"{where}: label column {label!r} is empty on {row_name(row)} ({count} row{'s' * (count > 1)} in all); "
+            "fill in those rows' classes or remove them"
+        )
+    labels = text.tolist()
+    classes = sorted(set(labels))
+    numbers = as_numbers(text)[0]
+    if not as_numbers(text)[1].any():  # every label a number
+        if any(not float(number).is_integer() for number in numbers):
+            raise DataError(
+                f"{where}: label column {label!r} holds numbers that are not whole ({text[(numbers % 1 != 0)].iloc[0]})"
+                "; a classifier needs classes (names or whole numbers): is it a measurement rather than the label?"
+            )
+        # `0.0` (a CSV written from floats) is named `0`, as the same labels read from Parquet are.
+        labels = [str(int(number)) if "." in name else name for name, number in zip(labels, numbers)]
+        classes = sorted(set(labels), key=float)
+    if len(classes) < 2:
+        raise DataError(
+            f"{where}: every row of label column {label!r} is {classes[0]!r}; a classifier needs rows of two classes "
+            "or more"
+        )
+    return labels, classes

@@ -36,6 +36,7 @@ MAY_DIFFER = (
     "trainer.limit_test_batches", "trainer.limit_predict_batches", "trainer.detect_anomaly",
     "data.init_args.data_dir", "data.init_args.csv_path", "data.init_args.archive", "data.init_args.mirrors",
     "data.init_args.predict_path", "data.init_args.num_workers", "data.init_args.verify_images", "model.class_names",
+    "data.init_args.memory_budget_mb",
 )  # fmt: skip
 
 

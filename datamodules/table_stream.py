@@ -1,0 +1,242 @@
+"""A table past `data.init_args.memory_budget_mb`, streamed rather than read whole (datamodules/table.py decides from
+the source's size before reading it, and hands its split and batches to a TableStream): the same table task, in memory
+bounded by the row groups being read.
+
+    python -m scripts.train fit --config configs/table.yaml --data.init_args.csv_path lake/big/ \\
+        --data.init_args.label outcome --data.init_args.memory_budget_mb 256 --data.init_args.num_workers 2
+
+pyarrow.dataset reads the Parquet files (the folders, globs and hive partitions of datamodules/table_sources.py) one
+row group at a time; a CSV is first copied once into Parquet under the system's temporary folder (its cells kept as
+text, so that it splits and is typed as the in-memory CSV is; said on stderr, reused while the CSV is unchanged). One
+pass over every row group (`scan`), in every process alike, then gives:
+- each row's split by the same rule as in memory (base.row_hashes of the same cells, base.split_rows), kept on disk as
+  one byte a row (a temporary folder, deleted at exit), so that the epochs read each row's split rather than hash it;
+- the class names (the label column's distinct values, as class_labels names them);
+- the identity: the split's rule, the schema, each split's row count and a digest of the rows' hashes that is a sum
+  (order-free, in constant memory), so not the in-memory one's: a streamed checkpoint is compared with a streamed
+  table (`split_check` counts no rows added or removed: no row's hash is kept);
+- a sample of the training split: its SAMPLE_ROWS rows (table_stream_scan.py) of the smallest (seeded) hash, the
+  same whatever the files' order; the column kinds, categories, medians and scaling come from it (describe_columns,
+  as in memory), so a training split of at most that many rows is described exactly as in memory.
+The epochs then read each process's and each DataLoader worker's share of row groups (table_stream_batches.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+import weakref
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from datamodules import base
+from datamodules.errors import DataError
+from datamodules.preprocessing import table as preprocessing
+from datamodules.table_stream_batches import CODES, EpochLoader, StreamedRows, check_every_process_has_rows, plan
+
+ROW_GROUP_ROWS = 65_536  # a CSV's Parquet copy: the unit of work each process and worker reads
+
+
+def source_files(path: str) -> tuple[list[Path], Path | None, str | None]:
+    """The files of the table at `path` (one file, a folder, a glob: what datamodules/table.py streams), the folder
+    hive partitions are read under, and None for Parquet or the delimiter of CSV files."""
+    from datamodules import table_sources
+
+    source = Path(path)
+    if source.is_file():
+        files, root = [source], None
+    elif source.is_dir():
+        files, root = table_sources.data_files(source), source
+    else:
+        import glob
+
+        files, root = [Path(name) for name in sorted(glob.glob(path, recursive=True)) if Path(name).is_file()], None
+    if not files:
+        raise DataError(f"{path}: no data files; give data.init_args.csv_path the table's file, folder or glob")
+    return files, root, table_sources.kind_of(files, path)[1]
+
+
+def csv_as_parquet(path: Path, delimiter: str) -> Path:
+    """A Parquet copy of the CSV at `path`, made once (read in blocks, every cell as text, MISSING's spellings
+    missing) under the temporary folder and reused while the CSV's size and time are the same."""
+    import pyarrow.csv as pv
+    import pyarrow.parquet as pq
+
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{delimiter}".encode()).hexdigest()[:16]
+    copy = Path(tempfile.gettempdir()) / "table-cache" / key / f"{path.stem}.parquet"
+    if copy.is_file():
+        return copy
+    print(f"{path}: copied once into Parquet, {copy}, to be streamed", file=sys.stderr)
+    with path.open(encoding="utf-8-sig", newline="") as file:
+        import csv
+
+        names = [name.strip() for name in next(csv.reader(file, delimiter=delimiter), [])]
+    if twice := next((name for name in names if names.count(name) > 1), None):
+        raise DataError(f"{path}: column {twice!r} is named {names.count(twice)} times; give each column one name")
+    convert = pv.ConvertOptions(column_types=dict.fromkeys(names, pa.string()), null_values=preprocessing.MISSING,
+                                strings_can_be_null=True, quoted_strings_can_be_null=True)  # fmt: skip
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    partial = copy.with_suffix(f".{os.getpid()}.partial")
+    try:
+        reader = pv.open_csv(path, read_options=pv.ReadOptions(column_names=names, skip_rows=1),
+                             parse_options=pv.ParseOptions(delimiter=delimiter), convert_options=convert)  # fmt: skip
+        with pq.ParquetWriter(partial, reader.schema) as writer:
+            for batch in reader:
+                writer.write_batch(batch, row_group_size=ROW_GROUP_ROWS)
+    except pa.ArrowInvalid as error:
+        partial.unlink(missing_ok=True)
+        raise DataError(f"{path}: not a readable CSV ({str(error).strip().splitlines()[0]})") from None
+    os.replace(partial, copy)  # whole or not at all, whichever process finishes first
+    return copy
+
+
+def open_dataset(path: str) -> tuple[ds.Dataset, list]:
+    """The table at `path` as a pyarrow dataset (a CSV's through its Parquet copy) and its row groups."""
+    files, root, delimiter = source_files(path)
+    if delimiter is not None:
+        files, root = [csv_as_parquet(file, delimiter) for file in files], None
+    try:
+        dataset = ds.dataset([str(file) for file in files], format="parquet", partitioning="hive",
+                             partition_base_dir=str(root) if root is not None else None)  # fmt: skip
+        units = [unit for fragment in dataset.get_fragments() for unit in fragment.split_by_row_group()]
+    except (pa.ArrowException, OSError) as error:
+        raise DataError(f"{path}: not a readable Parquet dataset ({str(error).strip().splitlines()[0]})") from None
+    return dataset, units
+
+
+def integers_with_nulls(dataset: ds.Dataset, units: list) -> set[str]:
+    """Integer columns with a missing cell anywhere: read whole, pandas makes such a column float (3 becomes 3.0, which
+    hashes otherwise), so the streamed rows are made so too; not where pandas' own metadata in the files makes it a
+    column of whole numbers with missing cells (Int64). From the row groups' statistics where written."""
+    found, read_whole = set(), dataset.schema.empty_table().to_pandas().dtypes
+    for field in dataset.schema:
+        numpy_integers = isinstance(read_whole[field.name], np.dtype) and read_whole[field.name].kind in "iu"
+        if numpy_integers and any(missing_cells(dataset, unit, field.name) for unit in units):
+            found.add(field.name)
+    return found
+
+
+def missing_cells(dataset: ds.Dataset, unit, name: str) -> int:
+    """Missing cells of column `name` in a row group: its statistics' count, else counted by reading the column."""
+    group = unit.metadata.row_group(unit.row_groups[0].id)
+    for index in range(group.num_columns):
+        statistics = group.column(index).statistics
+        if group.column(index).path_in_schema == name and statistics is not None and statistics.has_null_count:
+            return statistics.null_count
+    return unit.to_table(schema=dataset.schema, columns=[name]).column(0).null_count
+
+
+class TableStream:
+    """What reads a TableDataModule's table past its memory budget (datamodules/table.py makes one, and hands its
+    split and batches here): the module docstring says how. `data` is the datamodule, whose options, state and
+    identity these are."""
+
+    def __init__(self, data) -> None:
+        self.data, self.opened, self.scanned = data, None, None
+        self.codes = Path(tempfile.mkdtemp(prefix="table-splits-"))
+        weakref.finalize(self, shutil.rmtree, self.codes, True)
+
+    def dataset(self) -> tuple[ds.Dataset, list]:
+        if self.opened is None:
+            self.opened = open_dataset(self.data.hparams.csv_path)
+        return self.opened
+
+    def class_names(self) -> list[str]:
+        return self.scan(None)["classes"]
+
+    def columns(self) -> list[str]:
+        """The table's columns less those of lists (set aside, as in memory), data.init_args.drop's checked."""
+        schema, label, where = self.dataset()[0].schema, self.data.hparams.label, self.data.hparams.csv_path
+        if label not in schema.names:
+            raise DataError(f"{where}: no label column {label!r} (its columns: {', '.join(schema.names)}); give "
+                            "data.init_args.label one of them")  # fmt: skip
+        nested = (pa.types.is_list, pa.types.is_large_list, pa.types.is_struct, pa.types.is_map)
+        self.data.check_drop(schema.names, where, label)
+        for field in schema:
+            if any(kind(field.type) for kind in nested):
+                self.data.set_aside[field.name] = (
+                    "lists, not one value a cell (give one number or text a cell to use it)"
+                )
+        return [name for name in schema.names if not any(kind(schema.field(name).type) for kind in nested)]
+
+    def config_rule(self, columns: list[str]) -> dict:
+        options = self.data.hparams
+        if options.id_column is not None and options.id_column not in columns:
+            raise DataError(f"{options.csv_path}: no column {options.id_column!r}; give data.init_args.id_column "
+                            "one of its columns")  # fmt: skip
+        keys = [options.id_column] if options.id_column is not None else columns
+        return base.split_rule(self.data.seed, options.val_fraction, options.test_fraction, keys, options.id_column)
+
+    def scan(self, rule: dict | None) -> dict:
+        """The one pass (module docstring) by `rule` (None: the config's), remembered for that rule."""
+        columns, options = self.columns(), self.data.hparams
+        rule = rule or self.config_rule(columns)
+        if self.scanned and self.scanned["rule"] == rule:
+            return self.scanned
+        from datamodules.table_stream_scan import scan_table
+
+        if rule["method"] != base.METHOD or options.test_path:
+            what = "a checkpoint split before row-hash rules" if rule["method"] != base.METHOD else "test_path"
+            raise DataError(f"{options.csv_path}: {what} is read in memory only; give a larger "
+                            "data.init_args.memory_budget_mb")  # fmt: skip
+        dataset, units = self.dataset()
+        self.scanned = scan_table(dataset, units, columns, options.label, rule, self.codes, str(options.csv_path),
+                                  integers_with_nulls(dataset, units))  # fmt: skip
+        self.scanned["rule"] = rule
+        return self.scanned
+
+    def split(self, rule: dict | None = None) -> None:
+        """The datamodule's state (the column kinds and statistics of the sample) and identity, by `rule`."""
+        data, scanned = self.data, self.scan(rule)
+        label, where, rule = data.hparams.label, str(data.hparams.csv_path), scanned["rule"]
+        unknown = [name for name in scanned["classes"] if name not in data.class_names]
+        if unknown:
+            raise DataError(f"{where}: label {unknown[0]!r} is not one of the checkpoint's classes {data.class_names}; "
+                            "give the data it was trained on")  # fmt: skip
+        rows = {name: sum(counts[name] for counts in scanned["counts"]) for name in CODES}
+        total = sum(rows.values())
+        if len(scanned["classes"]) * 2 > total:
+            raise DataError(f"{where}: label column {label!r} has {len(scanned['classes'])} classes in {total} rows; "
+                            "a classifier needs several rows of each class: give the column of each row's class as "
+                            "data.init_args.label")  # fmt: skip
+        if rows["test"] == 0:
+            raise DataError(f"{where}: {total} rows leave no test rows at test_fraction {data.hparams.test_fraction}; "
+                            "give more rows or a larger data.init_args.test_fraction")  # fmt: skip
+        sample = scanned["sample"].drop(columns=[rule["id_column"]] if rule["id_column"] else [])
+        data.state = preprocessing.describe_columns(sample, label, where, data.set_aside)
+        if data.trainer is None or data.trainer.is_global_zero:
+            print("\n".join(preprocessing.column_lines(where, data.state, [])), file=sys.stderr)
+            print(f"{where}: streamed ({total} rows in {len(scanned['counts'])} row groups, past "
+                  f"data.init_args.memory_budget_mb {data.hparams.memory_budget_mb}); column kinds and statistics of "
+                  f"{len(scanned['sample'])} of its {rows['train']} training rows", file=sys.stderr)  # fmt: skip
+        schema = {column: "left out" for column in scanned["columns"]} | {label: "label"}
+        schema |= {column["name"]: column["kind"] for column in data.state["columns"]}
+        splits = {name: {"digest": scanned["digests"][name], "rows": rows[name]} for name in CODES}
+        data.identity = {"source": where, "digest": scanned["digests"]["all"], "rows": total, "split": rule,
+                         "schema": schema, "splits": splits, "streamed": True}  # fmt: skip
+
+    def labels(self) -> tuple[pa.Array, np.ndarray]:
+        """The label column's values and each one's class index (of class_names: the checkpoint's, once restored)."""
+        scanned = self.scan(self.data.identity["split"])
+        index = {name: i for i, name in enumerate(self.data.class_names)}
+        return scanned["label_values"], np.array([index[name] for name in scanned["label_names"]], dtype=np.int64)
+
+    def loader(self, split: str) -> EpochLoader:
+        """The DataLoader of `split`'s rows this process reads: its share of row groups, its workers' parts of it."""
+        data, scanned, (dataset, units) = self.data, self.scan(self.data.identity["split"]), self.dataset()
+        rank, world_size = data.rank_and_world_size
+        workers = data.hparams.num_workers
+        counts = [unit[split] for unit in scanned["counts"]]
+        planned = plan(counts, world_size, max(1, workers), data.batch_size, pad=split == "train")
+        if split != "train":
+            check_every_process_has_rows(split, planned, sum(1 for count in counts if count))
+        rows = StreamedRows(units, dataset.schema, self.codes, split, data.state, self.labels(), planned[rank],
+                            data.batch_size, split == "train", data.seed, rank)  # fmt: skip
+        return EpochLoader(rows, lambda: data.trainer.current_epoch if data.trainer else None, workers)
