@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import os
 import re
 import shlex
 import subprocess
@@ -195,8 +196,10 @@ def make_lookups() -> list[tuple[str, list[str], list[list[str]]]]:
 def made(arguments: list[str], module: str) -> list[str]:
     """The arguments `make -n` (nothing run) gives `python -m <module>` in the recipe of `make <arguments>`."""
     venv = Path(sys.executable).parent.parent
-    dry = subprocess.run(["make", "-n", "--no-print-directory", f"--old-file={venv}/installed", f"VENV={venv}",
-                          *arguments], cwd=REPO, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    # Not the variables of a `make test ARGS=...` that runs this test: they would reach the recipe as its own.
+    env = {name: value for name, value in os.environ.items() if name not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    command = ["make", "-n", "--no-print-directory", f"--old-file={venv}/installed", f"VENV={venv}", *arguments]
+    dry = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True, env=env).stdout
     (command,) = re.findall(rf"-m {re.escape(module)} ([^)\n]*)", dry)
     return shlex.split(command)
 

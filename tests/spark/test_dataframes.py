@@ -9,13 +9,13 @@ and MNIST as a table of 784 pixel columns.
 
 from __future__ import annotations
 
-import gzip  # extra: serving
+import gzip
 
-import numpy as np  # extra: serving
-import pandas as pd  # extra: serving
+import numpy as np
+import pandas as pd
 import pytest
 
-from tests.conftest import MNIST, needs_mnist  # extra: serving
+from tests.conftest import MNIST, needs_mnist
 from tests.spark.conftest import needs_java
 
 
@@ -25,7 +25,6 @@ def spark_environment(tmp_path_factory) -> dict[str, str]:
     return {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"}
 
 
-# extra: serving
 def synapse_flow(spark, frame: pd.DataFrame, label: str, name: str, folder, *options: str) -> tuple[float, float]:
     """The notebook's steps on `frame`: (the fit's test_acc, the evaluator's accuracy of predict_on_spark's answers on
     the test DataFrame)."""
@@ -77,6 +76,3 @@ def test_mnist_as_a_table_from_a_dataframe_as_the_synapse_notebook(spark, tmp_pa
                                       "8")  # fmt: skip
     assert test_acc >= 0.75
     assert accuracy == pytest.approx(test_acc, abs=1e-6)  # test_acc is a float32
-
-
-# end extra: serving

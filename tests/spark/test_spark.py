@@ -14,7 +14,7 @@ import csv  # extra: serving
 import os
 import pickle
 import re
-import shutil
+import shutil  # extra: serving
 import signal
 import subprocess
 import sys
