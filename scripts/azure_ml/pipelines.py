@@ -157,12 +157,13 @@ def plan_pipeline(
 
     for option, given in (("--data", data), ("--test_data", test_data), ("--score_data", score_data)):
         given = given and given.removesuffix(MLTABLE)
-        if given and is_local(given) and not Path(given).exists() and split_pattern(given)[1]:  # steps take paths whole
+        if not given or not is_local(given) or Path(given).exists():
+            continue
+        folder, pattern = split_pattern(given)
+        if pattern:  # the steps' commands take an input's path whole
             raise SubmitError(f"{option} {given}: a pipeline's data is a file or a folder, not a pattern; give the "
-                              f"folder: {option} {split_pattern(given)[0]}{URI_FOLDER} (the task reads the files "
-                              "in it)")  # fmt: skip
-        if given and is_local(given) and not Path(given).exists():  # before the training CLI's import
-            raise SubmitError(f"{option} {given}: no such file or folder; give the data as the task reads it")
+                              f"folder: {option} {folder}{URI_FOLDER} (the task reads the files in it)")  # fmt: skip
+        raise SubmitError(f"{option} {given}: no such file or folder; give the data as the task reads it")  # pre-import
     if instance_type is not None and not compute:
         raise SubmitError(
             f"--instance_type {instance_type}: the VM size of serverless compute; give --compute serverless with it, "
