@@ -19,18 +19,7 @@ import torch
 
 class EpochThroughput(L.Callback):
     """Logs `bench_samples_per_sec`: the epoch's training samples over the time from its start to its last batch's
-    end (validation is not counted). The newest epoch's travels in checkpoints, which Lightning writes before it logs
-    it: a fit resumed from one sends it (as ClassificationModule does its training metrics)."""
-
-    def __init__(self) -> None:
-        self.samples, self.seconds, self.started = 0, 0.0, time.perf_counter()
-        self.record: dict | None = None  # the newest epoch's rate, with its epoch and step
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.record is not None:  # read back from the checkpoint this fit resumes from
-            for logger in trainer.loggers:
-                logger.log_metrics({"bench_samples_per_sec": self.record["rate"], "epoch": self.record["epoch"]},
-                                   step=self.record["step"])  # fmt: skip
+    end (validation is not counted)."""
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.samples, self.seconds, self.started = 0, 0.0, time.perf_counter()
@@ -45,15 +34,7 @@ class EpochThroughput(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.samples:
-            rate = self.samples / max(self.seconds, 1e-9)
-            pl_module.log("bench_samples_per_sec", rate)
-            self.record = {"epoch": trainer.current_epoch, "step": trainer.global_step - 1, "rate": rate}
-
-    def state_dict(self) -> dict:
-        return {"record": self.record}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.record = state_dict["record"]
+            pl_module.log("bench_samples_per_sec", self.samples / max(self.seconds, 1e-9))
 
 
 def count(low: int, high: int | None = None) -> Callable[[str], int]:
