@@ -182,11 +182,6 @@ def sweep_node(command_node, sweep: Sweep, compute: str, tier: str | None = None
     )
 
 
-def options_of_trial(job_tags: dict[str, str], hyperparameters: dict[str, object]) -> dict[str, object]:
-    """A trial's search space values (as Azure ML reports them) by option name again, from the job's tags."""
-    return {job_tags[f"search_space.{name}"]: value for name, value in hyperparameters.items()}
-
-
 def sweep_yaml(job, folder: Path = Path(".")) -> str:
     """The sweep job as `az ml job create -f` takes it from a file in `folder`: every local path in it (the trial's
     code, local inputs) relative to that folder."""

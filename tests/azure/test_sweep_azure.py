@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from scripts.submit import main, submit
-from scripts.sweeps.azure import options_of_trial, search_space_names
+from scripts.sweeps.azure import search_space_names
 from scripts.sweeps.space import load_sweep
 from tests.azure.fake_azure import FakeAzureML, fake_client
 from tests.conftest import REPO
@@ -79,9 +79,8 @@ def test_a_trials_command_with_its_values_is_one_the_training_cli_accepts(tmp_pa
     with pytest.raises(SystemExit):
         cli_main(command.removeprefix("python -m scripts.train ").split() + ["--print_config"])
     printed = flatten(yaml.safe_load(capsys.readouterr().out))
-    assert options_of_trial(job.tags, drawn) == {
-        option: printed[option] for option in options_of_trial(job.tags, drawn)
-    }  # each value reached its option
+    by_option = {job.tags[f"search_space.{name}"]: value for name, value in drawn.items()}  # the tags name them back
+    assert by_option == {option: printed[option] for option in by_option}  # each value reached its option
 
 
 def test_distributed_trials_run_ddp_with_the_jobs_processes_and_inputs(tmp_path):
