@@ -1,34 +1,12 @@
 """Serve a registered MLflow model from an Azure ML managed online endpoint, or score folders and CSVs with it from a
-batch endpoint.
+batch endpoint (docs/azure-ml.md says what each creates and its options). Every check but batch's --instance_count
+against the cluster's maximum runs before the Azure SDK is imported; each mistake is one line and exit 1.
 
     python -m scripts.deploy online penguins-classifier:1 --endpoint penguins --instance_type Standard_DS3_v2
     python -m scripts.deploy online penguins-classifier:1 --endpoint penguins --dry_run true   # the two YAMLs
-    python -m scripts.deploy online penguins-classifier:1 --endpoint penguins --yaml_dir deploy/  # files for `az ml`
     python -m scripts.deploy online penguins-classifier:1 --endpoint penguins --scoring script  # scripts/score.py
     python -m scripts.deploy batch birds-classifier:2 --endpoint birds-batch --inputs images --compute cpu-cluster
     python -m scripts.deploy batch penguins-classifier:1 --endpoint penguins-rows --inputs tabular --compute cpu-cluster
-
-`online` creates (or updates) the endpoint with its auth mode (`key`, or `aml_token`: tokens of the caller's Azure
-login), then the deployment of the model version of the workspace's registry (where `fit --register_model` puts it
-when the fit runs as an Azure ML job), the instance type and count; then sends it all the traffic. By default
-(`--scoring mlflow`) the deployment is the model alone: Azure ML's no-code deployment of MLflow models builds the
-environment from the model's own requirements and answers its documented request
-(`{"input_data": {"columns": [...], "index": [...], "data": [...]}}`). `--scoring script` deploys this folder as code
-(less .amlignore) with scripts/score.py as the scoring script in scripts/serving/environment.yml on Azure ML's Open MPI
-image (the environment `make serve` runs locally) or a registered one (--environment).
-`--dry_run true` prints the endpoint's YAML and the deployment's, what `az ml online-endpoint create -f` and
-`az ml online-deployment create -f` take; `--yaml_dir` writes them there.
-
-`batch` creates (or updates) a batch endpoint and a model deployment on a compute cluster, and makes it the endpoint's
-default: for `--inputs tabular` (CSV or Parquet files of rows) the model alone, read by Azure ML's own MLflow batch
-driver; for `--inputs images` (folders of image files) scripts/serving/batch_score.py over the same model, in the
-serving environment. Each writes one row per input to predictions.csv. Scoring data is then one invocation of the
-endpoint (`az ml batch-endpoint invoke`, printed at the end). `--dry_run` and `--yaml_dir` as for `online`
-(`az ml batch-endpoint create -f`, `az ml batch-deployment create -f`).
-
-Every check of the arguments runs before the Azure SDK is imported, but batch's --instance_count against the
-cluster's maximum, which only the workspace knows (read before anything is created); each mistake is one line and
-exit 1. The workspace is config.json or --subscription_id --resource_group --workspace, as for scripts.submit.
 """
 
 from __future__ import annotations

@@ -1,35 +1,12 @@
 """The scoring script of every task, with Azure ML's contract: `init()` loads the model once, `run(request)` answers
-one request. Azure ML's inference server runs it, locally (`make serve`) and in an online endpoint (scripts.deploy).
-A thin wrapper over the registered model itself, an MLflow pyfunc (scripts/serving/pyfunc_model.py): the same
-preprocessing, network and answers as `mlflow.pyfunc.load_model(...).predict(...)`; this adds the HTTP contract.
+one request; Azure ML's inference server runs it, locally (`make serve`) and in an online endpoint (scripts.deploy).
+A thin wrapper over the registered pyfunc model (scripts/serving/pyfunc_model.py) that adds the HTTP contract: the
+requests it takes, its answers, its 4xx and its SCORE_* limits are in docs/serving.md. It imports neither torch nor
+Lightning: it runs in the serving environment (.venv-serve).
 
     make serve MODEL=models:/penguins-classifier/1     # azmlinfsrv on http://127.0.0.1:5001/score
-    curl -s http://127.0.0.1:5001/score -H 'Content-Type: application/json' -d '{"island": "Biscoe",
-        "bill_length_mm": 50.4, "bill_depth_mm": 15.3, "flipper_length_mm": 200, "body_mass_g": 5000}'
     curl -s http://127.0.0.1:5001/score -F image=@turkey.jpg -F image=@chicken.png
     python -m scripts.score MODEL_DIR photos/ > predictions.csv    # the same model over a folder or a CSV, in batches
-
-The model is a folder in `AZUREML_MODEL_DIR` (Azure ML mounts the deployment's registered model there; `make serve`
-downloads or converts one): the MLflow model `--register_model` writes (scripts/serving/mlflow_model.py). Nothing here
-knows a task, and nothing imports torch or Lightning: it runs in the serving environment (.venv-serve).
-
-Requests (POST /score):
-- rows (penguins, any table): JSON, one row as an object or several as a list of objects, in the datamodule's column
-  names (penguins: either CSV schema's, island, bill_length_mm, ... or Island, CulmenLength, ...); or a CSV body
-  (Content-Type: text/csv).
-- images (MNIST digits, birds): files in a multipart form (`curl -F image=@a.jpg`), the bytes of one image as the
-  body (Content-Type: image/jpeg, image/png, application/octet-stream), or JSON `{"images": [BASE64, ...]}` (or
-  `{"image": BASE64}`).
-- both: Azure ML's no-code request {"input_data": {"columns": [...], "data": [[...], ...]}}, and `mlflow models serve`'s
-  {"dataframe_split": ...}, {"dataframe_records": [...]}, {"instances": [...]} or {"inputs": ...}.
-The answer: `{"predictions": [{"input", "class", "probability", "probabilities": {class: p}}, ...]}` in input order.
-A request the model cannot answer gets a 4xx and `{"message": "..."}` naming the culprit (400: malformed, 413: too
-large, 415: an unsupported content type), as the server's own errors do; never a 500 (docs/serving.md lists them).
-Limits (each 413 names its variable): SCORE_MAX_ROWS, SCORE_MAX_ROW_BYTES, SCORE_MAX_IMAGES, SCORE_MAX_IMAGE_BYTES,
-SCORE_MAX_IMAGE_PIXELS (all frames of an image together); a body is read only up to what they allow.
-GET /score describes the model. SCORE_THREADS: the threads of one request (default: one per core). The network runs
-with ONNX Runtime only: the serving environment has no torch (SCORE_BACKEND=torch is refused; the pt2 program is in
-the model for torch users).
 """
 
 from __future__ import annotations
