@@ -7,15 +7,9 @@ sweeps and deployments name them (azureml:penguins:3) instead of uploading local
     python -m scripts.assets environment training --version 1      # lightning-training; training-gpu, serving
     python -m scripts.assets data penguins data/penguins.csv --version 3 --dry_run true   # print the YAML
 
-`data NAME PATH` uploads a local file (uri_file) or folder (uri_folder) as version VERSION of NAME; `--mltable true`
-also registers a CSV as NAME-table, an MLTable (its folder, written to outputs/assets/NAME-table/, holds the MLTable
-file and a copy of the CSV) that Azure ML and `mltable.load(...).to_pandas_dataframe()` read as a table.
-`environment KIND` registers `environment.yml` on Azure ML's Open MPI image (training), on its CUDA image
-(training-gpu) or `scripts/serving/environment.yml` (serving) as lightning-KIND (or --name). Jobs then take
-`--environment azureml:lightning-training:1` and `--inputs+ data.init_args.csv_path=azureml:penguins:3,type=uri_file`.
-`--dry_run true` prints the YAML of what it would create (`--yaml_dir` writes it for `az ml data create -f` and
-`az ml environment create -f`). Every mistake is one line and exit 1 before the Azure SDK is imported. The workspace
-is config.json or --subscription_id --resource_group --workspace, as for scripts.submit.
+`data` uploads a file or folder (with `--mltable true` a CSV also as NAME-table, an MLTable); `environment KIND`
+registers environment.yml (training, training-gpu) or scripts/serving/environment.yml (serving) as lightning-KIND
+(docs/azure-ml.md). Every mistake is one line and exit 1 before the Azure SDK is imported.
 """
 
 from __future__ import annotations

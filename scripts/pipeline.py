@@ -10,16 +10,8 @@ config: submit it, print its YAML, run it here, or register its components.
     python -m scripts.pipeline configs/birds.yaml --compute serverless --instance_type Standard_NC4as_T4_v3 \
         --presets+ configs/trainer/gpu.yaml --data azureml:birds:1   # no cluster: serverless VMs, a GPU one to train
 
-The train step is the task's `scripts.train fit` (the designer's "Train PyTorch Model": epochs, batch_size,
-warmup_step_number, learning_rate, random_seed, patience, print_freq, the config's values as defaults), on --nodes x
---processes_per_node with the launch rules, images, tier, timeout and shared memory of scripts.submit; with --sweep
-an Azure ML sweep over it. evaluate tests its best checkpoint (metrics to MLflow and metrics.json), register registers
-its MLflow model as --model_name when --metric reaches --threshold (and says so, registering nothing, when it does
-not), score writes predictions.csv of --score_data with `python -m scripts.score`. `--local true` runs the four steps
-here, each its real command in its own process (scripts/azure_ml/local_pipeline.py). Every check of the arguments runs
-before the Azure SDK is imported, but --nodes against the cluster's maximum, as for scripts.submit; each mistake is
-one line and exit 1. The workspace is config.json or
---subscription_id --resource_group --workspace, as for scripts.submit.
+docs/pipelines.md says what each step does. Every check runs before the Azure SDK is imported, but --nodes against the
+cluster's maximum, as for scripts.submit; each mistake is one line and exit 1.
 """
 
 from __future__ import annotations

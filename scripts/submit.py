@@ -9,26 +9,10 @@
         --inputs+ data.init_args.csv_path=azureml:penguins:3,type=uri_file --tier spot --timeout 2h
     python -m scripts.submit configs/penguins.yaml --compute serverless --instance_type Standard_DS3_v2
 
-Every check of the arguments runs before the Azure SDK is imported, but --nodes against a named cluster's maximum,
-which only the workspace knows (read before the upload; not for serverless, nor with --dry_run, which stays offline);
-each mistake is one line. The configs, --train_args
-and the inputs' options go through the training CLI here, as the job's processes read them: a typo is one line, not
-a job that fails on Azure after its image is built. The job uploads this
-folder (less `.amlignore`), builds `environment.yml` on Azure ML's Open MPI image (its CUDA one with InfiniBand for
-configs that run on GPUs) and runs `python -m scripts.train fit --config TASK [--config PRESET ...]` in every
-process. Azure ML hands the job's MLflow run over (MLFLOW_TRACKING_URI, MLFLOW_RUN_ID), so metrics, config and
-checkpoints land in the job; ./outputs is uploaded too. Checkpoints go to the job output `checkpoints`, mounted
-read-write: a job on low-priority nodes that Azure ML preempts and restarts resumes from its last.ckpt
-(scripts/training/resume.py); `--tier spot` asks for such nodes, `--timeout` bounds the job, and `--shm_size`
-(by default 1g per DataLoader worker of each process) sizes the container's /dev/shm. Registered assets
-(scripts.assets) replace the uploads: `--environment azureml:NAME:VERSION`, `--inputs+ OPTION=azureml:NAME:VERSION`.
-Several processes add configs/trainer/ddp.yaml with distribution `pytorch` (Azure ML starts one process per device
-with torch.distributed's variables) or configs/trainer/ddp_mpi.yaml with `mpi` (mpirun), and the devices and nodes
-to match. A Horovod config
-(configs/trainer/horovod.yaml) runs under `mpi` on the image strategies/horovod/Dockerfile builds. The YAML of
-`--dry_run` also runs as `az ml job create -f`. The workspace is config.json (the studio's "Download
-config file", found here or above) unless --subscription_id, --resource_group and --workspace name it.
-Needs azure-ai-ml (pyproject's `azure` extra, which `make install` installs).
+The job uploads this folder (less `.amlignore`), builds `environment.yml` on Azure ML's image and runs the same
+`python -m scripts.train fit` line in every process (docs/azure-ml.md: launch, preemption, shared memory, assets).
+Every check runs before the Azure SDK is imported (the configs, --train_args and inputs through the training CLI), but
+--nodes against a named cluster's maximum, read before the upload; each mistake is one line.
 """
 
 from __future__ import annotations

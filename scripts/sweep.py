@@ -4,18 +4,9 @@
     python -m scripts.sweep configs/sweeps/penguins.yaml --n_jobs 2 # two trials at once
     MLFLOW_TRACKING_URI=http://host:5000 python -m scripts.sweep configs/sweeps/mnist.yaml
 
-Every trial is `python -m scripts.train fit --config <task> <fixed options> <the trial's values> --seed_everything
-<sweep seed + trial number>` in its own process, so a crash, a NaN or an out-of-memory ends that trial alone; the
-data split (the datamodule's own seed) is the same for all. scripts.sweeps.trial's callback in the fit reports the
-objective every epoch and stops the trial when the pruner says so. The study lives in outputs/sweeps/optuna.db
-(sqlite; --storage names a database server instead): the same command resumes a stopped sweep, a trial it stopped
-runs again from its last checkpoint in the same MLflow run, and two processes started on the same study share its
-trials. MLflow gets one parent run for the sweep and one child run per trial (its parameters, per-epoch metrics and
-state); the best is tagged. It prints one line per finished trial, then the best values, and writes
-outputs/sweeps/<study>/best.yaml, which `python -m scripts.train fit --config <task> --config <it>` trains.
-
-Every mistake in the sweep file (an option the CLI does not have, a value it refuses, a bad distribution, a missing
-objective, a metric the module does not log) is one line and exit 1 before any trial starts.
+Every trial is `python -m scripts.train fit` in its own process, so a crash ends that trial alone; the study lives in
+outputs/sweeps/optuna.db, so the same command resumes it (docs/sweeps.md). Every mistake in the sweep file is one
+line and exit 1 before any trial starts.
 """
 
 from __future__ import annotations

@@ -5,24 +5,10 @@ scripts.sweep runs with Optuna here, run by Azure ML over the trials of a comman
     python -m scripts.submit configs/mnist.yaml --sweep configs/sweeps/mnist.yaml --compute gpu-cluster \\
         --presets+ configs/trainer/gpu.yaml --nodes 2 --processes_per_node 4 --dry_run true > sweep.yml
 
-Each trial runs scripts.submit's command (`python -m scripts.train fit --config ...`, DDP for several processes)
-with the file's `fixed` options and `--<option> ${{search_space.<name>}}` for each searched option. Option names
-hold dots, which a search space key cannot: `model.optimizer.init_args.lr` is `model_optimizer_init_args_lr` there
-(`search_space_names` maps them; the job's tags `search_space.<name>` name the option back, and every trial logs the
-resolved config, the option's own name included, as its MLflow parameters). The mapping of the file:
-
-- distributions: choice -> Choice; uniform -> Uniform; loguniform [a, b] -> LogUniform(ln a, ln b) (Azure ML's
-  bounds are the logarithms); quniform -> QUniform; int [a, b, step] -> Choice of a, a+step, ..., b (Azure ML's
-  Randint starts at 0 and its QUniform gives 16.0, which an int option refuses);
-- sampling: random (seeded) / grid / bayesian as named (bayesian over choice, uniform and quniform only: a loguniform
-  is refused, as Azure ML documents);
-- objective: primary_metric = the metric as the trial logs it to MLflow (val_acc, val_loss), goal as given;
-- early_termination: median -> MedianStoppingPolicy, bandit -> BanditPolicy (delay and interval in epochs: the
-  trial logs its metrics once an epoch); `startup_trials` is Optuna's alone;
-- budget: trials -> max_total_trials, concurrent_trials -> max_concurrent_trials, time -> timeout, trial_time ->
-  trial_timeout.
-Azure ML's trials keep the config's seed_everything (its command has no trial number to add), and write their
-checkpoints to the job's outputs folder only (no `checkpoints` output to resume a preempted trial from).
+Each trial runs scripts.submit's command with the file's `fixed` options and `--<option> ${{search_space.<name>}}`
+for each searched one; option names hold dots, which a search space key cannot (`search_space_names` maps them, the
+job's tags name them back). How the file's distributions, sampling, objective, early termination and budget map onto
+Azure ML's, and how its trials differ from local ones, is in docs/sweeps.md ("As an Azure ML sweep job").
 """
 
 from __future__ import annotations
