@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scripts.sweeps.records import child_run, log_values, mark
-from scripts.sweeps.reports import ReportWriter
 from scripts.sweeps.space import Param, Sweep, cli_value, option_args
 
 HOST, PID = "sweep.host", "sweep.pid"  # trial user attributes: the process that runs it, for finding killed ones
@@ -86,7 +85,7 @@ class Runner:
     def objective(self, trial) -> float:
         import optuna
 
-        from scripts.sweeps.trial import PRUNED_AT, REPORTS, TRIAL_ID
+        from scripts.sweeps.trial import PRUNED_AT, TRIAL_ID
 
         values = suggest(trial, self.sweep.params, self.sweep.algorithm == "grid")
         trial_id = self.trial_id(trial)
@@ -124,9 +123,7 @@ class Runner:
             "--seed_everything", str(seed), "--checkpoint_dir", str(folder / "checkpoints"),
             "--trainer.callbacks+", json.dumps(callback),
         ]  # fmt: skip
-        reports = reports_file(folder, trial_id)
-        env = {**os.environ, "MLFLOW_TRACKING_URI": self.tracking_uri, "MLFLOW_RUN_ID": run_id}
-        env.update({TRIAL_ID: str(trial_id), REPORTS: str(reports)})
+        env = {**os.environ, "MLFLOW_TRACKING_URI": self.tracking_uri, "MLFLOW_RUN_ID": run_id, TRIAL_ID: str(trial_id)}
         started = time.monotonic()
         log = folder / "trial.log"
         with open(log, "a") as file:
@@ -134,8 +131,6 @@ class Runner:
             file.flush()  # before the fit's own lines
             # A session of its own: a Ctrl-C in the terminal reaches the sweep alone, which stops its trials itself.
             child = subprocess.Popen(command, stdout=file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        writer = ReportWriter(self.storage, trial_id, reports)
-        writer.start()
         with self.lock:
             self.children[trial.number] = child
         try:
@@ -147,7 +142,6 @@ class Runner:
         finally:
             with self.lock:
                 self.children.pop(trial.number, None)
-            unstored = writer.finish()
         seconds = time.monotonic() - started
         trial.set_user_attr("seconds", round(seconds, 1))
         if self.interrupted.is_set() and returncode != 0:
@@ -161,8 +155,6 @@ class Runner:
             self.fail(trial, run_id, f"the fit died of {name} (exit {returncode}); see {log}")
         if returncode != 0:
             self.fail(trial, run_id, f"{last_line(log)} (exit {returncode}; {log})")
-        if unstored:
-            self.fail(trial, run_id, f"its reports could not be stored ({unstored}); they are in {reports}")
         history = self.client.get_metric_history(run_id, self.sweep.metric)
         values_logged = [metric.value for metric in history]
         if not values_logged:
@@ -217,8 +209,6 @@ class Runner:
             pid = trial.user_attrs.get(PID)
             if trial.user_attrs.get(HOST) == host and isinstance(pid, int) and not process_alive(pid):
                 trial_id = self.storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
-                original = trial.system_attrs.get("failed_trial", trial.number)
-                ReportWriter(self.storage, trial_id, reports_file(self.folder / f"trial-{original}", trial_id)).finish()
                 with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
                     if self.storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL):
                         run_again(self.study, self.storage.get_trial(trial_id))
@@ -227,11 +217,6 @@ class Runner:
         for trial in self.study.get_trials(deepcopy=False):
             if trial.number in numbers and trial.user_attrs.get(INTERRUPTED) and not superseded(self.study, trial):
                 run_again(self.study, trial)
-
-
-def reports_file(folder: Path, trial_id: int) -> Path:
-    """Where a trial's fit appends its reports (scripts.sweeps.reports)."""
-    return folder / f"reports-{trial_id}.jsonl"
 
 
 def stop(child: subprocess.Popen, grace_s: float = 30) -> None:

@@ -2,14 +2,11 @@
 
 scripts.sweep runs every trial as `python -m scripts.train fit --config <task> <the trial's values> ...
 --trainer.callbacks+ '{"class_path": "scripts.sweeps.trial.SweepTrial", ...}'`. At every validation's end the
-callback reports the objective metric and, where the pruner can stop the trial, asks the study's pruner (reading the
-other trials from the study's storage: the sqlite file in outputs/sweeps, or a database server) whether it should; when
-it should, the fit ends after that epoch, as a finished fit does, and the trial is marked so that the sweep records it
-PRUNED. A report is one line appended to a file (SWEEP_REPORTS) that the sweep process stores into the study while the
-fit trains on (scripts/sweeps/reports.py): Optuna's own report is a database transaction, about a penguin epoch's work
-(docs/measured.md). The pruner sees the same values either way, this fit's from memory. A loss or an objective that is
-not finite (a diverging lr) stops the fit with TrialDiverged, an error: the sweep records the trial FAIL. A fit whose
-sweep process is gone (killed) stops at the next batch instead of training for nobody.
+callback reports the objective metric to the study's storage (the sqlite file in outputs/sweeps, or a database
+server) and, where the pruner can stop the trial, asks the study's pruner whether it should; when it should, the fit
+ends after that epoch, as a finished fit does, and the trial is marked so that the sweep records it PRUNED. A loss or
+an objective that is not finite (a diverging lr) stops the fit with TrialDiverged, an error: the sweep records the
+trial FAIL. A fit whose sweep process is gone (killed) stops at the next batch instead of training for nobody.
 
 Pruners, from the sweep file's early_termination: `median` is Optuna's MedianPruner (stop a trial whose best value
 so far is worse than the median of the other trials at the same epoch), `bandit` is BanditPruner below (Azure ML's
@@ -18,7 +15,6 @@ Bandit policy: stop a trial that falls outside a slack of the best trial at the 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import warnings
@@ -28,7 +24,6 @@ import optuna
 
 PRUNED_AT = "pruned_at_epoch"  # the trial's user attribute that tells the sweep it was pruned, not finished
 TRIAL_ID = "SWEEP_TRIAL_ID"  # the variable scripts.sweep gives each trial's fit: its trial's id in the storage
-REPORTS = "SWEEP_REPORTS"  # and this one: the file its reports go to, a JSON line each ({"step", "value"})
 
 
 class TrialDiverged(Exception):
@@ -147,7 +142,7 @@ class SweepTrial(L.Callback):
 
     The trial is the one whose id is in SWEEP_TRIAL_ID, not an argument: the arguments are logged as the run's
     parameters, and a stopped trial that runs again goes on in the same MLflow run under another trial id (MLflow
-    refuses a parameter that changes). Its reports go to the file in SWEEP_REPORTS, for the sweep process to store.
+    refuses a parameter that changes).
 
     Args:
         storage: the study's storage URL (sqlite:///outputs/sweeps/optuna.db or a database server's).
@@ -159,15 +154,13 @@ class SweepTrial(L.Callback):
     def __init__(self, storage: str, study_name: str, sweep_file: str, metric: str) -> None:
         self.storage_url, self.study_name, self.sweep_file, self.metric = storage, study_name, sweep_file, metric
         self.trial_id = int(os.environ[TRIAL_ID])
-        self.reports_path = os.environ[REPORTS]
         self.sweep_pid = os.getppid()  # the sweep process that started it
         self.study: optuna.Study | None = None
         self.storage: optuna.storages.RDBStorage | None = None
         self.termination = None  # the sweep file's early_termination
         # The trial as the pruner sees it: its values in the storage when the fit started (a trial run again inherits
-        # its first's), then this fit's reports. As optuna.trial.Trial.report, the first value of an epoch stays.
+        # its first's), then this fit's reports.
         self.frozen: optuna.trial.FrozenTrial | None = None
-        self.values: dict[int, float] = {}  # this fit's reports, in its checkpoints: a resumed fit sends them again
 
     def open_study(self) -> None:
         """The study, its pruner, and the trial as stored when the fit started."""
@@ -182,33 +175,18 @@ class SweepTrial(L.Callback):
             sampler=optuna.samplers.RandomSampler(),
         )
         self.frozen = self.storage.get_trial(self.trial_id)
-        for epoch, value in self.values.items():  # restored from a checkpoint: stored, perhaps, not yet
-            self.frozen.intermediate_values.setdefault(epoch, value)
 
     def report(self, epoch: int, value: float) -> None:
-        self.values[epoch] = value
-        self.frozen.intermediate_values.setdefault(epoch, value)
-        self.send({epoch: value})
-
-    def send(self, values: dict[int, float]) -> None:
-        """Appends `values` to the reports file, a JSON line each, for the sweep process to store."""
-        with open(self.reports_path, "a") as reports:
-            reports.writelines(json.dumps({"step": epoch, "value": value}) + "\n" for epoch, value in values.items())
+        """As optuna.trial.Trial.report: the first value of an epoch stays (a fit resumed from a checkpoint reports
+        again the epochs after it)."""
+        if epoch not in self.frozen.intermediate_values:
+            self.storage.set_trial_intermediate_value(self.trial_id, epoch, value)
+            self.frozen.intermediate_values[epoch] = value
 
     def should_prune(self, epoch: int) -> bool:
         """What optuna.trial.Trial.should_prune answers: the study's pruner asked about the trial as it stands."""
         reported = set(self.frozen.intermediate_values) - {epoch}
         return may_prune(self.termination, epoch, reported) and self.study.pruner.prune(self.study, self.frozen)
-
-    def state_dict(self) -> dict:
-        return {"values": dict(self.values)}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        # A fit resumed from a checkpoint: the reports made before it are sent again, in case the sweep process
-        # that was to store them was stopped first (the sweep keeps the first value of each epoch).
-        self.values = dict(state_dict.get("values", {}))
-        if self.values:
-            self.send(self.values)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         if os.getppid() != self.sweep_pid:
