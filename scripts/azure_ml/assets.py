@@ -6,7 +6,6 @@ training and serving environments. Checked before the Azure SDK is imported; the
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import shutil
@@ -18,6 +17,7 @@ import yaml
 from scripts.azure_ml.errors import SubmitError
 from scripts.azure_ml.images import BASE_IMAGE, GPU_IMAGE
 from scripts.azure_ml.job_inputs import check_uploaded_name
+from scripts.azure_ml.yaml_files import dumped
 from scripts.training.asset_names import name_problem
 
 # Numbers only, so a team's versions sort and the next one is plain; no leading zero, for Azure ML keeps the
@@ -192,9 +192,7 @@ def asset_yaml(entity, folder: Path = Path(".")) -> str:
     """The asset's YAML as `az ml data create -f` / `az ml environment create -f` take it from a file in `folder`: a
     data asset's local path relative to that folder (the SDK writes this machine's absolute path), an environment's
     conda file inline."""
-    text = io.StringIO()
-    entity.dump(text)
-    data = yaml.safe_load(text.getvalue())
+    data = dumped(entity)
     if "path" in data and "://" not in data["path"]:
         data["path"] = os.path.relpath(data["path"], folder.resolve())
     return yaml.safe_dump(data, sort_keys=False)

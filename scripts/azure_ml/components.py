@@ -4,23 +4,12 @@ scripts.pipeline wires them into a pipeline and registers them.
 
     python -m scripts.pipeline configs/birds.yaml --compute gpu-cluster --components true --version 1 --dry_run true
 
-- train: `python -m scripts.train fit` of the config (and presets, and --train_args), reading `training_data` (the
-  datamodule's `data_dir`, a folder, or `csv_path`, a file; optional: without it the config's own data) and the
-  designer's parameters (epochs, batch_size, warmup_step_number, learning_rate, random_seed, patience, print_freq: those
-  the config has); `nodes`, `processes_per_node` and `launch_config` (the DDP preset) are set where it is used, with
-  the node's instance count and distribution (scripts/azure_ml/pipelines.py). Outputs: `model` (the best checkpoint's
-  network as an MLflow model, what --register_model registers), `checkpoints` (read-write: a restarted step resumes
-  from last.ckpt, as jobs do) and `metrics` (metrics.json).
-- evaluate: `python -m scripts.train test` of the best checkpoint on `test_data` (optional: the training data's test
-  split); metrics to MLflow and `metrics/metrics.json`.
-- register: scripts/azure_ml/register_step.py: registers `model` as `model_name` when `metric` reaches `threshold`,
-  and passes the model on to score.
-- score: `python -m scripts.score MODEL DATA --output ...`: predictions.csv of a folder of images or a CSV.
+What each component takes, runs and writes, and how the train step's parameters map onto the designer's, is in
+docs/pipelines.md ("The components, and the designer").
 """
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import shlex
@@ -30,7 +19,8 @@ from pathlib import Path
 import yaml
 
 from scripts.azure_ml.errors import SubmitError
-from scripts.azure_ml.job_configs import resolved_config
+from scripts.azure_ml.job_configs import resolved_config, trainer_setting
+from scripts.azure_ml.yaml_files import dumped
 
 # The datamodule argument that names the data it trains on, and the Azure ML input type it takes: a folder or a file.
 DATA_OPTIONS = {"data_dir": "uri_folder", "csv_path": "uri_file"}
@@ -117,15 +107,6 @@ def value_at(config: dict, option: str) -> object:
     return config
 
 
-def written_callbacks(configs: list[str]) -> list | None:
-    """trainer.callbacks as the last config that sets it writes it (the list the CLI takes whole)."""
-    found = None
-    for path in configs:
-        trainer = (yaml.safe_load(Path(path).read_text()) or {}).get("trainer") or {}
-        found = trainer.get("callbacks", found)
-    return found
-
-
 def plan_components(configs: list[str], train_args: str = "", prefix: str | None = None, sweep_args: str = "",
                     sweep_inputs: dict[str, str] | None = None) -> TaskComponents:  # fmt: skip
     """The components of `configs` (the task's config, then presets); `train_args` are more scripts.train options of
@@ -141,7 +122,7 @@ def plan_components(configs: list[str], train_args: str = "", prefix: str | None
     parts = []
     for parameter in PARAMETERS:
         if parameter.name == "patience":
-            callbacks = written_callbacks(configs)
+            callbacks = trainer_setting(configs, "callbacks")  # as written: the list the CLI takes whole
             stops = [c for c in callbacks or [] if str(c.get("class_path", "")).endswith(EARLY_STOPPING)]
             if len(stops) != 1 or "patience" not in (stops[0].get("init_args") or {}):
                 continue
@@ -288,8 +269,6 @@ def component_yaml(component, folder: Path = Path(".")) -> str:
     """The component as `az ml component create -f` takes it from a file in `folder`: its code path relative to it."""
     import os
 
-    text = io.StringIO()
-    component.dump(text)
-    data = yaml.safe_load(text.getvalue())
+    data = dumped(component)
     data["code"] = os.path.relpath(Path.cwd(), folder.resolve())
     return yaml.safe_dump(data, sort_keys=False)

@@ -8,7 +8,6 @@ scripts/serving/batch_score.py over the same model).
 
 from __future__ import annotations
 
-import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ import yaml
 
 from scripts.azure_ml.assets import ENVIRONMENTS
 from scripts.azure_ml.images import BASE_IMAGE
+from scripts.azure_ml.yaml_files import dumped
 
 SERVE_ENVIRONMENT = ENVIRONMENTS["serving"].conda_file
 SCORING_SCRIPT = "scripts/score.py"
@@ -169,12 +169,8 @@ def entity_yaml(entity, folder: Path = Path(".")) -> str:
     relative to that folder (the SDK writes this machine's absolute path), the environment's conda file inline."""
     from azure.ai.ml.entities import BatchEndpoint, OnlineEndpoint
 
-    if isinstance(entity, OnlineEndpoint | BatchEndpoint):
-        data = plain(entity.dump())  # an endpoint's dump returns its YAML's dict and writes nothing
-    else:
-        text = io.StringIO()
-        entity.dump(text)
-        data = yaml.safe_load(text.getvalue())
+    # An endpoint's dump returns its YAML's dict and writes nothing.
+    data = plain(entity.dump()) if isinstance(entity, OnlineEndpoint | BatchEndpoint) else dumped(entity)
     if "code_configuration" in data:
         data["code_configuration"]["code"] = os.path.relpath(Path.cwd(), folder.resolve())
     if "instance_count" in data.get("settings", {}):  # the SDK dumps it twice and refuses a file that has both

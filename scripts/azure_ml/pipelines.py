@@ -8,7 +8,6 @@ here.
 
 from __future__ import annotations
 
-import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from scripts.azure_ml.job_inputs import (
 from scripts.azure_ml.job_plan import PRESETS, Plan, plan_job
 from scripts.azure_ml.option_values import parse_reference
 from scripts.azure_ml.workspace import GPU_SIZE, SERVERLESS
+from scripts.azure_ml.yaml_files import dumped
 
 STEPS = ("train", "evaluate", "register", "score")
 METRICS = ("test_acc", "test_loss")  # what the evaluate step's test writes; acc reaches at or above, loss at or below
@@ -357,9 +357,7 @@ def step_sizes(plan: PipelinePlan) -> dict[str, dict[str, str]]:
 def pipeline_yaml(job, folder: Path = Path(".")) -> str:
     """The pipeline as `az ml job create -f` takes it from a file in `folder`: every step's code path relative to that
     folder (the SDK writes this machine's absolute path), local inputs as the paths they are."""
-    text = io.StringIO()
-    job.dump(text)
-    data = yaml.safe_load(text.getvalue())
+    data = dumped(job)
     code = os.path.relpath(Path.cwd(), folder.resolve())
     for name, step in data["jobs"].items():
         component = step.get("trial") if step.get("type") == "sweep" else step.get("component")

@@ -16,6 +16,13 @@ from scripts.azure_ml.errors import SubmitError
 from scripts.azure_ml.job_inputs import is_local
 
 
+def dumped(entity) -> dict:
+    """The YAML the SDK's `dump` writes of an azure.ai.ml entity (a job, component, asset or deployment), as a dict."""
+    text = io.StringIO()
+    entity.dump(text)
+    return yaml.safe_load(text.getvalue())
+
+
 def relative_to(folder: Path, data: dict) -> dict:
     """`data` (a job's YAML as a dict) with every local path in it, the code, a build context, a local input,
     relative to `folder`, where the YAML file is: `az ml job create -f` reads them relative to the file, so the YAML
@@ -37,9 +44,7 @@ def relative_to(folder: Path, data: dict) -> dict:
 def job_yaml(job, folder: Path = Path(".")) -> str:
     """The job as `az ml job create -f` takes it from a file in `folder`: every local path in it (code, the Horovod
     build context, local inputs) relative to that folder (the SDK writes this machine's absolute paths)."""
-    text = io.StringIO()
-    job._to_job().dump(text)  # the job itself, not the node wrapping it in a component
-    data = yaml.safe_load(text.getvalue())
+    data = dumped(job._to_job())  # the job itself, not the node wrapping it in a component
     data["code"] = str(Path.cwd())
     for name, given in (job.inputs or {}).items():
         if is_local(given.path):  # the SDK's dump writes a local path as an asset name: "azureml:/home/..."

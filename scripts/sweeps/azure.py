@@ -13,7 +13,6 @@ Azure ML's, and how its trials differ from local ones, is in docs/sweeps.md ("As
 
 from __future__ import annotations
 
-import io
 import math
 import re
 from pathlib import Path
@@ -172,11 +171,9 @@ def sweep_yaml(job, folder: Path = Path(".")) -> str:
     """The sweep job as `az ml job create -f` takes it from a file in `folder`: every local path in it (the trial's
     code, local inputs) relative to that folder."""
     from scripts.azure_ml.job_inputs import is_local
-    from scripts.azure_ml.yaml_files import relative_to
+    from scripts.azure_ml.yaml_files import dumped, relative_to
 
-    text = io.StringIO()
-    job.dump(text)
-    data = yaml.safe_load(text.getvalue())
+    data = dumped(job)
     data["trial"]["code"] = str(Path.cwd())
     for name, given in (job.inputs or {}).items():
         path = getattr(given, "path", None)
