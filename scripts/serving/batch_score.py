@@ -6,18 +6,8 @@ paths, and appends the rows run returns to predictions.csv. Locally, on a folder
     python -m scripts.serving.batch_score MODEL_DIR FILE_OR_FOLDER...
 
 Self-contained (the model, pandas and MLflow), as Azure ML's batch driver loads it by path; the one file of this
-project it reads, datamodules/preprocessing/images.py (numpy and Pillow, which the model's environment has), it loads
-by its path beside this one (the deployment's code is this repository), once the model is loaded: the files of a
-folder that are no one's data (.DS_Store, Thumbs.db, desktop.ini) are left out, as training and scripts.score leave
-them out, not reported as images that failed. Its command line, run from the repository, writes its CSV with
-scripts/serving/csv_output.py.
-A file the model refuses (not an image, a row with an unknown island) is logged with the model's message and left out
-of the output; Azure ML counts it against the deployment's error threshold, and the mini-batch's other files are
-still scored. A table's row with an empty cell the model reads is logged by its row and left out, the file's other
-rows answered, as predict skips an incomplete row of a CSV (unless the model fills empty cells: the table task's).
-Parquet needs pyarrow, which the serving environment (.venv-serve) lacks and a batch deployment's environment adds
-(scripts/azure_ml/endpoints.py BATCH_PACKAGES): without it a Parquet file is one line saying so (the command line's
-exit status 1), not pandas' list of the engines it tried.
+project it reads, datamodules/preprocessing/images.py (which files are no one's data), it loads by its path. A file
+or a table's row the model refuses is logged and left out, the rest scored (docs/azure-ml.md, batch endpoints).
 """
 
 from __future__ import annotations

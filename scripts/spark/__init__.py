@@ -8,17 +8,9 @@ registered model there (`score`: mlflow.pyfunc.spark_udf, scripts/spark/score.py
     make spark TASK=penguins PROCESSES=2
     python -m scripts.spark score models:/penguins-classifier/1 new.csv --output predictions/
 
-Every option but --num_processes and --master is scripts.train's. The Spark session is the one this process has (a
-Databricks or Synapse notebook or job, spark-submit) or, run with plain python, a new one on --master (default
-local[N]: N processes on this machine). The config is checked here first, so a typo costs no cluster time.
-
-Each task runs `scripts.train fit` with the Trainer's devices x num_nodes set from N and the GPUs Spark gives a task
-(1 x N on CPUs; with spark.task.resource.gpu.amount g, g processes per task: g x N/g). A node that has this checkout
-at the driver's path (this machine, a Databricks Git folder) runs it from the driver's working directory; any other
-node runs the code and configs the driver sends with the tasks. Data paths must be readable where the tasks run
-(on a cluster the driver asks its executors first).
-Rank 0 alone tracks (Databricks' MLflow there, else what scripts.train uses) and writes files. This process prints
-rank 0's `test_acc`, or the error of the task that failed in one line and exits 1.
+Every option but --num_processes and --master is scripts.train's; the config is checked here first, so a typo costs no
+cluster time. How N processes map onto tasks and GPUs, where the code and data must be, and what rank 0 tracks are in
+docs/spark.md. This process prints rank 0's `test_acc`, or the error of the task that failed in one line and exits 1.
 """
 
 from __future__ import annotations

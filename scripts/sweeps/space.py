@@ -4,15 +4,9 @@ machine (scripts.sweep) and an Azure ML sweep job (scripts.submit --sweep).
     python -m scripts.sweep configs/sweeps/penguins.yaml
     python -m scripts.submit configs/penguins.yaml --sweep configs/sweeps/penguins.yaml --compute cpu-cluster
 
-The file names the task's config, the objective (an epoch metric the module logs, and its goal), how trials are
-drawn, the budget, the early-termination policy, options every trial gets (`fixed`) and the search space: options
-by their dotted CLI name (as `--print_config` prints them), each with one distribution:
-
-    model.optimizer.init_args.lr: {loguniform: [1.0e-4, 1.0e-1]}   # log10 of it uniform between the bounds
-    model.optimizer.init_args.momentum: {uniform: [0.0, 0.99]}
-    data.init_args.batch_size: {choice: [10, 20, 40]}               # any values: numbers, strings, true/false
-    model.network.init_args.hidden: {int: [5, 32]}                  # integers lo..hi (a step: [4, 64, 4])
-    model.network.init_args.dropout: {quniform: [0.0, 0.5, 0.05]}   # uniform, rounded to a multiple of 0.05
+The file names the task's config, the objective, how trials are drawn, the budget, the early-termination policy,
+options every trial gets (`fixed`) and the search space, each option with one distribution (docs/sweeps.md, "The
+sweep file").
 
 Reading the file is plain Python: a mistake in it costs no import of torch, Optuna or the Azure SDK. What only the
 training CLI can tell (an option it has not, a value it refuses, an objective the fit does not log) is checked by
