@@ -87,18 +87,8 @@ def predict_on_spark(model_uri: str, dataframe, spark=None, label: str | None = 
     except scoring.SparkScoreError as error:
         raise SparkFitError(str(error)) from None
     columns = [F.col(f"`{name}`") for name in dataframe.columns]
-    columns += [F.col("class").alias("prediction"), index_of(F.col("class"), classes).alias("prediction_index"),
-                F.col("probability")]  # fmt: skip
+    columns += [F.col("class").alias("prediction"),
+                scoring.index_of(F.col("class"), classes).alias("prediction_index"), F.col("probability")]  # fmt: skip
     if label is not None:
-        columns.append(index_of(F.trim(F.col(f"`{label}`").cast("string")), classes).alias("label_index"))
+        columns.append(scoring.index_of(F.trim(F.col(f"`{label}`").cast("string")), classes).alias("label_index"))
     return scored.select(*columns)
-
-
-def index_of(column, classes: list[str]):
-    """The double index of `column`'s value in `classes`; null for none of them."""
-    from pyspark.sql import functions as F
-
-    index = F.lit(None).cast("double")
-    for number, name in enumerate(classes):
-        index = F.when(column == name, float(number)).otherwise(index)
-    return index

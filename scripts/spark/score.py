@@ -174,10 +174,7 @@ def labelled(scored, classes: list[str], label: str | None):
         # An index is read as 1.0 where a cell of its column is empty or written by pandas with one: still class 1.
         index = F.when(given.isin(name, str(number), f"{number}.0"), float(number)).otherwise(index)
     frame = scored.withColumn("label", index).withColumn("given_label", given)
-    prediction = F.lit(None).cast("double")
-    for number, name in enumerate(classes):
-        prediction = F.when(F.col("class") == name, float(number)).otherwise(prediction)
-    frame = frame.withColumn("prediction", prediction)
+    frame = frame.withColumn("prediction", index_of(F.col("class"), classes))
     if frame.filter(F.col("label").isNotNull()).limit(1).count() == 0:
         if label is not None and scored.limit(1).count():
             raise SparkScoreError(
@@ -186,6 +183,16 @@ def labelled(scored, classes: list[str], label: str | None):
             )
         return None  # folders not named by class: no accuracy to state
     return frame
+
+
+def index_of(column, classes: list[str]):
+    """The double index of `column`'s value in `classes`; null for none of them."""
+    from pyspark.sql import functions as F
+
+    index = F.lit(None).cast("double")
+    for number, name in enumerate(classes):
+        index = F.when(column == name, float(number)).otherwise(index)
+    return index
 
 
 def accuracy(frame) -> float:
