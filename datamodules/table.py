@@ -61,31 +61,28 @@ def read_table(path: str, option: str):
 
 
 def in_memory_mb(path: str) -> float:
-    """The in-memory read's estimated peak (MB) of the one file, folder or glob of files at `path`, from their sizes and
-    Parquet footers, none read; 0 for a Delta table or MLTable (read in memory) or what is not there."""
-    source = Path(path)
-    if source.is_file():
-        files = [source]
-    elif source.is_dir() and not (source / "MLTable").exists() and not (source / "_delta_log").exists():
-        from datamodules.table_sources import data_files
+    """The in-memory read's estimated peak (MB) of the table at `path` (a file, folder, glob, MLTable or Delta table:
+    the files it holds now), from their sizes and Parquet footers, none read; 0 for what is not there (the read says
+    what is wrong)."""
+    import pyarrow.parquet as pq
 
-        files = data_files(source)
-    else:
-        import glob
+    from datamodules.table_sources import table_files
 
-        files = [Path(name) for name in glob.glob(path, recursive=True) if Path(name).is_file()]
+    try:
+        found = table_files(path)
+    except DataError:
+        return 0.0
     total = 0
-    for file in files:
-        if file.suffix.lower() in CSV_SUFFIXES:
+    for file in found.files:
+        if found.delimiter is not None:
             total += file.stat().st_size * CSV_BYTE_BYTES
             continue
-        import pyarrow.parquet as pq
-
         try:
             metadata = pq.read_metadata(file)
         except Exception:  # pyarrow's many types: the in-memory read names what is wrong with the file
             continue
-        total += metadata.num_rows * metadata.num_columns * PARQUET_CELL_BYTES
+        columns = metadata.num_columns + len(found.partitions.get(file, {}))  # a Delta file's partition columns too
+        total += metadata.num_rows * columns * PARQUET_CELL_BYTES
     return total / 2**20
 
 

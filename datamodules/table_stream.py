@@ -5,8 +5,8 @@ bounded by the row groups being read.
     python -m scripts.train fit --config configs/table.yaml --data.init_args.csv_path lake/big/ \\
         --data.init_args.label outcome --data.init_args.memory_budget_mb 256 --data.init_args.num_workers 2
 
-pyarrow.dataset reads the Parquet files (the folders, globs and hive partitions of datamodules/table_sources.py) one
-row group at a time; a CSV is first copied once into Parquet under the system's temporary folder (its cells kept as
+pyarrow.dataset reads the Parquet files (the folders, globs, hive partitions, MLTables and Delta tables of
+datamodules/table_sources.py: a Delta table's files now, their partition values as columns) one row group at a time; a CSV is first copied once into Parquet under the system's temporary folder (its cells kept as
 text, so that it splits and is typed as the in-memory CSV is; said on stderr, reused while the CSV is unchanged). One
 pass over every row group (`scan`), in every process alike, then gives:
 - each row's split by the same rule as in memory (base.row_hashes of the same cells, base.split_rows), kept on disk as
@@ -41,25 +41,6 @@ from datamodules.preprocessing import table as preprocessing
 from datamodules.table_stream_batches import CODES, EpochLoader, StreamedRows, check_every_process_has_rows, plan
 
 ROW_GROUP_ROWS = 65_536  # a CSV's Parquet copy: the unit of work each process and worker reads
-
-
-def source_files(path: str) -> tuple[list[Path], Path | None, str | None]:
-    """The files of the table at `path` (one file, a folder, a glob: what datamodules/table.py streams), the folder
-    hive partitions are read under, and None for Parquet or the delimiter of CSV files."""
-    from datamodules import table_sources
-
-    source = Path(path)
-    if source.is_file():
-        files, root = [source], None
-    elif source.is_dir():
-        files, root = table_sources.data_files(source), source
-    else:
-        import glob
-
-        files, root = [Path(name) for name in sorted(glob.glob(path, recursive=True)) if Path(name).is_file()], None
-    if not files:
-        raise DataError(f"{path}: no data files; give data.init_args.csv_path the table's file, folder or glob")
-    return files, root, table_sources.kind_of(files, path)[1]
 
 
 def csv_as_parquet(path: Path, delimiter: str) -> Path:
@@ -98,13 +79,20 @@ def csv_as_parquet(path: Path, delimiter: str) -> Path:
 
 
 def open_dataset(path: str) -> tuple[ds.Dataset, list]:
-    """The table at `path` as a pyarrow dataset (a CSV's through its Parquet copy) and its row groups."""
-    files, root, delimiter = source_files(path)
-    if delimiter is not None:
-        files, root = [csv_as_parquet(file, delimiter) for file in files], None
+    """The table at `path` as a pyarrow dataset (a CSV's through its Parquet copy, a Delta table's of its files now
+    and their partition values) and its row groups."""
+    from datamodules.table_sources import delta_dataset, table_files
+
+    found = table_files(path)
+    files, root = found.files, found.root
+    if found.delimiter is not None:
+        files, root = [csv_as_parquet(file, found.delimiter) for file in files], None
     try:
-        dataset = ds.dataset([str(file) for file in files], format="parquet", partitioning="hive",
-                             partition_base_dir=str(root) if root is not None else None)  # fmt: skip
+        if found.fields is not None:
+            dataset = delta_dataset(found, path)
+        else:
+            dataset = ds.dataset([str(file) for file in files], format="parquet", partitioning="hive",
+                                 partition_base_dir=str(root) if root is not None else None)  # fmt: skip
         units = [unit for fragment in dataset.get_fragments() for unit in fragment.split_by_row_group()]
     except (pa.ArrowException, OSError) as error:
         raise DataError(f"{path}: not a readable Parquet dataset ({str(error).strip().splitlines()[0]})") from None
