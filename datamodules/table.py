@@ -141,7 +141,7 @@ class TableDataModule(InMemoryDataModule):
             one id share a split and editing a row's cells never moves it; None: the row's cells decide.
         test_path: a table of its own to test on, all of its rows (of csv_path's columns): csv_path then gives
             training and validation rows alone (test_fraction is not used). What a DataFrame split with randomSplit
-            gives (scripts/spark/dataframes.py).
+            gives (scripts/spark/dataframes.py). Streamed past memory_budget_mb, or where csv_path is.
         memory_budget_mb: past this estimate of the in-memory read's peak (`in_memory_mb`: sizes and Parquet footers,
             before reading), the table streams (datamodules/table_stream.py) in memory that does not grow with its
             rows. 2048: a laptop's or small node's share beside the ~1.1 GB torch, Lightning and MLflow take, about
@@ -184,6 +184,13 @@ class TableDataModule(InMemoryDataModule):
             from datamodules.table_stream import TableStream
 
             self.stream = TableStream(self)
+        self.test_stream = (
+            None  # test_path past the budget, or beside a streamed table (datamodules/table_test_path.py)
+        )
+        if test_path is not None and (self.stream or in_memory_mb(test_path) > memory_budget_mb):
+            from datamodules.table_test_path import StreamedTestPath
+
+            self.test_stream = StreamedTestPath(self)
 
     def table(self):
         """The training table, its row names, each row's class and the class names: read once."""
@@ -279,7 +286,9 @@ class TableDataModule(InMemoryDataModule):
             name: (frame.iloc[part.numpy()], [row_name(int(i)) for i in part], targets[part])
             for name, part in zip(base.SPLITS, rows)
         }
-        if self.hparams.test_path:
+        if self.test_stream:
+            del self.raw["test"]  # test_path's rows, streamed
+        elif self.hparams.test_path:
             self.raw["test"] = self.test_table(list(frame.columns), index)
         if len(classes) * 2 > len(frame):  # more classes than half the rows: an ID or a measurement as the label
             raise DataError(
@@ -287,7 +296,7 @@ class TableDataModule(InMemoryDataModule):
                 f"{len(frame)} rows ({sum(n == 1 for n in Counter(labels).values())} of one row); a classifier "
                 "needs several rows of each class: give the column of each row's class as data.init_args.label"
             )
-        if len(self.raw["test"][2]) == 0:
+        if "test" in self.raw and len(self.raw["test"][2]) == 0:
             raise DataError(
                 f"{where}: {len(frame)} rows leave no test rows at test_fraction {self.hparams.test_fraction}; give "
                 "more rows or a larger data.init_args.test_fraction"
@@ -300,7 +309,9 @@ class TableDataModule(InMemoryDataModule):
         schema = {column: "left out" for column in frame.columns} | {label: "label"}
         schema |= {column["name"]: column["kind"] for column in self.state["columns"]}
         self.identity = base.data_identity(str(where), content, hashes, rule, schema, rows)
-        if self.hparams.test_path:
+        if self.test_stream:
+            self.identity["splits"]["test"] = self.test_stream.identity(list(frame.columns))
+        elif self.hparams.test_path:
             test_rows = base.row_hashes(self.raw["test"][0])
             self.identity["splits"]["test"] = {"digest": base.digest(test_rows), "rows": len(test_rows),
                                                "source": str(self.hparams.test_path)}  # fmt: skip
@@ -349,6 +360,8 @@ class TableDataModule(InMemoryDataModule):
             self.featurise()
 
     def batches(self, split: str, shuffle: bool = False):
+        if self.test_stream and split == "test":
+            return self.test_stream.loader()
         if self.stream and split != "predict":  # the rows to predict are read whole
             return self.stream.loader(split)
         return super().batches(split, shuffle)

@@ -6,9 +6,11 @@ bounded by the row groups being read.
         --data.init_args.label outcome --data.init_args.memory_budget_mb 256 --data.init_args.num_workers 2
 
 pyarrow.dataset reads the Parquet files (the folders, globs, hive partitions, MLTables and Delta tables of
-datamodules/table_sources.py: a Delta table's files now, their partition values as columns) one row group at a time; a CSV is first copied once into Parquet under the system's temporary folder (its cells kept as
-text, so that it splits and is typed as the in-memory CSV is; said on stderr, reused while the CSV is unchanged). One
-pass over every row group (`scan`), in every process alike, then gives:
+datamodules/table_sources.py: a Delta table's files now, their partition values as columns) one row group at a time;
+a CSV is first copied once into Parquet under the system's temporary folder (its cells kept as text, so that it
+splits and is typed as the in-memory CSV is; said on stderr, reused while the CSV is unchanged). A test_path table
+streams beside it (datamodules/table_test_path.py). One pass over every row group (`scan`), in every process alike,
+then gives:
 - each row's split by the same rule as in memory (base.row_hashes of the same cells, base.split_rows), kept on disk as
   one byte a row (a temporary folder, deleted at exit), so that the epochs read each row's split rather than hash it;
 - the class names (the label column's distinct values, as class_labels names them);
@@ -160,7 +162,8 @@ class TableStream:
             raise DataError(f"{options.csv_path}: no column {options.id_column!r}; give data.init_args.id_column "
                             "one of its columns")  # fmt: skip
         keys = [options.id_column] if options.id_column is not None else columns
-        return base.split_rule(self.data.seed, options.val_fraction, options.test_fraction, keys, options.id_column)
+        test_fraction = 0.0 if options.test_path else options.test_fraction  # test_path's rows are the test split
+        return base.split_rule(self.data.seed, options.val_fraction, test_fraction, keys, options.id_column)
 
     def scan(self, rule: dict | None) -> dict:
         """The one pass (module docstring) by `rule` (None: the config's), remembered for that rule."""
@@ -170,10 +173,9 @@ class TableStream:
             return self.scanned
         from datamodules.table_stream_scan import scan_table
 
-        if rule["method"] != base.METHOD or options.test_path:
-            what = "a checkpoint split before row-hash rules" if rule["method"] != base.METHOD else "test_path"
-            raise DataError(f"{options.csv_path}: {what} is read in memory only; give a larger "
-                            "data.init_args.memory_budget_mb")  # fmt: skip
+        if rule["method"] != base.METHOD:
+            raise DataError(f"{options.csv_path}: a checkpoint split before row-hash rules is read in memory only; "
+                            "give a larger data.init_args.memory_budget_mb")  # fmt: skip
         dataset, units = self.dataset()
         self.scanned = scan_table(dataset, units, columns, options.label, rule, self.codes, str(options.csv_path),
                                   integers_with_nulls(dataset, units))  # fmt: skip
@@ -194,7 +196,7 @@ class TableStream:
             raise DataError(f"{where}: label column {label!r} has {len(scanned['classes'])} classes in {total} rows; "
                             "a classifier needs several rows of each class: give the column of each row's class as "
                             "data.init_args.label")  # fmt: skip
-        if rows["test"] == 0:
+        if rows["test"] == 0 and not data.test_stream:
             raise DataError(f"{where}: {total} rows leave no test rows at test_fraction {data.hparams.test_fraction}; "
                             "give more rows or a larger data.init_args.test_fraction")  # fmt: skip
         sample = scanned["sample"].drop(columns=[rule["id_column"]] if rule["id_column"] else [])
@@ -207,6 +209,8 @@ class TableStream:
         schema = {column: "left out" for column in scanned["columns"]} | {label: "label"}
         schema |= {column["name"]: column["kind"] for column in data.state["columns"]}
         splits = {name: {"digest": scanned["digests"][name], "rows": rows[name]} for name in CODES}
+        if data.test_stream:  # test_path's rows are the test split
+            splits["test"] = data.test_stream.identity(scanned["columns"])
         data.identity = {"source": where, "digest": scanned["digests"]["all"], "rows": total, "split": rule,
                          "schema": schema, "splits": splits, "streamed": True}  # fmt: skip
 

@@ -246,3 +246,46 @@ def test_a_streamed_table_that_changed_since_its_checkpoint_is_said_in_one_line(
     assert f"{tmp_path / 'after'}: not the table the checkpoint saw (900 rows then, 960 now; a streamed table's " in (
         capsys.readouterr().err
     )
+
+
+def test_a_streamed_test_path_gives_the_test_rows_of_one_read_whole(tmp_path):
+    from datamodules.table import in_memory_mb
+
+    source, tests = lake(tmp_path / "train"), lake(tmp_path / "test", rows=1800, seed=7)
+    between = (in_memory_mb(str(source)) + in_memory_mb(str(tests))) / 2  # the training table in memory, test_path not
+    modules = {budget: TableDataModule(str(source), "species", test_path=str(tests), memory_budget_mb=budget)
+               for budget in (2048, between, 0)}  # fmt: skip
+    assert [(data.stream is None, data.test_stream is None) for data in modules.values()] == [
+        (True, True),
+        (True, False),
+        (False, False),
+    ]
+    for data in modules.values():
+        data.setup("fit")
+    whole = modules[2048]
+    for data in (modules[between], modules[0]):
+        assert data.identity["splits"]["test"]["rows"] == 1800 == len(whole.splits["test"][1])
+        assert data.identity["splits"]["test"]["source"] == str(tests)
+        assert same_rows(rows_of(*loaded(data, "test")), rows_of(*whole.splits["test"]))
+        assert same_rows(rows_of(*loaded(data, "val")), rows_of(*whole.splits["val"]))
+
+
+@pytest.mark.slow
+def test_a_streamed_test_path_tests_as_one_read_whole_on_two_processes(tmp_path):
+    source, tests = lake(tmp_path / "train"), lake(tmp_path / "test", rows=600, seed=7)
+    config = ["--config", "configs/table.yaml", "--data.init_args.csv_path", source, "--data.init_args.label",
+              "species", "--data.init_args.test_path", tests, "--data.init_args.batch_size", "16"]  # fmt: skip
+    fit = run_module("scripts.train", "fit", *config, "--trainer.max_epochs", "2", "--trainer.default_root_dir",
+                     tmp_path / "fit", "--metrics_file", tmp_path / "fit.json")  # fmt: skip
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    (best,) = (tmp_path / "fit").glob("*/*/checkpoints/best.ckpt")
+    accuracies = {}
+    for name, extra in (("streamed on two processes", [*STREAMED, *DDP]), ("read whole", [])):
+        outputs = tmp_path / name
+        tested = run_module("scripts.train", "test", *config, *extra, "--ckpt_path", best,
+                            "--trainer.default_root_dir", outputs, "--metrics_file", outputs / "m.json")  # fmt: skip
+        assert tested.returncode == 0, tested.stderr[-3000:]
+        assert confusion_total(outputs) == 600  # each of test_path's rows once over the processes
+        accuracies[name] = json.loads((outputs / "m.json").read_text())["test_acc"]
+    assert accuracies["streamed on two processes"] == pytest.approx(accuracies["read whole"], abs=1e-6)
+    assert json.loads((tmp_path / "fit.json").read_text())["test_acc"] == pytest.approx(accuracies["read whole"])
