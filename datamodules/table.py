@@ -15,7 +15,6 @@ numbers by value).
 
 from __future__ import annotations
 
-import csv
 import io
 import sys
 from collections import Counter
@@ -24,12 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from datamodules import base
+from datamodules import base, table_csv
 from datamodules.base import InMemoryDataModule, check_fractions, say_copies
 from datamodules.errors import DataError
 from datamodules.preprocessing import table as preprocessing
-from datamodules.preprocessing.csv_files import check_csv_layout, drop_blank_rows, not_utf8
-from datamodules.preprocessing.penguins import SCHEMA_COLUMNS
 
 CSV_SUFFIXES = {".csv": ",", ".tsv": "\t", ".txt": ","}  # and the delimiter each means
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -43,9 +40,9 @@ FILE_KINDS = (
 
 
 def read_table(path: str, option: str):
-    """The table at `path` as a DataFrame (CSV cells as text, missing cells None) and a function naming its rows in
-    messages ("line 7" of a CSV, "row 6" of a Parquet file): one file here, a folder, glob, MLTable or Delta table of
-    many through datamodules/table_sources.py."""
+    """The table at `path` as a DataFrame (a CSV's cells typed where their text allows: datamodules/table_csv.py,
+    missing cells None or NaN) and a function naming its rows in messages ("line 7" of a CSV, "row 6" of a Parquet
+    file): one file here, a folder, glob, MLTable or Delta table of many through datamodules/table_sources.py."""
     source = Path(path)
     if source.is_dir() or (not source.exists() and any(character in path for character in "*?[")):
         from datamodules.table_sources import read_source
@@ -97,26 +94,17 @@ def read_file(path: str, delimiter: str | None):
         except Exception as error:  # pyarrow's many types
             raise DataError(f"{path}: not a readable Parquet file ({str(error).strip().splitlines()[0]})") from None
         return frame.reset_index(drop=True), lambda index: f"row {index + 1}"
-    if what := not_utf8(data[:4]):
-        raise DataError(f"{path}: {what}")
+    return table_csv.read_csv_file(path, data, delimiter)
+
+
+def read_as_text(path: str) -> bool:
+    """Whether the table at `path` is of CSV files, its numbers typed from their text (datamodules/table_csv.py)."""
+    from datamodules.table_sources import table_files
+
     try:
-        text = data.decode("utf-8-sig")
-        reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
-        header, header_line, _ = check_csv_layout(reader, path, SCHEMA_COLUMNS)  # a penguin column twice, too
-        if not header:
-            raise DataError(f"{path}: empty; give a table whose first line names its columns")
-        names = [name.strip() for name in header]
-        if twice := next((name for name in names if names.count(name) > 1), None):
-            raise DataError(f"{path}: column {twice!r} is named {names.count(twice)} times; give each column one name")
-        frame = pd.read_csv(io.StringIO(text), sep=delimiter, dtype=str, keep_default_na=False,
-                            na_values=preprocessing.MISSING, index_col=False, usecols=range(len(header)),
-                            skip_blank_lines=False, skiprows=header_line - 1)  # fmt: skip
-    except (pd.errors.ParserError, UnicodeDecodeError, csv.Error) as error:
-        raise DataError(f"{path}: not a readable CSV ({str(error).strip().splitlines()[0]})") from None
-    frame = frame.set_axis(names, axis=1)
-    frame = drop_blank_rows(frame, header_line)  # row i is line i + 2
-    lines = frame.index.to_numpy()
-    return frame.reset_index(drop=True), lambda index: f"line {int(lines[index]) + 2}"
+        return table_files(path).delimiter is not None
+    except DataError:
+        return False
 
 
 def holds_many(value) -> bool:
@@ -278,8 +266,9 @@ class TableDataModule(InMemoryDataModule):
                 f"{where}: no column {absent[0]!r}, which the checkpoint's split was made by (it hashed "
                 f"{', '.join(map(repr, rule['columns']))}); give the table it was trained on"
             )
-        hashes = base.row_hashes(frame[rule["columns"]])
-        content = hashes if rule["columns"] == list(frame.columns) else base.row_hashes(frame)
+        text = read_as_text(where)  # a CSV's numbers hash as their text (datamodules/table_csv.py)
+        hashes = table_csv.row_hashes(frame[rule["columns"]], text)
+        content = hashes if rule["columns"] == list(frame.columns) else table_csv.row_hashes(frame, text)
         say_copies(len(content) - len(np.unique(content)), where, self.trainer)
         rows = base.split_rows(rule, hashes, targets)
         self.raw = {
@@ -312,7 +301,7 @@ class TableDataModule(InMemoryDataModule):
         if self.test_stream:
             self.identity["splits"]["test"] = self.test_stream.identity(list(frame.columns))
         elif self.hparams.test_path:
-            test_rows = base.row_hashes(self.raw["test"][0])
+            test_rows = table_csv.row_hashes(self.raw["test"][0], read_as_text(self.hparams.test_path))
             self.identity["splits"]["test"] = {"digest": base.digest(test_rows), "rows": len(test_rows),
                                                "source": str(self.hparams.test_path)}  # fmt: skip
 

@@ -136,7 +136,9 @@ def read_files(files: list[Path], where: str, read_file, root: Path | None):
                             "give files of the same columns")  # fmt: skip
         frames.append(frame)
         names.append((path.name, row_name))
-    return pd.concat(frames, ignore_index=True), row_names(names, [len(frame) for frame in frames])
+    from datamodules.table_csv import same_kinds
+
+    return pd.concat(same_kinds(frames), ignore_index=True), row_names(names, [len(frame) for frame in frames])
 
 
 def row_names(files: list[tuple[str, object]], counts: list[int]):
