@@ -31,7 +31,8 @@ from datamodules.preprocessing import table as preprocessing
 CSV_SUFFIXES = {".csv": ",", ".tsv": "\t", ".txt": ","}  # and the delimiter each means
 PARQUET_SUFFIXES = (".parquet", ".pq")
 # The in-memory fit's peak RSS past the ~1.1 GB a process's imports take, measured as about these bytes a Parquet cell
-# (rows x columns, from its footer) and a CSV byte (its cells read as text) (docs/measured.md, 2026-11-29).
+# (rows x columns, from its footer) and a CSV byte (its cells read as text: what a CSV of text columns still takes)
+# (docs/measured.md, 2026-11-29).
 PARQUET_CELL_BYTES, CSV_BYTE_BYTES = 70, 15
 FILE_KINDS = (
     "a CSV (.csv, .tsv) or Parquet (.parquet) file, a folder or glob of them, "
@@ -63,22 +64,26 @@ def in_memory_mb(path: str) -> float:
     what is wrong)."""
     import pyarrow.parquet as pq
 
-    from datamodules.table_sources import table_files
+    if Path(path).is_file():  # one file, as most tables are: without table_sources.py
+        files, delimiter, partitions = [Path(path)], CSV_SUFFIXES.get(Path(path).suffix.lower()), {}
+    else:
+        from datamodules.table_sources import table_files
 
-    try:
-        found = table_files(path)
-    except DataError:
-        return 0.0
+        try:
+            found = table_files(path)
+        except DataError:
+            return 0.0
+        files, delimiter, partitions = found.files, found.delimiter, found.partitions
     total = 0
-    for file in found.files:
-        if found.delimiter is not None:
+    for file in files:
+        if delimiter is not None:
             total += file.stat().st_size * CSV_BYTE_BYTES
             continue
         try:
             metadata = pq.read_metadata(file)
         except Exception:  # pyarrow's many types: the in-memory read names what is wrong with the file
             continue
-        columns = metadata.num_columns + len(found.partitions.get(file, {}))  # a Delta file's partition columns too
+        columns = metadata.num_columns + len(partitions.get(file, {}))  # a Delta file's partition columns too
         total += metadata.num_rows * columns * PARQUET_CELL_BYTES
     return total / 2**20
 
@@ -99,6 +104,8 @@ def read_file(path: str, delimiter: str | None):
 
 def read_as_text(path: str) -> bool:
     """Whether the table at `path` is of CSV files, its numbers typed from their text (datamodules/table_csv.py)."""
+    if Path(path).is_file():
+        return Path(path).suffix.lower() in CSV_SUFFIXES
     from datamodules.table_sources import table_files
 
     try:
@@ -172,9 +179,8 @@ class TableDataModule(InMemoryDataModule):
             from datamodules.table_stream import TableStream
 
             self.stream = TableStream(self)
-        self.test_stream = (
-            None  # test_path past the budget, or beside a streamed table (datamodules/table_test_path.py)
-        )
+        # test_path past the budget, or beside a streamed table: what reads it (datamodules/table_test_path.py)
+        self.test_stream = None
         if test_path is not None and (self.stream or in_memory_mb(test_path) > memory_budget_mb):
             from datamodules.table_test_path import StreamedTestPath
 
