@@ -27,7 +27,6 @@ from datamodules import base
 from datamodules.errors import DataError
 from datamodules.preprocessing import table as preprocessing
 from datamodules.preprocessing.csv_files import check_csv_layout, drop_blank_rows, not_utf8
-from datamodules.preprocessing.penguins import SCHEMA_COLUMNS
 
 HASHED_ROWS = 65_536  # rows hashed at a time: their numbers' texts, not the table's, in memory
 
@@ -39,7 +38,7 @@ def read_csv_file(path: str, data: bytes, delimiter: str):
         raise DataError(f"{path}: {what}")
     try:  # from the bytes, decoded as read: a StringIO of the whole text takes four bytes a character
         reader = csv.reader(io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig", newline=""), delimiter=delimiter)
-        header, header_line, _ = check_csv_layout(reader, path, SCHEMA_COLUMNS)  # a penguin column twice, too
+        header, header_line, _ = check_csv_layout(reader, path)  # any column named twice: the line below
         if not header:
             raise DataError(f"{path}: empty; give a table whose first line names its columns")
         names = [name.strip() for name in header]
