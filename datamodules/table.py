@@ -341,10 +341,13 @@ class TableDataModule(InMemoryDataModule):
                 for column, bad in cells.items():
                     unreadable += [(names[i], column, frame[column].iloc[i]) for i in bad.nonzero()[0]]
                     frame[column] = frame[column].where(~bad, None)
-            self.splits[name] = (self.features(frame, names, self.hparams.csv_path), targets)
+            where = self.hparams.test_path if name == "test" and self.hparams.test_path else self.hparams.csv_path
+            self.splits[name] = (self.features(frame, names, where), targets)
         return unreadable
 
     def features(self, frame, names: list[str], where: str, say_unseen: bool = False) -> torch.Tensor:
+        if read_as_text(where):  # a CSV's numbers in a column of categories are the text they were written as
+            frame = table_csv.categories_as_text(frame, self.state)
         return torch.from_numpy(preprocessing.serving_batch(self.state, frame, names, where, say_unseen))
 
     def load_state_dict(self, state: dict) -> None:

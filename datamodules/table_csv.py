@@ -89,6 +89,15 @@ def as_text(column: pd.Series) -> pd.Series:
                      index=column.index, name=column.name, dtype=object)  # fmt: skip
 
 
+def categories_as_text(frame: pd.DataFrame, state: dict) -> pd.DataFrame:
+    """`frame` (read from a CSV) with its typed columns that `state` reads as categories back as their text: `1.0`
+    is the category `1.0` (as a number, preprocessing's as_text names it `1`), as when every cell was text. Another
+    file's column, all numbers, where the training table's was not (rows to predict, test_path)."""
+    categorical = [column["name"] for column in state["columns"] if column["kind"] == "categorical"]
+    typed = [name for name in categorical if name in frame.columns and frame[name].dtype.kind in "fiu"]
+    return frame.assign(**{name: as_text(frame[name]) for name in typed}) if typed else frame
+
+
 def same_kinds(frames: list[pd.DataFrame]) -> list[pd.DataFrame]:
     """CSV files read one by one (datamodules/table_sources.py), each column of one type in all: a column typed in
     one file and not in another (`3` here, `3.5` there) is text in all, as one file of both would be."""

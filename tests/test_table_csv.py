@@ -68,3 +68,20 @@ def test_a_typed_csv_splits_and_is_described_as_its_text_was(tmp_path):
     assert str(data.raw["train"][0]["x"].dtype) == "float64" and str(data.raw["train"][0]["n"].dtype) == "Int64"
     kinds = {column["name"]: column["kind"] for column in data.state["columns"]}
     assert kinds == {"x": "numeric", "n": "numeric", "colour": "categorical"}
+
+
+def test_rows_to_predict_of_numbers_in_a_column_of_categories_read_as_the_categories_written(tmp_path):
+    rng = np.random.default_rng(4)
+    codes = rng.choice(["1.0", "2.0", "x"], 300)  # categories, one of them not a number
+    label = np.where(codes == "1.0", "one", "other")
+    pd.DataFrame({"code": codes, "size": rng.normal(size=300).round(2), "label": label}).to_csv(
+        tmp_path / "t.csv", index=False
+    )
+    data = TableDataModule(str(tmp_path / "t.csv"), "label", predict_path=str(tmp_path / "new.csv"))
+    data.setup("fit")
+    assert data.state["columns"][0]["categories"] == ["1.0", "2.0", "x"]
+    (tmp_path / "new.csv").write_text("code,size\n1.0,0.5\n2.0,0.5\n")  # this file's codes all numbers: typed
+    frame, _ = read_table(str(tmp_path / "new.csv"), "predict_path")
+    assert str(frame["code"].dtype) == "float64"
+    inputs = data.features(frame, ["line 2", "line 3"], str(tmp_path / "new.csv"), say_unseen=True)
+    assert inputs[:, :4].tolist() == [[1, 0, 0, 0], [0, 1, 0, 0]]  # "1.0", "2.0": seen categories, not "other"
