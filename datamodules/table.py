@@ -15,7 +15,6 @@ numbers by value).
 
 from __future__ import annotations
 
-import csv
 import io
 import sys
 from collections import Counter
@@ -24,17 +23,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from datamodules import base
+from datamodules import base, table_csv
 from datamodules.base import InMemoryDataModule, check_fractions, say_copies
 from datamodules.errors import DataError
 from datamodules.preprocessing import table as preprocessing
-from datamodules.preprocessing.csv_files import check_csv_layout, drop_blank_rows, not_utf8
-from datamodules.preprocessing.penguins import SCHEMA_COLUMNS
 
 CSV_SUFFIXES = {".csv": ",", ".tsv": "\t", ".txt": ","}  # and the delimiter each means
 PARQUET_SUFFIXES = (".parquet", ".pq")
 # The in-memory fit's peak RSS past the ~1.1 GB a process's imports take, measured as about these bytes a Parquet cell
-# (rows x columns, from its footer) and a CSV byte (its cells read as text) (docs/measured.md, 2026-11-29).
+# (rows x columns, from its footer) and a CSV byte (its cells read as text: what a CSV of text columns still takes)
+# (docs/measured.md, 2026-11-29).
 PARQUET_CELL_BYTES, CSV_BYTE_BYTES = 70, 15
 FILE_KINDS = (
     "a CSV (.csv, .tsv) or Parquet (.parquet) file, a folder or glob of them, "
@@ -43,9 +41,9 @@ FILE_KINDS = (
 
 
 def read_table(path: str, option: str):
-    """The table at `path` as a DataFrame (CSV cells as text, missing cells None) and a function naming its rows in
-    messages ("line 7" of a CSV, "row 6" of a Parquet file): one file here, a folder, glob, MLTable or Delta table of
-    many through datamodules/table_sources.py."""
+    """The table at `path` as a DataFrame (a CSV's cells typed where their text allows: datamodules/table_csv.py,
+    missing cells None or NaN) and a function naming its rows in messages ("line 7" of a CSV, "row 6" of a Parquet
+    file): one file here, a folder, glob, MLTable or Delta table of many through datamodules/table_sources.py."""
     source = Path(path)
     if source.is_dir() or (not source.exists() and any(character in path for character in "*?[")):
         from datamodules.table_sources import read_source
@@ -61,31 +59,32 @@ def read_table(path: str, option: str):
 
 
 def in_memory_mb(path: str) -> float:
-    """The in-memory read's estimated peak (MB) of the one file, folder or glob of files at `path`, from their sizes and
-    Parquet footers, none read; 0 for a Delta table or MLTable (read in memory) or what is not there."""
-    source = Path(path)
-    if source.is_file():
-        files = [source]
-    elif source.is_dir() and not (source / "MLTable").exists() and not (source / "_delta_log").exists():
-        from datamodules.table_sources import data_files
+    """The in-memory read's estimated peak (MB) of the table at `path` (a file, folder, glob, MLTable or Delta table:
+    the files it holds now), from their sizes and Parquet footers, none read; 0 for what is not there (the read says
+    what is wrong)."""
+    import pyarrow.parquet as pq
 
-        files = data_files(source)
+    if Path(path).is_file():  # one file, as most tables are: without table_sources.py
+        files, delimiter, partitions = [Path(path)], CSV_SUFFIXES.get(Path(path).suffix.lower()), {}
     else:
-        import glob
+        from datamodules.table_sources import table_files
 
-        files = [Path(name) for name in glob.glob(path, recursive=True) if Path(name).is_file()]
+        try:
+            found = table_files(path)
+        except DataError:
+            return 0.0
+        files, delimiter, partitions = found.files, found.delimiter, found.partitions
     total = 0
     for file in files:
-        if file.suffix.lower() in CSV_SUFFIXES:
+        if delimiter is not None:
             total += file.stat().st_size * CSV_BYTE_BYTES
             continue
-        import pyarrow.parquet as pq
-
         try:
             metadata = pq.read_metadata(file)
         except Exception:  # pyarrow's many types: the in-memory read names what is wrong with the file
             continue
-        total += metadata.num_rows * metadata.num_columns * PARQUET_CELL_BYTES
+        columns = metadata.num_columns + len(partitions.get(file, {}))  # a Delta file's partition columns too
+        total += metadata.num_rows * columns * PARQUET_CELL_BYTES
     return total / 2**20
 
 
@@ -100,26 +99,19 @@ def read_file(path: str, delimiter: str | None):
         except Exception as error:  # pyarrow's many types
             raise DataError(f"{path}: not a readable Parquet file ({str(error).strip().splitlines()[0]})") from None
         return frame.reset_index(drop=True), lambda index: f"row {index + 1}"
-    if what := not_utf8(data[:4]):
-        raise DataError(f"{path}: {what}")
+    return table_csv.read_csv_file(path, data, delimiter)
+
+
+def read_as_text(path: str) -> bool:
+    """Whether the table at `path` is of CSV files, its numbers typed from their text (datamodules/table_csv.py)."""
+    if Path(path).is_file():
+        return Path(path).suffix.lower() in CSV_SUFFIXES
+    from datamodules.table_sources import table_files
+
     try:
-        text = data.decode("utf-8-sig")
-        reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
-        header, header_line, _ = check_csv_layout(reader, path, SCHEMA_COLUMNS)  # a penguin column twice, too
-        if not header:
-            raise DataError(f"{path}: empty; give a table whose first line names its columns")
-        names = [name.strip() for name in header]
-        if twice := next((name for name in names if names.count(name) > 1), None):
-            raise DataError(f"{path}: column {twice!r} is named {names.count(twice)} times; give each column one name")
-        frame = pd.read_csv(io.StringIO(text), sep=delimiter, dtype=str, keep_default_na=False,
-                            na_values=preprocessing.MISSING, index_col=False, usecols=range(len(header)),
-                            skip_blank_lines=False, skiprows=header_line - 1)  # fmt: skip
-    except (pd.errors.ParserError, UnicodeDecodeError, csv.Error) as error:
-        raise DataError(f"{path}: not a readable CSV ({str(error).strip().splitlines()[0]})") from None
-    frame = frame.set_axis(names, axis=1)
-    frame = drop_blank_rows(frame, header_line)  # row i is line i + 2
-    lines = frame.index.to_numpy()
-    return frame.reset_index(drop=True), lambda index: f"line {int(lines[index]) + 2}"
+        return table_files(path).delimiter is not None
+    except DataError:
+        return False
 
 
 def holds_many(value) -> bool:
@@ -144,7 +136,7 @@ class TableDataModule(InMemoryDataModule):
             one id share a split and editing a row's cells never moves it; None: the row's cells decide.
         test_path: a table of its own to test on, all of its rows (of csv_path's columns): csv_path then gives
             training and validation rows alone (test_fraction is not used). What a DataFrame split with randomSplit
-            gives (scripts/spark/dataframes.py).
+            gives (scripts/spark/dataframes.py). Streamed past memory_budget_mb, or where csv_path is.
         memory_budget_mb: past this estimate of the in-memory read's peak (`in_memory_mb`: sizes and Parquet footers,
             before reading), the table streams (datamodules/table_stream.py) in memory that does not grow with its
             rows. 2048: a laptop's or small node's share beside the ~1.1 GB torch, Lightning and MLflow take, about
@@ -187,6 +179,12 @@ class TableDataModule(InMemoryDataModule):
             from datamodules.table_stream import TableStream
 
             self.stream = TableStream(self)
+        # test_path past the budget, or beside a streamed table: what reads it (datamodules/table_test_path.py)
+        self.test_stream = None
+        if test_path is not None and (self.stream or in_memory_mb(test_path) > memory_budget_mb):
+            from datamodules.table_test_path import StreamedTestPath
+
+            self.test_stream = StreamedTestPath(self)
 
     def table(self):
         """The training table, its row names, each row's class and the class names: read once."""
@@ -274,15 +272,18 @@ class TableDataModule(InMemoryDataModule):
                 f"{where}: no column {absent[0]!r}, which the checkpoint's split was made by (it hashed "
                 f"{', '.join(map(repr, rule['columns']))}); give the table it was trained on"
             )
-        hashes = base.row_hashes(frame[rule["columns"]])
-        content = hashes if rule["columns"] == list(frame.columns) else base.row_hashes(frame)
+        text = read_as_text(where)  # a CSV's numbers hash as their text (datamodules/table_csv.py)
+        hashes = table_csv.row_hashes(frame[rule["columns"]], text)
+        content = hashes if rule["columns"] == list(frame.columns) else table_csv.row_hashes(frame, text)
         say_copies(len(content) - len(np.unique(content)), where, self.trainer)
         rows = base.split_rows(rule, hashes, targets)
         self.raw = {
             name: (frame.iloc[part.numpy()], [row_name(int(i)) for i in part], targets[part])
             for name, part in zip(base.SPLITS, rows)
         }
-        if self.hparams.test_path:
+        if self.test_stream:
+            del self.raw["test"]  # test_path's rows, streamed
+        elif self.hparams.test_path:
             self.raw["test"] = self.test_table(list(frame.columns), index)
         if len(classes) * 2 > len(frame):  # more classes than half the rows: an ID or a measurement as the label
             raise DataError(
@@ -290,7 +291,7 @@ class TableDataModule(InMemoryDataModule):
                 f"{len(frame)} rows ({sum(n == 1 for n in Counter(labels).values())} of one row); a classifier "
                 "needs several rows of each class: give the column of each row's class as data.init_args.label"
             )
-        if len(self.raw["test"][2]) == 0:
+        if "test" in self.raw and len(self.raw["test"][2]) == 0:
             raise DataError(
                 f"{where}: {len(frame)} rows leave no test rows at test_fraction {self.hparams.test_fraction}; give "
                 "more rows or a larger data.init_args.test_fraction"
@@ -303,8 +304,10 @@ class TableDataModule(InMemoryDataModule):
         schema = {column: "left out" for column in frame.columns} | {label: "label"}
         schema |= {column["name"]: column["kind"] for column in self.state["columns"]}
         self.identity = base.data_identity(str(where), content, hashes, rule, schema, rows)
-        if self.hparams.test_path:
-            test_rows = base.row_hashes(self.raw["test"][0])
+        if self.test_stream:
+            self.identity["splits"]["test"] = self.test_stream.identity(list(frame.columns))
+        elif self.hparams.test_path:
+            test_rows = table_csv.row_hashes(self.raw["test"][0], read_as_text(self.hparams.test_path))
             self.identity["splits"]["test"] = {"digest": base.digest(test_rows), "rows": len(test_rows),
                                                "source": str(self.hparams.test_path)}  # fmt: skip
 
@@ -338,10 +341,13 @@ class TableDataModule(InMemoryDataModule):
                 for column, bad in cells.items():
                     unreadable += [(names[i], column, frame[column].iloc[i]) for i in bad.nonzero()[0]]
                     frame[column] = frame[column].where(~bad, None)
-            self.splits[name] = (self.features(frame, names, self.hparams.csv_path), targets)
+            where = self.hparams.test_path if name == "test" and self.hparams.test_path else self.hparams.csv_path
+            self.splits[name] = (self.features(frame, names, where), targets)
         return unreadable
 
     def features(self, frame, names: list[str], where: str, say_unseen: bool = False) -> torch.Tensor:
+        if read_as_text(where):  # a CSV's numbers in a column of categories are the text they were written as
+            frame = table_csv.categories_as_text(frame, self.state)
         return torch.from_numpy(preprocessing.serving_batch(self.state, frame, names, where, say_unseen))
 
     def load_state_dict(self, state: dict) -> None:
@@ -352,6 +358,8 @@ class TableDataModule(InMemoryDataModule):
             self.featurise()
 
     def batches(self, split: str, shuffle: bool = False):
+        if self.test_stream and split == "test":
+            return self.test_stream.loader()
         if self.stream and split != "predict":  # the rows to predict are read whole
             return self.stream.loader(split)
         return super().batches(split, shuffle)

@@ -9,13 +9,15 @@ or patterns, a Delta table's folder (its `_delta_log` says which files are the t
 
 pyarrow reads the Parquet files (pyarrow.dataset's file discovery and hive partitions); the Delta log is read here
 (JSON commits and Parquet checkpoints, a few dozen lines) rather than with the deltalake package, which a plain fit
-would then need. Tables read whole, into memory.
+would then need. `table_files` names the files of any of these (and `delta_dataset` makes a Delta table's a pyarrow
+dataset) for the size estimate and the streamed read (datamodules/table_stream.py); `read_source` reads them whole.
 """
 
 from __future__ import annotations
 
 import glob
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -27,6 +29,40 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 IGNORED_PREFIXES = ("_", ".")  # Spark's _SUCCESS, _committed_*, _started_*, .crc files; hidden files
 DELTA_TYPES = {"string": "string", "long": "int64", "integer": "int32", "short": "int16", "byte": "int8",
                "double": "float64", "float": "float32", "boolean": "bool", "date": "date32"}  # fmt: skip
+
+
+@dataclass
+class TableFiles:
+    """The files of a table: `root` the folder hive partitions are read under, `delimiter` None for Parquet or the
+    CSV files' delimiter; a Delta table's also each file's partition values and its schema's fields (name: type)."""
+
+    files: list[Path]
+    root: Path | None = None
+    delimiter: str | None = None
+    partitions: dict[Path, dict] = field(default_factory=dict)
+    fields: dict[str, str] | None = None
+
+
+def table_files(path: str) -> TableFiles:
+    """The files of the table at `path` (a file, folder, glob, MLTable or Delta table), none read; a DataError (one
+    line) where there are none or they are not of one format."""
+    source = Path(path)
+    if source.is_file():
+        return TableFiles([source], None, kind_of([source], path)[1])
+    if not source.exists():
+        files = [Path(name) for name in sorted(glob.glob(path, recursive=True)) if Path(name).is_file()]
+        if not files:
+            raise DataError(f"{path}: no file matches it; give a file, folder or glob that names the table's files")
+        return TableFiles(files, None, kind_of(files, path)[1])
+    if (source / "MLTable").is_file():
+        return mltable_files(source)
+    if (source / "_delta_log").is_dir():
+        return delta_files(source, path)
+    files = data_files(source)
+    if not files:
+        raise DataError(f"{path}: a folder without data files (CSV or Parquet, an MLTable file or a Delta table's "
+                        "_delta_log); give the folder that holds the table")  # fmt: skip
+    return TableFiles(files, source, kind_of(files, path)[1])
 
 
 def data_files(folder: Path) -> list[Path]:
@@ -100,7 +136,9 @@ def read_files(files: list[Path], where: str, read_file, root: Path | None):
                             "give files of the same columns")  # fmt: skip
         frames.append(frame)
         names.append((path.name, row_name))
-    return pd.concat(frames, ignore_index=True), row_names(names, [len(frame) for frame in frames])
+    from datamodules.table_csv import same_kinds
+
+    return pd.concat(same_kinds(frames), ignore_index=True), row_names(names, [len(frame) for frame in frames])
 
 
 def row_names(files: list[tuple[str, object]], counts: list[int]):
@@ -138,8 +176,19 @@ def first_line(error: BaseException) -> str:
 
 
 def read_mltable(folder: Path, read_file):
-    """An MLTable's paths (`file:`, `folder:`, `pattern:`, relative to its folder) read as its transformation says:
-    read_parquet, read_delimited (its delimiter) or read_delta_lake."""
+    """An MLTable's files read whole, as `mltable_files` names them."""
+    where = str(folder / "MLTable")
+    found = mltable_files(folder)
+    if found.fields is not None:
+        return read_delta(found.root, where)
+    if found.delimiter is None:
+        return read_parquet_files(found.files, where, found.root)
+    return read_files(found.files, where, lambda path, _: read_file(path, found.delimiter), None)
+
+
+def mltable_files(folder: Path) -> TableFiles:
+    """An MLTable's paths (`file:`, `folder:`, `pattern:`, relative to its folder) as its transformation says:
+    read_parquet, read_delimited (its delimiter) or read_delta_lake (the Delta table's files, its folder the root)."""
     import yaml
 
     spec_path = folder / "MLTable"
@@ -165,7 +214,7 @@ def read_mltable(folder: Path, read_file):
             raise DataError(f"{spec_path}: its path {value!r} is not on this machine; the table task reads an "
                             "MLTable's paths beside it (an Azure ML job mounts them there)")  # fmt: skip
         if delta:
-            return read_delta(folder / value, str(spec_path))
+            return delta_files(folder / value, str(spec_path))
         if key == "file":
             if not (folder / value).is_file():
                 raise DataError(f"{spec_path}: names {folder / value}, which is not there; put the file beside it")
@@ -181,10 +230,10 @@ def read_mltable(folder: Path, read_file):
         raise DataError(f"{spec_path}: its paths name no file; put the table's files beside it")
     if delimiter is None and not spec.get("transformations"):
         delimiter = kind_of(files, str(spec_path))[1]
-    if delimiter is None:
-        folders = [folder / entry["folder"] for entry in entries if "folder" in entry]
-        return read_parquet_files(files, str(spec_path), folders[0] if len(entries) == len(folders) == 1 else None)
-    return read_files(files, str(spec_path), lambda path, _: read_file(path, delimiter), None)
+    if delimiter is not None:
+        return TableFiles(files, None, delimiter)
+    folders = [folder / entry["folder"] for entry in entries if "folder" in entry]
+    return TableFiles(files, folders[0] if len(entries) == len(folders) == 1 else None, None)
 
 
 def delta_actions(log: Path, where: str) -> tuple[dict[str, dict], dict]:
@@ -230,12 +279,59 @@ def apply_action(action: dict, files: dict[str, dict], metadata: dict) -> None:
 def plain_strings(table):
     """`table` with its text columns as one type: writers differ (string, large_string, string_view), and tables of
     several files are concatenated."""
+    return table.cast(large_strings(table.schema))
+
+
+def delta_files(folder: Path, where: str) -> TableFiles:
+    """The Parquet files a Delta table at `folder` holds now, each one's partition values, and its schema's fields
+    (name: Delta type, in the table's order)."""
+    files, metadata = delta_actions(folder / "_delta_log", where)
+    if (metadata.get("configuration") or {}).get("delta.columnMapping.mode", "none") != "none":
+        raise DataError(f"{where}: a Delta table with column mapping; export it as Parquet for the table task")
+    fields = {field["name"]: field["type"] for field in json.loads(metadata["schemaString"])["fields"]}
+    partitions = {folder / path: add.get("partitionValues") or {} for path, add in sorted(files.items())}
+    return TableFiles(list(partitions), folder, None, partitions, fields)
+
+
+def large_strings(schema):
+    """`schema` with its text fields of one type: writers differ (string, large_string, string_view)."""
     import pyarrow as pa
 
     text = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
-    schema = pa.schema([field.with_type(pa.large_string()) if any(kind(field.type) for kind in text) else field
-                        for field in table.schema])  # fmt: skip
-    return table.cast(schema)
+    return pa.schema([field.with_type(pa.large_string()) if any(kind(field.type) for kind in text) else field
+                      for field in schema])  # fmt: skip
+
+
+def delta_dataset(found: TableFiles, where: str):
+    """A Delta table's files (`delta_files`) as one pyarrow dataset of the table's columns in its order, as `read_delta`
+    reads them: each file's partition values its columns' values (typed as the schema says), text as large_string."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+    from pyarrow.fs import LocalFileSystem
+
+    try:
+        stored = pa.unify_schemas([large_strings(pq.read_schema(path)) for path in found.files],
+                                  promote_options="permissive")  # fmt: skip
+    except (pa.ArrowException, OSError) as error:
+        raise DataError(f"{where}: its files are not readable as one table ({first_line(error)})") from None
+    kinds = {}
+    for name, kind in found.fields.items():  # a column in no file (a partition column, one added later): the schema's
+        kinds[name] = (
+            stored.field(name).type if name in stored.names else pa.type_for_alias(DELTA_TYPES.get(kind, "string"))
+        )
+    kinds = {name: pa.large_string() if kind == pa.string() else kind for name, kind in kinds.items()}
+    expressions = []
+    for path in found.files:
+        expression = ds.scalar(True)
+        for column, value in found.partitions[path].items():
+            given = ds.field(column) == pa.scalar(value).cast(kinds[column]) if value is not None else None
+            expression = expression & (ds.field(column).is_null() if given is None else given)
+        expressions.append(expression)
+    schema = pa.schema([pa.field(name, kind) for name, kind in kinds.items()])
+    return ds.FileSystemDataset.from_paths([str(path) for path in found.files], schema=schema,
+                                           format=ds.ParquetFileFormat(), filesystem=LocalFileSystem(),
+                                           partitions=expressions)  # fmt: skip
 
 
 def read_delta(folder: Path, where: str):
@@ -245,22 +341,22 @@ def read_delta(folder: Path, where: str):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    files, metadata = delta_actions(folder / "_delta_log", where)
-    if (metadata.get("configuration") or {}).get("delta.columnMapping.mode", "none") != "none":
-        raise DataError(f"{where}: a Delta table with column mapping; export it as Parquet for the table task")
-    fields = {field["name"]: field["type"] for field in json.loads(metadata["schemaString"])["fields"]}
+    found = delta_files(folder, where)
+    fields = found.fields
     tables, names = [], []
-    for path, add in sorted(files.items()):
+    for path, values in found.partitions.items():
         try:
-            table = pq.read_table(folder / path)
+            table = pq.read_table(path)
         except (pa.ArrowException, OSError) as error:
-            raise DataError(f"{where}: its file {path} is not readable ({first_line(error)})") from None
-        for column, value in (add.get("partitionValues") or {}).items():
+            raise DataError(
+                f"{where}: its file {path.relative_to(folder)} is not readable ({first_line(error)})"
+            ) from None
+        for column, value in values.items():
             kind = DELTA_TYPES.get(fields.get(column), "string")
             values = pa.array([value] * len(table), pa.string())
             table = table.append_column(column, values.cast(kind) if value is not None else values)
         tables.append(plain_strings(table))
-        names.append((Path(path).name, lambda index: f"row {index + 1}"))
+        names.append((path.name, lambda index: f"row {index + 1}"))
     if not tables:
         return pd.DataFrame(columns=list(fields)), lambda index: f"row {index + 1}"
     whole = pa.concat_tables(tables, promote_options="default").select(list(fields))

@@ -5,10 +5,12 @@ bounded by the row groups being read.
     python -m scripts.train fit --config configs/table.yaml --data.init_args.csv_path lake/big/ \\
         --data.init_args.label outcome --data.init_args.memory_budget_mb 256 --data.init_args.num_workers 2
 
-pyarrow.dataset reads the Parquet files (the folders, globs and hive partitions of datamodules/table_sources.py) one
-row group at a time; a CSV is first copied once into Parquet under the system's temporary folder (its cells kept as
-text, so that it splits and is typed as the in-memory CSV is; said on stderr, reused while the CSV is unchanged). One
-pass over every row group (`scan`), in every process alike, then gives:
+pyarrow.dataset reads the Parquet files (the folders, globs, hive partitions, MLTables and Delta tables of
+datamodules/table_sources.py: a Delta table's files now, their partition values as columns) one row group at a time;
+a CSV is first copied once into Parquet under the system's temporary folder (its cells kept as text, so that it
+splits and is typed as the in-memory CSV is; said on stderr, reused while the CSV is unchanged). A test_path table
+streams beside it (datamodules/table_test_path.py). One pass over every row group (`scan`), in every process alike,
+then gives:
 - each row's split by the same rule as in memory (base.row_hashes of the same cells, base.split_rows), kept on disk as
   one byte a row (a temporary folder, deleted at exit), so that the epochs read each row's split rather than hash it;
 - the class names (the label column's distinct values, as class_labels names them);
@@ -41,25 +43,6 @@ from datamodules.preprocessing import table as preprocessing
 from datamodules.table_stream_batches import CODES, EpochLoader, StreamedRows, check_every_process_has_rows, plan
 
 ROW_GROUP_ROWS = 65_536  # a CSV's Parquet copy: the unit of work each process and worker reads
-
-
-def source_files(path: str) -> tuple[list[Path], Path | None, str | None]:
-    """The files of the table at `path` (one file, a folder, a glob: what datamodules/table.py streams), the folder
-    hive partitions are read under, and None for Parquet or the delimiter of CSV files."""
-    from datamodules import table_sources
-
-    source = Path(path)
-    if source.is_file():
-        files, root = [source], None
-    elif source.is_dir():
-        files, root = table_sources.data_files(source), source
-    else:
-        import glob
-
-        files, root = [Path(name) for name in sorted(glob.glob(path, recursive=True)) if Path(name).is_file()], None
-    if not files:
-        raise DataError(f"{path}: no data files; give data.init_args.csv_path the table's file, folder or glob")
-    return files, root, table_sources.kind_of(files, path)[1]
 
 
 def csv_as_parquet(path: Path, delimiter: str) -> Path:
@@ -98,13 +81,20 @@ def csv_as_parquet(path: Path, delimiter: str) -> Path:
 
 
 def open_dataset(path: str) -> tuple[ds.Dataset, list]:
-    """The table at `path` as a pyarrow dataset (a CSV's through its Parquet copy) and its row groups."""
-    files, root, delimiter = source_files(path)
-    if delimiter is not None:
-        files, root = [csv_as_parquet(file, delimiter) for file in files], None
+    """The table at `path` as a pyarrow dataset (a CSV's through its Parquet copy, a Delta table's of its files now
+    and their partition values) and its row groups."""
+    from datamodules.table_sources import delta_dataset, table_files
+
+    found = table_files(path)
+    files, root = found.files, found.root
+    if found.delimiter is not None:
+        files, root = [csv_as_parquet(file, found.delimiter) for file in files], None
     try:
-        dataset = ds.dataset([str(file) for file in files], format="parquet", partitioning="hive",
-                             partition_base_dir=str(root) if root is not None else None)  # fmt: skip
+        if found.fields is not None:
+            dataset = delta_dataset(found, path)
+        else:
+            dataset = ds.dataset([str(file) for file in files], format="parquet", partitioning="hive",
+                                 partition_base_dir=str(root) if root is not None else None)  # fmt: skip
         units = [unit for fragment in dataset.get_fragments() for unit in fragment.split_by_row_group()]
     except (pa.ArrowException, OSError) as error:
         raise DataError(f"{path}: not a readable Parquet dataset ({str(error).strip().splitlines()[0]})") from None
@@ -172,7 +162,8 @@ class TableStream:
             raise DataError(f"{options.csv_path}: no column {options.id_column!r}; give data.init_args.id_column "
                             "one of its columns")  # fmt: skip
         keys = [options.id_column] if options.id_column is not None else columns
-        return base.split_rule(self.data.seed, options.val_fraction, options.test_fraction, keys, options.id_column)
+        test_fraction = 0.0 if options.test_path else options.test_fraction  # test_path's rows are the test split
+        return base.split_rule(self.data.seed, options.val_fraction, test_fraction, keys, options.id_column)
 
     def scan(self, rule: dict | None) -> dict:
         """The one pass (module docstring) by `rule` (None: the config's), remembered for that rule."""
@@ -182,10 +173,9 @@ class TableStream:
             return self.scanned
         from datamodules.table_stream_scan import scan_table
 
-        if rule["method"] != base.METHOD or options.test_path:
-            what = "a checkpoint split before row-hash rules" if rule["method"] != base.METHOD else "test_path"
-            raise DataError(f"{options.csv_path}: {what} is read in memory only; give a larger "
-                            "data.init_args.memory_budget_mb")  # fmt: skip
+        if rule["method"] != base.METHOD:
+            raise DataError(f"{options.csv_path}: a checkpoint split before row-hash rules is read in memory only; "
+                            "give a larger data.init_args.memory_budget_mb")  # fmt: skip
         dataset, units = self.dataset()
         self.scanned = scan_table(dataset, units, columns, options.label, rule, self.codes, str(options.csv_path),
                                   integers_with_nulls(dataset, units))  # fmt: skip
@@ -206,7 +196,7 @@ class TableStream:
             raise DataError(f"{where}: label column {label!r} has {len(scanned['classes'])} classes in {total} rows; "
                             "a classifier needs several rows of each class: give the column of each row's class as "
                             "data.init_args.label")  # fmt: skip
-        if rows["test"] == 0:
+        if rows["test"] == 0 and not data.test_stream:
             raise DataError(f"{where}: {total} rows leave no test rows at test_fraction {data.hparams.test_fraction}; "
                             "give more rows or a larger data.init_args.test_fraction")  # fmt: skip
         sample = scanned["sample"].drop(columns=[rule["id_column"]] if rule["id_column"] else [])
@@ -219,6 +209,8 @@ class TableStream:
         schema = {column: "left out" for column in scanned["columns"]} | {label: "label"}
         schema |= {column["name"]: column["kind"] for column in data.state["columns"]}
         splits = {name: {"digest": scanned["digests"][name], "rows": rows[name]} for name in CODES}
+        if data.test_stream:  # test_path's rows are the test split
+            splits["test"] = data.test_stream.identity(scanned["columns"])
         data.identity = {"source": where, "digest": scanned["digests"]["all"], "rows": total, "split": rule,
                          "schema": schema, "splits": splits, "streamed": True}  # fmt: skip
 

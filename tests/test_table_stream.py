@@ -46,6 +46,60 @@ def lake(folder: Path, rows: int = 900, seed: int = 1) -> Path:
     return folder
 
 
+def delta_lake(folder: Path, rows: int = 900, seed: int = 5) -> Path:
+    """A Delta table partitioned by region (a string) and year (an integer, typed by the log's schema): commit 0 adds
+    six part files of row groups of 40, commit 1 removes one and adds its rows rewritten without its first ten, so the
+    folder holds rows the table no longer does. Its log written as Spark and delta-rs write it."""
+    frame = make_table(rows, seed).assign(region=["north", "south", "east"] * (rows // 3), year=2024)
+    frame.loc[frame.index % 2 == 0, "year"] = 2025
+    delta_types = {"int64": "long", "float64": "double", "object": "string"}
+    fields = [{"name": name, "type": delta_types.get(str(kind), "string"), "nullable": True, "metadata": {}}
+              for name, kind in frame.drop(columns=["region", "year"]).dtypes.items()]  # fmt: skip
+    fields += [{"name": "region", "type": "string", "nullable": True, "metadata": {}},
+               {"name": "year", "type": "integer", "nullable": True, "metadata": {}}]  # fmt: skip
+    schema = json.dumps({"type": "struct", "fields": fields})
+    metadata = {"id": "t", "format": {"provider": "parquet", "options": {}}, "schemaString": schema,
+                "partitionColumns": ["region", "year"], "configuration": {}}  # fmt: skip
+    adds = []
+    for (region, year), part in frame.groupby(["region", "year"]):
+        path = f"region={region}/year={year}/part-{len(adds)}.parquet"
+        (folder / path).parent.mkdir(parents=True)
+        pq.write_table(pa.Table.from_pandas(part.drop(columns=["region", "year"]), preserve_index=False),
+                       folder / path, row_group_size=40)  # fmt: skip
+        adds.append({"path": path, "partitionValues": {"region": region, "year": str(year)}, "dataChange": True})
+    log = folder / "_delta_log"
+    log.mkdir()
+    first = [{"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}}, {"metaData": metadata}]
+    (log / f"{0:020d}.json").write_text("\n".join(json.dumps(line) for line in first + [{"add": a} for a in adds]))
+    removed = adds[0]
+    rewritten = {**removed, "path": removed["path"].replace("part-0", "part-6")}
+    kept = pq.read_table(folder / removed["path"]).slice(10)
+    pq.write_table(kept, folder / rewritten["path"], row_group_size=40)
+    second = [{"remove": {"path": removed["path"], "dataChange": True}}, {"add": rewritten}]
+    (log / f"{1:020d}.json").write_text("\n".join(json.dumps(line) for line in second))
+    return folder
+
+
+def mltable(folder: Path, kind: str) -> Path:
+    """An MLTable folder: a pattern naming a lake's part files, or a folder of CSV files read_delimited reads."""
+    if kind == "pattern":
+        lake(folder / "lake")
+        (folder / "MLTable").write_text("paths:\n  - pattern: ./lake/region=*/part-*.parquet\n")
+        return folder
+    (folder / "exports").mkdir(parents=True)
+    for index in range(3):
+        make_table(300, seed=10 + index).to_csv(folder / "exports" / f"day-{index}.tsv", sep="\t", index=False)
+    (folder / "MLTable").write_text("paths:\n  - folder: ./exports\ntransformations:\n  - read_delimited:\n"
+                                    "      delimiter: \"\\t\"\n")  # fmt: skip
+    return folder
+
+
+SOURCES = {"parquet folder": lambda folder: lake(folder / "lake"),
+           "delta table": lambda folder: delta_lake(folder / "d"),
+           "mltable of a pattern": lambda folder: mltable(folder / "m", "pattern"),
+           "mltable of csv files": lambda folder: mltable(folder / "m", "delimited")}  # fmt: skip
+
+
 def rows_of(inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Each row's network inputs and class, in sorted order: a split's rows whatever their order."""
     return torch.tensor(sorted(map(tuple, torch.cat([inputs, labels[:, None].float()], dim=1).tolist())))
@@ -60,10 +114,10 @@ def loaded(data: TableDataModule, split: str) -> tuple[torch.Tensor, torch.Tenso
     return torch.cat(inputs), torch.cat(labels)
 
 
-@pytest.mark.parametrize("kind", ["parquet folder", "csv"])
+@pytest.mark.parametrize("kind", [*SOURCES, "csv"])
 def test_a_streamed_table_splits_types_and_scales_as_one_read_whole(tmp_path, kind, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the CSV's Parquet copy goes under the system's
-    source = lake(tmp_path / "lake") if kind == "parquet folder" else tmp_path / "t.csv"
+    source = SOURCES[kind](tmp_path) if kind in SOURCES else tmp_path / "t.csv"
     if kind == "csv":
         make_table(500, seed=2).to_csv(source, index=False)
         assert not list(tmp_path.glob("table-cache/*/t.parquet"))
@@ -88,6 +142,18 @@ def test_a_streamed_table_splits_types_and_scales_as_one_read_whole(tmp_path, ki
         assert streamed.identity["splits"][split]["rows"] == whole.identity["splits"][split]["rows"]
         assert same_rows(rows_of(*loaded(streamed, split)), rows_of(*whole.splits[split]))
     assert len(list(tmp_path.glob("table-cache/*/t.parquet"))) == (kind == "csv")  # made once, where said
+
+
+def test_the_budget_sees_a_delta_table_and_an_mltable_as_the_files_they_hold(tmp_path):
+    from datamodules.table import in_memory_mb
+
+    table = delta_lake(tmp_path / "d")
+    live = [path for path in table.rglob("part-*.parquet") if path.name != "part-0.parquet"]  # removed by commit 1
+    columns = len(pq.read_schema(live[0]).names) + 2  # and its two partition columns
+    cells = sum(pq.read_metadata(path).num_rows for path in live) * columns
+    assert in_memory_mb(str(table)) == pytest.approx(cells * 70 / 2**20)
+    folder = mltable(tmp_path / "m", "pattern")
+    assert in_memory_mb(str(folder)) == in_memory_mb(str(folder / "lake" / "region=*" / "part-*.parquet")) > 0
 
 
 def test_a_table_below_its_budget_is_read_whole(tmp_path):
@@ -180,3 +246,46 @@ def test_a_streamed_table_that_changed_since_its_checkpoint_is_said_in_one_line(
     assert f"{tmp_path / 'after'}: not the table the checkpoint saw (900 rows then, 960 now; a streamed table's " in (
         capsys.readouterr().err
     )
+
+
+def test_a_streamed_test_path_gives_the_test_rows_of_one_read_whole(tmp_path):
+    from datamodules.table import in_memory_mb
+
+    source, tests = lake(tmp_path / "train"), lake(tmp_path / "test", rows=1800, seed=7)
+    between = (in_memory_mb(str(source)) + in_memory_mb(str(tests))) / 2  # the training table in memory, test_path not
+    modules = {budget: TableDataModule(str(source), "species", test_path=str(tests), memory_budget_mb=budget)
+               for budget in (2048, between, 0)}  # fmt: skip
+    assert [(data.stream is None, data.test_stream is None) for data in modules.values()] == [
+        (True, True),
+        (True, False),
+        (False, False),
+    ]
+    for data in modules.values():
+        data.setup("fit")
+    whole = modules[2048]
+    for data in (modules[between], modules[0]):
+        assert data.identity["splits"]["test"]["rows"] == 1800 == len(whole.splits["test"][1])
+        assert data.identity["splits"]["test"]["source"] == str(tests)
+        assert same_rows(rows_of(*loaded(data, "test")), rows_of(*whole.splits["test"]))
+        assert same_rows(rows_of(*loaded(data, "val")), rows_of(*whole.splits["val"]))
+
+
+@pytest.mark.slow
+def test_a_streamed_test_path_tests_as_one_read_whole_on_two_processes(tmp_path):
+    source, tests = lake(tmp_path / "train"), lake(tmp_path / "test", rows=600, seed=7)
+    config = ["--config", "configs/table.yaml", "--data.init_args.csv_path", source, "--data.init_args.label",
+              "species", "--data.init_args.test_path", tests, "--data.init_args.batch_size", "16"]  # fmt: skip
+    fit = run_module("scripts.train", "fit", *config, "--trainer.max_epochs", "2", "--trainer.default_root_dir",
+                     tmp_path / "fit", "--metrics_file", tmp_path / "fit.json")  # fmt: skip
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    (best,) = (tmp_path / "fit").glob("*/*/checkpoints/best.ckpt")
+    accuracies = {}
+    for name, extra in (("streamed on two processes", [*STREAMED, *DDP]), ("read whole", [])):
+        outputs = tmp_path / name
+        tested = run_module("scripts.train", "test", *config, *extra, "--ckpt_path", best,
+                            "--trainer.default_root_dir", outputs, "--metrics_file", outputs / "m.json")  # fmt: skip
+        assert tested.returncode == 0, tested.stderr[-3000:]
+        assert confusion_total(outputs) == 600  # each of test_path's rows once over the processes
+        accuracies[name] = json.loads((outputs / "m.json").read_text())["test_acc"]
+    assert accuracies["streamed on two processes"] == pytest.approx(accuracies["read whole"], abs=1e-6)
+    assert json.loads((tmp_path / "fit.json").read_text())["test_acc"] == pytest.approx(accuracies["read whole"])

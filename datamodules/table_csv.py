@@ -1,0 +1,121 @@
+"""One CSV file as the table task reads it whole (datamodules/table.py's read_file): checked, parsed, and typed where
+the format allows.
+
+    python -m scripts.train fit --config configs/table.yaml --data.init_args.csv_path FILE.csv \\
+        --data.init_args.label COLUMN
+
+pandas' parser reads the cells as they always were (quoting, blank lines, MISSING's spellings missing), but into
+Arrow strings, a few bytes a cell rather than a Python object each. Then a column whose every given cell is the text
+Python writes for its number (`3`, `-0.25`, `1e-05`, `2.0`) becomes that number column: int64 (Int64 where cells are
+missing) or float64; any other stays text (object, missing cells NaN) as before. A CSV's rows are hashed from those
+texts (`row_hashes`), so its split and digests do not change. A column of `3` and `3.5`, or of `3.50`, stays text (a
+float writes 3.0 and 3.5); so does one of whole numbers holding both `0.0` and `-0.0` (one number, two texts, which
+would count as one distinct value).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from datamodules import base
+from datamodules.errors import DataError
+from datamodules.preprocessing import table as preprocessing
+from datamodules.preprocessing.csv_files import check_csv_layout, drop_blank_rows, not_utf8
+
+HASHED_ROWS = 65_536  # rows hashed at a time: their numbers' texts, not the table's, in memory
+
+
+def read_csv_file(path: str, data: bytes, delimiter: str):
+    """The CSV file at `path` (its bytes `data`, cells separated by `delimiter`) as a DataFrame, typed where the
+    format allows, and a function naming its rows by their line."""
+    if what := not_utf8(data[:4]):
+        raise DataError(f"{path}: {what}")
+    try:  # from the bytes, decoded as read: a StringIO of the whole text takes four bytes a character
+        reader = csv.reader(io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig", newline=""), delimiter=delimiter)
+        header, header_line, _ = check_csv_layout(reader, path)  # any column named twice: the line below
+        if not header:
+            raise DataError(f"{path}: empty; give a table whose first line names its columns")
+        names = [name.strip() for name in header]
+        if twice := next((name for name in names if names.count(name) > 1), None):
+            raise DataError(f"{path}: column {twice!r} is named {names.count(twice)} times; give each column one name")
+        frame = pd.read_csv(io.BytesIO(data), encoding="utf-8-sig", sep=delimiter, dtype="string[pyarrow]",
+                            keep_default_na=False,
+                            na_values=preprocessing.MISSING, index_col=False, usecols=range(len(header)),
+                            skip_blank_lines=False, skiprows=header_line - 1)  # fmt: skip
+    except (pd.errors.ParserError, UnicodeDecodeError, csv.Error) as error:
+        raise DataError(f"{path}: not a readable CSV ({str(error).strip().splitlines()[0]})") from None
+    frame = pd.DataFrame({name: typed(frame.pop(column)) for name, column in zip(names, list(frame.columns))})
+    frame = drop_blank_rows(frame, header_line)  # row i is line i + 2
+    lines = frame.index.to_numpy()
+    return frame.reset_index(drop=True), lambda index: f"line {int(lines[index]) + 2}"
+
+
+def typed(column: pd.Series) -> pd.Series:
+    """`column` (Arrow strings, missing cells NA) as numbers where each given cell's text is its number's own (the
+    module docstring), else as text: an object column, missing cells NaN."""
+    text = pd.Series(column.to_numpy(dtype=object, na_value=np.nan), index=column.index)
+    values = pa.array(column)
+    if values.null_count == len(values):
+        return text
+    for kind in (pa.int64(), pa.float64()):
+        try:
+            numbers = pc.cast(values, kind)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            continue
+        missing_ints = kind == pa.int64() and numbers.null_count
+        candidate = numbers.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get if missing_ints else None)
+        given = text.notna().to_numpy()
+        if [str(number) for number in candidate[given].tolist()] != text[given].tolist():
+            return text
+        # `0.0` and `-0.0`, one number of two texts: counted once, a column of whole numbers could be read as one value
+        # or lose being an ID (preprocessing/table.py's describe_column); any other column is described alike.
+        found = candidate[given].to_numpy(dtype=np.float64)
+        whole = bool(np.all(found[np.isfinite(found)] % 1 == 0))
+        if whole and candidate.nunique() != text.nunique():
+            return text
+        return candidate.set_axis(column.index)
+    return text
+
+
+def as_text(column: pd.Series) -> pd.Series:
+    """A typed column back to its cells' text (object, missing cells NaN): the text each number was read from."""
+    return pd.Series([np.nan if pd.isna(value) else str(value) for value in column.astype(object).tolist()],
+                     index=column.index, name=column.name, dtype=object)  # fmt: skip
+
+
+def categories_as_text(frame: pd.DataFrame, state: dict) -> pd.DataFrame:
+    """`frame` (read from a CSV) with its typed columns that `state` reads as categories back as their text: `1.0`
+    is the category `1.0` (as a number, preprocessing's as_text names it `1`), as when every cell was text. Another
+    file's column, all numbers, where the training table's was not (rows to predict, test_path)."""
+    categorical = [column["name"] for column in state["columns"] if column["kind"] == "categorical"]
+    typed = [name for name in categorical if name in frame.columns and frame[name].dtype.kind in "fiu"]
+    return frame.assign(**{name: as_text(frame[name]) for name in typed}) if typed else frame
+
+
+def same_kinds(frames: list[pd.DataFrame]) -> list[pd.DataFrame]:
+    """CSV files read one by one (datamodules/table_sources.py), each column of one type in all: a column typed in
+    one file and not in another (`3` here, `3.5` there) is text in all, as one file of both would be."""
+    mixed = [name for name in frames[0].columns if len({str(frame[name].dtype) for frame in frames}) > 1]
+    return [frame.assign(**{name: as_text(frame[name]) for name in mixed}) for frame in frames]
+
+
+def row_hashes(frame: pd.DataFrame, from_text: bool) -> np.ndarray:
+    """base.row_hashes of `frame`, its numbers (typed from a CSV's text: `from_text`) hashed as that text, a block of
+    rows at a time: as the frame of text cells hashed. A number's text is its own (the module docstring), but `0.0`
+    and `-0.0` are one value to pandas' hashing of numbers."""
+    numbers = [name for name, kind in frame.dtypes.items() if from_text and kind.kind in "fiu"]
+    if not numbers:
+        return base.row_hashes(frame)
+    parts = []
+    for start in range(0, len(frame), HASHED_ROWS):
+        block = frame.iloc[start : start + HASHED_ROWS].astype(dict.fromkeys(numbers, object))
+        for name in numbers:
+            block[name] = [None if pd.isna(value) else str(value) for value in block[name].tolist()]
+        parts.append(base.row_hashes(block))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
