@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from functools import partial
 
 import lightning as L
 import torch
@@ -45,17 +44,6 @@ class InputShapeError(ValueError):
 
 class DivergedError(ArithmeticError):
     """The training loss or the weights turned non-finite."""
-
-
-def warmup_poly_factor(step: int, warmup_steps: int, total_steps: int, power: float) -> float:
-    """Multiplier of the base lr at optimizer step `step`: 0 -> 1 over `warmup_steps`, then (1 - progress)^power (0:
-    constant; 1: linear decay to zero at the end)."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if power == 0 or total_steps <= warmup_steps:
-        return 1.0
-    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
-    return (1.0 - progress) ** power
 
 
 class ClassificationModule(L.LightningModule):
@@ -259,11 +247,8 @@ class ClassificationModule(L.LightningModule):
             return {"optimizer": optimizer, "lr_scheduler": self.scheduler_factory(optimizer)}
         if self.hparams.warmup_steps == 0 and self.hparams.poly_decay_power == 0:
             return optimizer
-        factor = partial(
-            warmup_poly_factor,
-            warmup_steps=self.hparams.warmup_steps,
-            total_steps=int(self.trainer.estimated_stepping_batches),
-            power=self.hparams.poly_decay_power,
-        )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        from lightning_modules.schedules import warmup_poly_schedule
+
+        hparams, total_steps = self.hparams, int(self.trainer.estimated_stepping_batches)
+        schedule = warmup_poly_schedule(optimizer, hparams.warmup_steps, total_steps, hparams.poly_decay_power)
+        return {"optimizer": optimizer, "lr_scheduler": schedule}
