@@ -100,6 +100,7 @@ class TemplateCLI(LightningCLI):
             from scripts.training.from_checkpoint import prepare
 
             prepare(self, config)
+        resumable = self.subcommand == "fit" and config.get("checkpoint_dir")
         if self.subcommand == "fit":
             for option in ("max_epochs", "max_steps"):  # a fit of no step would test an untrained network
                 if config.trainer.get(option) == 0:
@@ -108,27 +109,22 @@ class TemplateCLI(LightningCLI):
                         "test would measure an untrained network); give 1 or more (-1: no limit), or `test "
                         "--ckpt_path` to evaluate"
                     )
-            if config.get("checkpoint_dir"):
-                self.check_on_rank_zero(check_writable, Path(config.checkpoint_dir), "--checkpoint_dir")
             if config.get("model_dir"):
                 outputs = model_outputs("--model_dir")
                 self.check_on_rank_zero(outputs.check_model_dir, Path(config.model_dir), "--model_dir")
                 self.check_on_rank_zero(check_writable, Path(config.model_dir), "--model_dir")
-        if self.subcommand == "fit" and config.get("checkpoint_dir"):
+        if resumable:
             from scripts.training import resume
 
             resume.prepare(self, config)
         check_trainer(config.trainer, writes=self.subcommand != "predict")
-        logger = config.trainer.logger
+        logger, tracking_args = config.trainer.logger, None
         if tracking.is_mlflow_logger(logger):
-            args = logger.init_args
+            tracking_args = logger.init_args
             outputs = Path(config.trainer.default_root_dir or OUTPUTS)
-            tracking.set_up_tracking(args, outputs, self.subcommand, first_process())
-            if self.subcommand == "fit" and args.run_id is None and config.get("checkpoint_dir"):
-                args.run_id = resume.saved_run(args.tracking_uri, config.checkpoint_dir)  # a resumed fit's own run
-                args.run_name = None if args.run_id else args.run_name
-        if self.subcommand == "fit" and config.get("checkpoint_dir"):  # checked; nothing of the run is written yet
-            self.check_on_rank_zero(resume.hold, Path(config.checkpoint_dir))
+            tracking.set_up_tracking(tracking_args, outputs, self.subcommand, first_process())
+        if resumable:  # checked; nothing of the run is written yet
+            resume.take_over(self, config, tracking_args)
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         trainer_config = self.config_init[self.subcommand].trainer if self.subcommand else {}
@@ -169,14 +165,9 @@ class TemplateCLI(LightningCLI):
         if checkpoint is not None and checkpoint.best_model_path:
             rank_zero_print(f"best checkpoint: {checkpoint.best_model_path}")
         if self.trainer.global_step == 0:  # nothing trained, in this fit or the one it resumed
-            if isinstance(self.trainer.logger, tracking.BufferedMLFlowLogger) and self.trainer.is_global_zero:
-                from scripts.training.failed_runs import end_failed
+            from scripts.training.failed_runs import refuse_untrained
 
-                end_failed(self.trainer.logger)
-            raise ConfigError(
-                "the fit trained no step (check trainer.max_epochs, max_steps, limit_train_batches and the training "
-                "data): its network is untrained, so it is not tested; give options that train at least one step"
-            )
+            refuse_untrained(self.trainer)
         metrics = dict(self.trainer.callback_metrics)  # the last validation's: testing replaces them
         if self.config.fit.test_after_fit:
             ckpt_path = "best" if checkpoint is not None and checkpoint.best_model_path else None

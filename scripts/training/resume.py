@@ -41,10 +41,13 @@ MAY_DIFFER = (
 
 
 def prepare(cli, config) -> None:
-    """The CLI's part for a fit with --checkpoint_dir, before anything is built: the checkpoints there and, where
-    last.ckpt is, the resume from it once its config is checked."""
+    """The CLI's part for a fit with --checkpoint_dir, before anything is built: DIR writable, the checkpoints there
+    and, where last.ckpt is, the resume from it once its config is checked."""
     import warnings
 
+    from scripts.training.cli import check_writable
+
+    cli.check_on_rank_zero(check_writable, Path(config.checkpoint_dir), "--checkpoint_dir")
     if ours_only(config.checkpoint_dir):  # Lightning warns of it at every start, resumes included
         warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
     if last := resume_from(config):
@@ -192,6 +195,15 @@ def hold(folder: Path) -> None:
             folder.rmdir()
 
     atexit.register(release)
+
+
+def take_over(cli, config, tracking_args) -> None:
+    """The CLI's part once the tracking is set up (`tracking_args`: the MLflow logger's, None for another logger): the
+    MLflow run this DIR's fits log into, unless one is given, and DIR held for this fit alone."""
+    if tracking_args is not None and tracking_args.run_id is None:
+        tracking_args.run_id = saved_run(tracking_args.tracking_uri, config.checkpoint_dir)
+        tracking_args.run_name = None if tracking_args.run_id else tracking_args.run_name
+    cli.check_on_rank_zero(hold, Path(config.checkpoint_dir))
 
 
 def saved_run(tracking_uri: str, folder: str) -> str | None:
