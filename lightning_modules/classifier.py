@@ -17,10 +17,9 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
+from torch.nn.parameter import is_lazy
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
-
-from lightning_modules.checkpoint_fit import check_network_fits
 
 
 class OptimizerError(ValueError):
@@ -44,6 +43,12 @@ class InputShapeError(ValueError):
 
 class DivergedError(ArithmeticError):
     """The training loss or the weights turned non-finite."""
+
+
+def weights_fit(code: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> bool:
+    """Whether the state dict `saved` loads strictly into one shaped as `code` (a lazy layer's weights take any shape):
+    else checkpoint_fit.py says what differs."""
+    return code.keys() == saved.keys() and all(is_lazy(t) or saved[key].shape == t.shape for key, t in code.items())
 
 
 class ClassificationModule(L.LightningModule):
@@ -223,7 +228,10 @@ class ClassificationModule(L.LightningModule):
             checkpoint["input_shape"] = list(self.input_shape)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        check_network_fits(self, checkpoint)  # one line, not load_state_dict's error, for a network changed since
+        if self.strict_loading and not weights_fit(self.state_dict(keep_vars=True), checkpoint.get("state_dict", {})):
+            from lightning_modules.checkpoint_fit import check_network_fits  # one line, not load_state_dict's error
+
+            check_network_fits(self, checkpoint)
         self.train_epoch_metrics = checkpoint.get("train_epoch_metrics")
         if checkpoint.get("input_shape"):
             self.input_shape = tuple(checkpoint["input_shape"])
