@@ -17,7 +17,8 @@ import torch
 import yaml
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from scripts.training.checkpoints import CONFIG_KEY, CheckpointError, check_checkpoint_file, flatten, write_whole
+from scripts.training.checkpoints import CONFIG_KEY, CheckpointError, flatten, write_whole
+from scripts.training.from_checkpoint import check_checkpoint_file
 
 RUN_ID_FILE = "mlflow_run_id"
 FIT_LOCK = "fit.lock"  # in DIR while a fit writes there
