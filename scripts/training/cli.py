@@ -23,8 +23,9 @@ from datamodules.base import ClassificationDataModule
 from lightning_modules.classifier import ClassificationModule, refuse_lightning_optimizer_options
 from scripts.training import tracking
 from scripts.training.checkpoints import RandomStates, WholeCheckpointIO, add_checkpoint_arguments
-from scripts.training.run_record import TrackConfig, first_process, launched
+from scripts.training.run_record import EvaluationReport, TrackConfig, first_process, launched
 
+rank_zero_print = rank_zero_only(print)
 PROCESSES_PER_CORE = 4  # the most CPU training processes a core: --trainer.devices' bound
 OUTPUTS = Path("outputs")  # Azure ML uploads ./outputs of every job
 PROGRESS_BAR_REFRESH = 10  # batches: Lightning's redraws twice a batch, a share of a short step and a log line each
@@ -32,8 +33,7 @@ OPTIONS = {  # the template's own, besides --test_after_fit and the checkpoints'
     "--register_model": "fit: log the best checkpoint's network as the run's MLflow model, registered under this name",
     "--model_dir": "fit: also save the best checkpoint's network as an MLflow model in this folder (new or empty): "
     "what --register_model registers; an Azure ML pipeline's mlflow_model output",
-    "--metrics_file": "fit, test: write the metrics at the end (the last validation's and the test's) to this JSON "
-    "file",
+    "--metrics_file": "fit, test: write the final metrics (the last validation's and the test's) to this JSON file",
 }
 
 
@@ -67,19 +67,11 @@ class TemplateCLI(LightningCLI):
         for option, help in OPTIONS.items():
             parser.add_argument(option, type=str | None, default=None, help=help)
 
-    def several_processes(self):  # the multi-process machinery, loaded the first time a command needs it
-        from scripts.training import several_processes
-
-        if self.same_start is None:
-            self.same_start = several_processes.SameStart()
-        return several_processes
-
     def check_on_rank_zero(self, check, *args) -> None:
         """`check(*args)`; under a launcher in global rank 0 alone, its error raised in every process once they meet
-        (SameStart): else the others would wait for this one until torch.distributed's timeout."""
+        (several_processes.py): else the others would wait for this one until torch.distributed's timeout."""
         if launched():
-            self.several_processes()
-            self.same_start.check_on_rank_zero(check, *args)
+            importlib.import_module("scripts.training.several_processes").check_on_rank_zero(self, check, *args)
         else:
             check(*args)
 
@@ -143,15 +135,11 @@ class TemplateCLI(LightningCLI):
 
             trainer.callbacks.append(CheckData(self.config.fit.ckpt_path))
         if self.subcommand == "test" or (self.subcommand == "fit" and self.config.fit.test_after_fit):
-            from scripts.training.run_record import EvaluationReport
-
             trainer.callbacks.append(EvaluationReport())
         if type(trainer.strategy.checkpoint_io).__name__ == "TorchCheckpointIO":  # a user's own plugin is left alone
             trainer.strategy.checkpoint_io = WholeCheckpointIO()
         if launched() or trainer.world_size > 1:
-            self.several_processes().install(trainer, self)
-        elif self.same_start is not None and self.same_start.error is not None:
-            raise self.same_start.error
+            importlib.import_module("scripts.training.several_processes").install(trainer, self)
         return trainer
 
     def before_fit(self) -> None:
@@ -200,9 +188,8 @@ class TemplateCLI(LightningCLI):
 
 
 def check_trainer(trainer: dict, writes: bool) -> None:
-    """The Trainer's options that cannot run here: a GPU this machine lacks, counts Lightning divides by (a
-    ZeroDivisionError), nodes no launcher starts (waited for forever), a process per CPU "device" however few the
-    cores; and the output folder of a run that `writes`."""
+    """The Trainer's options that cannot run here (a GPU this machine lacks, a count below 1 that Lightning divides by,
+    nodes no launcher starts, more CPU processes than its cores run) and the output folder of a run that `writes`."""
     if str(trainer.accelerator) in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ConfigError(
             f"--trainer.accelerator {trainer.accelerator}: torch sees no GPU on this machine; give "
@@ -257,11 +244,6 @@ def model_outputs(option: str):
     from scripts.training.extras import load
 
     return load("scripts.serving.model_outputs", "serving", option)
-
-
-@rank_zero_only
-def rank_zero_print(line: str) -> None:
-    print(line)
 
 
 def make_cli(args: list[str] | None, cli_class: type[TemplateCLI]) -> TemplateCLI:

@@ -26,8 +26,6 @@ from scripts.training.same_start import SameStart
 from scripts.training.sigterm import StopTogether
 from strategies.launch_check import check_launch
 
-__all__ = ["SameStart", "install"]
-
 
 class RankZeroCheckpointIO(WholeCheckpointIO):
     """Global rank 0 reads a checkpoint for every process (which need not have the file) and broadcasts it."""
@@ -56,9 +54,21 @@ class RankZeroCheckpointIO(WholeCheckpointIO):
         return checkpoint
 
 
+def made_same_start(cli) -> SameStart:
+    """The TemplateCLI `cli`'s SameStart (scripts/training/cli.py), made the first time a command needs it."""
+    if cli.same_start is None:
+        cli.same_start = SameStart()
+    return cli.same_start
+
+
+def check_on_rank_zero(cli, check: Callable, *args) -> None:
+    """TemplateCLI.check_on_rank_zero under a launcher: `check(*args)` in global rank 0 alone (SameStart)."""
+    made_same_start(cli).check_on_rank_zero(check, *args)
+
+
 def install(trainer: L.Trainer, cli) -> None:
-    """Into `trainer`, of the TemplateCLI `cli` (scripts/training/cli.py), whose `same_start` is made."""
-    same_start, config = cli.same_start, cli.config[cli.subcommand]
+    """Into `trainer`, of the TemplateCLI `cli`."""
+    same_start, config = made_same_start(cli), cli.config[cli.subcommand]
     same_start.ckpt_path, same_start.checkpoint_dir = config.get("ckpt_path"), config.get("checkpoint_dir")
     same_start.resumes = cli.resumes
     check_launch(trainer.num_devices, trainer.num_nodes)
