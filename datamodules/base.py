@@ -93,11 +93,8 @@ class ClassificationDataModule(L.LightningDataModule):
                 )
             self.hparams[name] = trained
         trained, given = state.get("identity") or {}, getattr(self, "identity", None) or {}
-        if (
-            hasattr(self, "resplit")
-            and given
-            and (trained.get("split"), trained.get("digest")) != (given["split"], given["digest"])
-        ):
+        same_data = (trained.get("split"), trained.get("digest")) == (given.get("split"), given.get("digest"))
+        if hasattr(self, "resplit") and given and not same_data:
             from datamodules.split_check import check_trained  # split by the checkpoint's rule; what differs said
 
             check_trained(self, state.get("identity"))

@@ -1,6 +1,6 @@
 """The LightningModule every task shares: tasks differ only in the network (a plain `nn.Module` built as
 `network(num_classes)`) and the data; cross-entropy, accuracy, throughput, the injected optimizer and its learning-rate
-schedule, and prediction live here once.
+schedule (or schedules.py's warm-up and decay), and prediction live here once.
 
     python -m scripts.train fit --config configs/penguins.yaml --model.optimizer.lr 0.01
 """
@@ -46,8 +46,7 @@ class DivergedError(ArithmeticError):
 
 
 def weights_fit(code: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> bool:
-    """Whether the state dict `saved` loads strictly into one shaped as `code` (a lazy layer's weights take any shape):
-    else checkpoint_fit.py says what differs."""
+    """Whether state dict `saved` loads strictly into one shaped as `code` (a lazy layer's weights take any shape)."""
     return code.keys() == saved.keys() and all(is_lazy(t) or saved[key].shape == t.shape for key, t in code.items())
 
 
