@@ -95,9 +95,6 @@ class WholeCheckpointIO(TorchCheckpointIO):
         try:
             return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
         except Exception as error:  # torch.load's: a truncated zip, not a pickle, a file of another program
-            from scripts.training.from_checkpoint import check_checkpoint_file
-
-            check_checkpoint_file(path)  # a missing file, or not torch.save's zip, said so
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise CheckpointError(
                 f"{path}: not a checkpoint this can read ({reason}); give a .ckpt written by scripts.train fit"

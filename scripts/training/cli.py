@@ -108,6 +108,7 @@ class TemplateCLI(LightningCLI):
         if resumable:
             from scripts.training import resume
 
+            self.check_on_rank_zero(check_writable, Path(config.checkpoint_dir), "--checkpoint_dir")
             resume.prepare(self, config)
         check_trainer(config.trainer, writes=self.subcommand != "predict")
         logger, tracking_args = config.trainer.logger, None
@@ -153,9 +154,11 @@ class TemplateCLI(LightningCLI):
         if checkpoint is not None and checkpoint.best_model_path:
             rank_zero_print(f"best checkpoint: {checkpoint.best_model_path}")
         if self.trainer.global_step == 0:  # nothing trained, in this fit or the one it resumed
-            from scripts.training.failed_runs import refuse_untrained
-
-            refuse_untrained(self.trainer)
+            importlib.import_module("scripts.training.failed_runs").end_failed(self.trainer)
+            raise ConfigError(
+                "the fit trained no step (check trainer.max_epochs, max_steps, limit_train_batches and the training "
+                "data): its network is untrained, so it is not tested; give options that train at least one step"
+            )
         metrics = dict(self.trainer.callback_metrics)  # the last validation's: testing replaces them
         if self.config.fit.test_after_fit:
             ckpt_path = "best" if checkpoint is not None and checkpoint.best_model_path else None

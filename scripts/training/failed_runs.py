@@ -51,24 +51,11 @@ def delete_record(logger) -> None:
     logger.experiment.delete_run(logger.run_id)
 
 
-def refuse_untrained(trainer: L.Trainer) -> None:
-    """The CLI's after_fit of a fit that trained no step, in it or in the one it resumed: its run ends FAILED, and its
-    untrained network is not tested."""
-    from scripts.training.cli import ConfigError
-    from scripts.training.tracking import BufferedMLFlowLogger
-
-    if isinstance(trainer.logger, BufferedMLFlowLogger) and trainer.is_global_zero:
-        end_failed(trainer.logger)
-    raise ConfigError(
-        "the fit trained no step (check trainer.max_epochs, max_steps, limit_train_batches and the training data): "
-        "its network is untrained, so it is not tested; give options that train at least one step"
-    )
-
-
-def end_failed(logger) -> None:
+def end_failed(trainer: L.Trainer) -> None:
     """Ends the run FAILED after Lightning ended it FINISHED (its fit loop skips the hooks a stop there would go
     through): a fit that trained no step did not succeed. A run held until that step (tracking.py) has none to end."""
-    if not logger.started:
+    logger = trainer.logger
+    if not trainer.is_global_zero or not getattr(logger, "started", False):  # a BufferedMLFlowLogger's run, started
         return
     logger.send(partial(logger.experiment.set_terminated, logger.run_id, "FAILED"), "the run's end (failed)")
     if logger.sender is not None:

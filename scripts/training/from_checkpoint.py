@@ -19,7 +19,7 @@ from scripts.training.checkpoints import CheckpointError, flatten
 
 def check_checkpoint_file(path: str | Path) -> None:
     """Raises CheckpointError for a file that is missing or not torch.save's zip (a --ckpt_path, a resume's last.ckpt,
-    a load that failed)."""
+    and rank 0's read of a checkpoint for several processes: several_processes.py)."""
     if not Path(path).is_file():
         raise CheckpointError(
             f"{path}: no such checkpoint; give --ckpt_path a .ckpt that fit wrote (outputs/<exp>/<run>/checkpoints/)"

@@ -42,13 +42,10 @@ MAY_DIFFER = (
 
 
 def prepare(cli, config) -> None:
-    """The CLI's part for a fit with --checkpoint_dir, before anything is built: DIR writable, the checkpoints there
-    and, where last.ckpt is, the resume from it once its config is checked."""
+    """The CLI's part for a fit with --checkpoint_dir, before anything is built: the checkpoints there and, where
+    last.ckpt is, the resume from it once its config is checked."""
     import warnings
 
-    from scripts.training.cli import check_writable
-
-    cli.check_on_rank_zero(check_writable, Path(config.checkpoint_dir), "--checkpoint_dir")
     if ours_only(config.checkpoint_dir):  # Lightning warns of it at every start, resumes included
         warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
     if last := resume_from(config):

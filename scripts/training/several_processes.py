@@ -22,6 +22,7 @@ from lightning.pytorch.strategies import Strategy
 
 from scripts.training.checkpoints import WholeCheckpointIO
 from scripts.training.early_stops import watch
+from scripts.training.from_checkpoint import check_checkpoint_file
 from scripts.training.same_start import SameStart
 from scripts.training.sigterm import StopTogether
 from strategies.launch_check import check_launch
@@ -45,6 +46,7 @@ class RankZeroCheckpointIO(WholeCheckpointIO):
         loaded: tuple[dict | None, BaseException | None] = (None, None)
         if self.strategy.is_global_zero:
             try:  # on the CPU: the broadcast pickles it, and Lightning moves the state to each process's device
+                check_checkpoint_file(path)  # a missing --ckpt_path: check_ckpt_path leaves it to this read
                 loaded = (super().load_checkpoint(path, "cpu", weights_only), None)
             except Exception as error:
                 loaded = (None, error)
