@@ -1,10 +1,6 @@
-"""What every task's datamodule gives the rest of the template: `ClassificationDataModule`; for splits that are tensors
-in memory (penguins, MNIST, any table) `InMemoryDataModule`, whose batches are slices of the permuted tensors (one
-gather a batch, not `batch_size` calls to `__getitem__`); and a table's split as a rule on rows, with what names the
-data a run saw. A row's split is a function of the row alone: a 64-bit hash of its cells (or of its id column's),
-mixed with the seed, as a share of all 64-bit values: the first `val_fraction` validation, the next `test_fraction`
-test, the rest training (images: of their bytes). Appending, removing or editing rows moves no other row; exact copies
-share a split. The rule, the digests and the schema (`identity`) go in every checkpoint.
+"""What every task's datamodule gives the rest of the template: `ClassificationDataModule`; `InMemoryDataModule`, whose
+batches are slices of tensors in memory (penguins, MNIST, any table); and a split by a seeded hash of each row, so that
+editing rows moves no other row and exact copies share a split, with the data's identity every checkpoint keeps.
 
     python -m scripts.train fit --config configs/penguins.yaml --data.init_args.batch_size 32
 """
@@ -39,12 +35,7 @@ class LazyFunction:
 class ClassificationDataModule(L.LightningDataModule):
     """The CLI parses `data:` as a subclass of this one; docs/tasks.md ("a datamodule of your own") says what each
     member is for. Batches are `(inputs, labels)`, `(inputs,)` to predict. `batch_size`: per step and process; `seed`:
-    of the data's own randomness (the split; shuffling is Lightning's seed_everything), alike in every process.
-    Subclasses also provide `class_names`, `predict_names` after `setup("predict")`, `preprocessing_options`,
-    optionally `images_to_show(inputs)` (scripts/training/mistakes.py), `tests_on_validation` (True: no test split, so
-    `test` scores the validation split) and, to be served, `serving_kind`, `serving_state()`, `serving_preprocess`
-    (`staticmethod(f)` or `LazyFunction`, in a module the model ships), for rows `serving_example()`,
-    `serving_columns()`, `serving_column_kinds()`."""
+    of the data's own randomness (the split; shuffling is Lightning's seed_everything), alike in every process."""
 
     serving_kind: ClassVar[Literal["rows", "images"] | None] = None
 
@@ -102,11 +93,8 @@ class ClassificationDataModule(L.LightningDataModule):
                 )
             self.hparams[name] = trained
         trained, given = state.get("identity") or {}, getattr(self, "identity", None) or {}
-        if (
-            hasattr(self, "resplit")
-            and given
-            and (trained.get("split"), trained.get("digest")) != (given["split"], given["digest"])
-        ):
+        same_data = (trained.get("split"), trained.get("digest")) == (given.get("split"), given.get("digest"))
+        if hasattr(self, "resplit") and given and not same_data:
             from datamodules.split_check import check_trained  # split by the checkpoint's rule; what differs said
 
             check_trained(self, state.get("identity"))

@@ -17,17 +17,6 @@ class DataError(Exception):
     """Bad input data (missing file, wrong columns, unreadable image...); the message names the culprit and the fix."""
 
 
-class ImageError(DataError):
-    """A DataError about one image: "<name>: <reason>" (code that holds only its pixels names it "an image")."""
-
-    def __init__(self, reason: str, name: str = "an image") -> None:
-        super().__init__(f"{name}: {reason}")
-        self.reason, self.name = reason, name
-
-    def __reduce__(self) -> tuple:  # pickled (a process pool's result), it keeps its two parts
-        return type(self), (self.reason, self.name)
-
-
 def printable_name(name: str) -> str:
     """`name` with each byte that is not UTF-8 (os.fsdecode's surrogates, which no UTF-8 file can hold) as `\\xNN`, as
     `ls -b` shows it, and a backslash that would read as one as `\\x5c`: each `\\xNN` is the byte NN."""

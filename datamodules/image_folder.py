@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from datamodules import base, folder_split
 from datamodules.base import ClassificationDataModule
-from datamodules.errors import DataError, ImageError
+from datamodules.errors import DataError
 from datamodules.folder_files import (
     case_twins,
     check_colour,
@@ -45,7 +45,7 @@ from datamodules.folder_files import (
 )
 from datamodules.folder_split import FOLDERS, file_hashes, folder_identity, leave_out, split_train
 from datamodules.preprocessing import images as preprocessing
-from datamodules.preprocessing.images import IMAGENET_MEAN, IMAGENET_STD, MAX_IMAGE_PIXELS
+from datamodules.preprocessing.images import IMAGENET_MEAN, IMAGENET_STD, MAX_IMAGE_PIXELS, ImageError
 
 WORKERS_PER_CORE = 4  # the most DataLoader processes a core: data.init_args.num_workers' bound
 

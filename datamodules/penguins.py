@@ -17,9 +17,7 @@ from datamodules import base
 from datamodules.base import InMemoryDataModule, LazyFunction, check_fractions, say_copies
 from datamodules.errors import DataError
 from datamodules.preprocessing import penguins as preprocessing
-from datamodules.preprocessing.penguins import FEATURES, SCHEMAS, SPECIES, read_penguins, scale_features
-
-KINDS = {name: "categorical" if name == "island" else "numeric" for name in FEATURES}  # each feature's, as tables say
+from datamodules.preprocessing.penguins import FEATURES, KINDS, SPECIES, read_penguins, scale_features
 
 
 def check_plausible(table, where: str) -> None:
@@ -164,20 +162,8 @@ class PenguinDataModule(InMemoryDataModule):
         seen = {key: value.tolist() for key, value in self.seen.items()}  # float32 values, exact as floats
         return {"preprocessing": self.hparams.preprocessing, "seen": seen}
 
+    # What the registered model ships: new_penguins.py, loaded only to predict, serve or register.
     serving_preprocess = LazyFunction("datamodules.preprocessing.new_penguins:serving_batch")
-
-    @classmethod
-    def serving_example(cls):
-        import pandas as pd
-
-        from datamodules.preprocessing.new_penguins import EXAMPLE
-
-        return pd.DataFrame(EXAMPLE)
-
-    @classmethod
-    def serving_columns(cls) -> list[str]:
-        return [column for schema in SCHEMAS.values() for name, column in schema.items() if name in FEATURES]
-
-    @classmethod
-    def serving_column_kinds(cls) -> dict[str, str]:
-        return {column: KINDS[name] for schema in SCHEMAS.values() for name, column in schema.items() if name in KINDS}
+    serving_example = LazyFunction("datamodules.preprocessing.new_penguins:serving_example")
+    serving_columns = LazyFunction("datamodules.preprocessing.new_penguins:serving_columns")
+    serving_column_kinds = LazyFunction("datamodules.preprocessing.new_penguins:serving_column_kinds")

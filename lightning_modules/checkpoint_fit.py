@@ -1,5 +1,6 @@
-"""Whether a checkpoint's weights fit the network as today's code builds it: one line naming the checkpoint, the
-network's class and what differs, not torch's load_state_dict error over dozens (ClassificationModule runs it).
+"""A checkpoint whose weights do not fit the network as today's code builds it, as one line naming the checkpoint, the
+network's class and what differs, not torch's load_state_dict error over dozens. Loaded only then (`weights_fit` in
+ClassificationModule.on_load_checkpoint).
 
     python -m scripts.train test --config configs/penguins.yaml --ckpt_path old.ckpt   # one line if it does not fit
 """

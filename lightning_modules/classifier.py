@@ -1,6 +1,6 @@
 """The LightningModule every task shares: tasks differ only in the network (a plain `nn.Module` built as
 `network(num_classes)`) and the data; cross-entropy, accuracy, throughput, the injected optimizer and its learning-rate
-schedule, and prediction live here once.
+schedule (or schedules.py's warm-up and decay), and prediction live here once.
 
     python -m scripts.train fit --config configs/penguins.yaml --model.optimizer.lr 0.01
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from functools import partial
 
 import lightning as L
 import torch
@@ -18,10 +17,9 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
+from torch.nn.parameter import is_lazy
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
-
-from lightning_modules.checkpoint_fit import check_network_fits
 
 
 class OptimizerError(ValueError):
@@ -47,15 +45,9 @@ class DivergedError(ArithmeticError):
     """The training loss or the weights turned non-finite."""
 
 
-def warmup_poly_factor(step: int, warmup_steps: int, total_steps: int, power: float) -> float:
-    """Multiplier of the base lr at optimizer step `step`: 0 -> 1 over `warmup_steps`, then (1 - progress)^power (0:
-    constant; 1: linear decay to zero at the end)."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if power == 0 or total_steps <= warmup_steps:
-        return 1.0
-    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
-    return (1.0 - progress) ** power
+def weights_fit(code: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> bool:
+    """Whether state dict `saved` loads strictly into one shaped as `code` (a lazy layer's weights take any shape)."""
+    return code.keys() == saved.keys() and all(is_lazy(t) or saved[key].shape == t.shape for key, t in code.items())
 
 
 class ClassificationModule(L.LightningModule):
@@ -235,7 +227,10 @@ class ClassificationModule(L.LightningModule):
             checkpoint["input_shape"] = list(self.input_shape)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        check_network_fits(self, checkpoint)  # one line, not load_state_dict's error, for a network changed since
+        if self.strict_loading and not weights_fit(self.state_dict(keep_vars=True), checkpoint.get("state_dict", {})):
+            from lightning_modules.checkpoint_fit import check_network_fits  # one line, not load_state_dict's error
+
+            check_network_fits(self, checkpoint)
         self.train_epoch_metrics = checkpoint.get("train_epoch_metrics")
         if checkpoint.get("input_shape"):
             self.input_shape = tuple(checkpoint["input_shape"])
@@ -259,11 +254,8 @@ class ClassificationModule(L.LightningModule):
             return {"optimizer": optimizer, "lr_scheduler": self.scheduler_factory(optimizer)}
         if self.hparams.warmup_steps == 0 and self.hparams.poly_decay_power == 0:
             return optimizer
-        factor = partial(
-            warmup_poly_factor,
-            warmup_steps=self.hparams.warmup_steps,
-            total_steps=int(self.trainer.estimated_stepping_batches),
-            power=self.hparams.poly_decay_power,
-        )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        from lightning_modules.schedules import warmup_poly_schedule
+
+        hparams, total_steps = self.hparams, int(self.trainer.estimated_stepping_batches)
+        schedule = warmup_poly_schedule(optimizer, hparams.warmup_steps, total_steps, hparams.poly_decay_power)
+        return {"optimizer": optimizer, "lr_scheduler": schedule}

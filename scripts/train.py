@@ -1,6 +1,5 @@
-"""Train, validate, test or predict any task from its YAML: the one entry point, locally or in Azure ML. `fit` ends
-by testing the best checkpoint; runs are tracked in MLflow (docs/tracking.md), their files in
-outputs/<experiment id>/<run id>/ (scripts/training/cli.py).
+"""Train, validate, test or predict any task from its YAML: the one entry point, locally or in Azure ML. Runs are
+tracked in MLflow (docs/tracking.md), their files in outputs/<experiment id>/<run id>/ (scripts/training/cli.py).
 
     python -m scripts.train fit --config configs/penguins.yaml
     python -m scripts.train test --config configs/penguins.yaml --ckpt_path outputs/<exp>/<run>/checkpoints/best.ckpt
@@ -62,11 +61,6 @@ def end_process_group() -> None:
         torch.distributed.destroy_process_group()
 
 
-def no_advertisements(record: logging.LogRecord) -> bool:
-    """Drops Lightning's tips to install its cloud services (litlogger, litmodels), printed on every run."""
-    return not str(record.msg).startswith("💡 Tip:")
-
-
 def no_gpu_lookups_without_gpus() -> None:
     """Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1 (asking for a GPU then cannot start CUDA before a fork). Torch's
     Adam asks every step, and on a host without NVIDIA's driver each ask looks for libnvidia-ml.so.1 again, a share of
@@ -77,9 +71,10 @@ def no_gpu_lookups_without_gpus() -> None:
 
 def cli_main(args: list[str] | None = None, cli_class: type[TemplateCLI] = TemplateCLI) -> TemplateCLI:
     no_gpu_lookups_without_gpus()
-    rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")  # Lightning's rank-zero messages
-    if no_advertisements not in rank_zero_logger.filters:
-        rank_zero_logger.addFilter(no_advertisements)
+    # Lightning's tips to install its cloud services (litlogger, litmodels), printed on every run.
+    rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not rank_zero_logger.filters:
+        rank_zero_logger.addFilter(lambda record: not str(record.msg).startswith("💡 Tip:"))
     warnings.filterwarnings("ignore", r"Found \d+ module\(s\) in eval mode")  # TransferNet's frozen BatchNorm
     warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")  # inside Lightning 2.6.6
     # MLflow logs each failed write to its sqlite store with a traceback, then raises it: the CLI reports it once. (A

@@ -678,8 +678,8 @@ def test_a_transform_s_refusal_of_an_image_names_its_file(tmp_path, monkeypatch)
     says nothing of the file: ImageFiles names it, so the run's one line says which of the folder's files it is."""
     import pickle
 
-    from datamodules.errors import ImageError
     from datamodules.image_folder import ImageFiles, eval_transform
+    from datamodules.preprocessing.images import ImageError
 
     root = bird_folders(tmp_path / "birds", count=2)
     strip = root / "val" / "turkeys" / "strip.png"

@@ -13,8 +13,9 @@ import torch
 from lightning.pytorch.loggers import Logger
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_modules.classifier import ClassificationModule, warmup_poly_factor
+from lightning_modules.classifier import ClassificationModule
 from lightning_modules.penguin_net import PenguinNet
+from lightning_modules.schedules import warmup_poly_factor
 
 
 def module(**kwargs) -> ClassificationModule:

@@ -16,10 +16,22 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from datamodules.errors import DataError, ImageError
+from datamodules.errors import DataError
 
 if TYPE_CHECKING:
     from PIL.Image import Image
+
+
+class ImageError(DataError):
+    """A DataError about one image: "<name>: <reason>" (code that holds only its pixels names it "an image")."""
+
+    def __init__(self, reason: str, name: str = "an image") -> None:
+        super().__init__(f"{name}: {reason}")
+        self.reason, self.name = reason, name
+
+    def __reduce__(self) -> tuple:  # pickled (a process pool's result), it keeps its two parts
+        return type(self), (self.reason, self.name)
+
 
 # What one image to serve may be: encoded size, and decoded size read from its header before decoding (a small file
 # can announce a huge picture). The scoring script (scripts/score.py) and the registered model check both.

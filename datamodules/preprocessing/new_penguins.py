@@ -12,13 +12,29 @@ import sys
 import numpy as np
 
 from datamodules.errors import DataError
-from datamodules.preprocessing.penguins import FEATURES, SCHEMAS, penguin_table, read_penguins, scale_features
+from datamodules.preprocessing.penguins import FEATURES, KINDS, SCHEMAS, penguin_table, read_penguins, scale_features
 
 # Every column name of the features in either schema: a request's cells in these must all be given.
 FEATURE_COLUMNS = {column for schema in SCHEMAS.values() for name, column in schema.items() if name in FEATURES}
 # The course's example penguin (a Gentoo), in palmerpenguins' schema: the registered model's input example.
 EXAMPLE = {"island": ["Biscoe"], "bill_length_mm": [50.4], "bill_depth_mm": [15.3], "flipper_length_mm": [200.0],
            "body_mass_g": [5000.0]}  # fmt: skip
+
+
+def serving_example():
+    """The registered model's input example: EXAMPLE as a DataFrame."""
+    import pandas as pd
+
+    return pd.DataFrame(EXAMPLE)
+
+
+def serving_columns() -> list[str]:
+    """Every feature's column in either schema: what a request may name."""
+    return [column for schema in SCHEMAS.values() for name, column in schema.items() if name in FEATURES]
+
+
+def serving_column_kinds() -> dict[str, str]:
+    return {column: KINDS[name] for schema in SCHEMAS.values() for name, column in schema.items() if name in KINDS}
 
 
 def read_new(path: str | None):

@@ -15,6 +15,7 @@ from datamodules.errors import DataError
 SPECIES = ("Adelie", "Gentoo", "Chinstrap")  # the course's label order: Species 0, 1, 2
 ISLANDS = ("Torgersen", "Biscoe", "Dream")  # order of first appearance in the data
 FEATURES = ("island", "culmen_length", "culmen_depth", "flipper_length", "body_mass")
+KINDS = {name: "categorical" if name == "island" else "numeric" for name in FEATURES}  # each feature's, as tables say
 SCHEMAS = {  # each schema's column for each of our names; species is absent at predict time
     "palmerpenguins": {"island": "island", "culmen_length": "bill_length_mm", "culmen_depth": "bill_depth_mm",
                        "flipper_length": "flipper_length_mm", "body_mass": "body_mass_g", "species": "species"},

@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import os
 import random
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -64,18 +63,6 @@ class CheckpointError(Exception):
     """A checkpoint that is missing, unreadable or of other classes, or a --checkpoint_dir in use."""
 
 
-def check_checkpoint_file(path: str | Path) -> None:
-    if not Path(path).is_file():
-        raise CheckpointError(
-            f"{path}: no such checkpoint; give --ckpt_path a .ckpt that fit wrote (outputs/<exp>/<run>/checkpoints/)"
-        )
-    if not zipfile.is_zipfile(path):
-        raise CheckpointError(
-            f"{path}: not a checkpoint this can read (not torch.save's zip format, or cut short); give a .ckpt "
-            "written by scripts.train fit"
-        )
-
-
 def write_whole(path: Path, data: bytes) -> None:
     """`data` as `path`, whole or not at all; an OSError (a full disk) names `path`."""
     part = path.with_name(f".{path.name}.part")
@@ -105,7 +92,6 @@ class WholeCheckpointIO(TorchCheckpointIO):
         map_location: Callable | None = lambda storage, loc: storage,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
-        check_checkpoint_file(path)
         try:
             return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
         except Exception as error:  # torch.load's: a truncated zip, not a pickle, a file of another program

@@ -23,8 +23,9 @@ from datamodules.base import ClassificationDataModule
 from lightning_modules.classifier import ClassificationModule, refuse_lightning_optimizer_options
 from scripts.training import tracking
 from scripts.training.checkpoints import RandomStates, WholeCheckpointIO, add_checkpoint_arguments
-from scripts.training.run_record import TrackConfig, first_process, launched
+from scripts.training.run_record import EvaluationReport, TrackConfig, first_process, launched
 
+rank_zero_print = rank_zero_only(print)
 PROCESSES_PER_CORE = 4  # the most CPU training processes a core: --trainer.devices' bound
 OUTPUTS = Path("outputs")  # Azure ML uploads ./outputs of every job
 PROGRESS_BAR_REFRESH = 10  # batches: Lightning's redraws twice a batch, a share of a short step and a log line each
@@ -32,8 +33,7 @@ OPTIONS = {  # the template's own, besides --test_after_fit and the checkpoints'
     "--register_model": "fit: log the best checkpoint's network as the run's MLflow model, registered under this name",
     "--model_dir": "fit: also save the best checkpoint's network as an MLflow model in this folder (new or empty): "
     "what --register_model registers; an Azure ML pipeline's mlflow_model output",
-    "--metrics_file": "fit, test: write the metrics at the end (the last validation's and the test's) to this JSON "
-    "file",
+    "--metrics_file": "fit, test: write the final metrics (the last validation's and the test's) to this JSON file",
 }
 
 
@@ -67,19 +67,11 @@ class TemplateCLI(LightningCLI):
         for option, help in OPTIONS.items():
             parser.add_argument(option, type=str | None, default=None, help=help)
 
-    def several_processes(self):  # the multi-process machinery, loaded the first time a command needs it
-        from scripts.training import several_processes
-
-        if self.same_start is None:
-            self.same_start = several_processes.SameStart()
-        return several_processes
-
     def check_on_rank_zero(self, check, *args) -> None:
         """`check(*args)`; under a launcher in global rank 0 alone, its error raised in every process once they meet
-        (SameStart): else the others would wait for this one until torch.distributed's timeout."""
+        (several_processes.py): else the others would wait for this one until torch.distributed's timeout."""
         if launched():
-            self.several_processes()
-            self.same_start.check_on_rank_zero(check, *args)
+            importlib.import_module("scripts.training.several_processes").check_on_rank_zero(self, check, *args)
         else:
             check(*args)
 
@@ -100,6 +92,7 @@ class TemplateCLI(LightningCLI):
             from scripts.training.from_checkpoint import prepare
 
             prepare(self, config)
+        resumable = self.subcommand == "fit" and config.get("checkpoint_dir")
         if self.subcommand == "fit":
             for option in ("max_epochs", "max_steps"):  # a fit of no step would test an untrained network
                 if config.trainer.get(option) == 0:
@@ -108,27 +101,23 @@ class TemplateCLI(LightningCLI):
                         "test would measure an untrained network); give 1 or more (-1: no limit), or `test "
                         "--ckpt_path` to evaluate"
                     )
-            if config.get("checkpoint_dir"):
-                self.check_on_rank_zero(check_writable, Path(config.checkpoint_dir), "--checkpoint_dir")
             if config.get("model_dir"):
                 outputs = model_outputs("--model_dir")
                 self.check_on_rank_zero(outputs.check_model_dir, Path(config.model_dir), "--model_dir")
                 self.check_on_rank_zero(check_writable, Path(config.model_dir), "--model_dir")
-        if self.subcommand == "fit" and config.get("checkpoint_dir"):
+        if resumable:
             from scripts.training import resume
 
+            self.check_on_rank_zero(check_writable, Path(config.checkpoint_dir), "--checkpoint_dir")
             resume.prepare(self, config)
         check_trainer(config.trainer, writes=self.subcommand != "predict")
-        logger = config.trainer.logger
+        logger, tracking_args = config.trainer.logger, None
         if tracking.is_mlflow_logger(logger):
-            args = logger.init_args
+            tracking_args = logger.init_args
             outputs = Path(config.trainer.default_root_dir or OUTPUTS)
-            tracking.set_up_tracking(args, outputs, self.subcommand, first_process())
-            if self.subcommand == "fit" and args.run_id is None and config.get("checkpoint_dir"):
-                args.run_id = resume.saved_run(args.tracking_uri, config.checkpoint_dir)  # a resumed fit's own run
-                args.run_name = None if args.run_id else args.run_name
-        if self.subcommand == "fit" and config.get("checkpoint_dir"):  # checked; nothing of the run is written yet
-            self.check_on_rank_zero(resume.hold, Path(config.checkpoint_dir))
+            tracking.set_up_tracking(tracking_args, outputs, self.subcommand, first_process())
+        if resumable:  # checked; nothing of the run is written yet
+            resume.take_over(self, config, tracking_args)
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         trainer_config = self.config_init[self.subcommand].trainer if self.subcommand else {}
@@ -147,15 +136,11 @@ class TemplateCLI(LightningCLI):
 
             trainer.callbacks.append(CheckData(self.config.fit.ckpt_path))
         if self.subcommand == "test" or (self.subcommand == "fit" and self.config.fit.test_after_fit):
-            from scripts.training.run_record import EvaluationReport
-
             trainer.callbacks.append(EvaluationReport())
         if type(trainer.strategy.checkpoint_io).__name__ == "TorchCheckpointIO":  # a user's own plugin is left alone
             trainer.strategy.checkpoint_io = WholeCheckpointIO()
         if launched() or trainer.world_size > 1:
-            self.several_processes().install(trainer, self)
-        elif self.same_start is not None and self.same_start.error is not None:
-            raise self.same_start.error
+            importlib.import_module("scripts.training.several_processes").install(trainer, self)
         return trainer
 
     def before_fit(self) -> None:
@@ -169,10 +154,7 @@ class TemplateCLI(LightningCLI):
         if checkpoint is not None and checkpoint.best_model_path:
             rank_zero_print(f"best checkpoint: {checkpoint.best_model_path}")
         if self.trainer.global_step == 0:  # nothing trained, in this fit or the one it resumed
-            if isinstance(self.trainer.logger, tracking.BufferedMLFlowLogger) and self.trainer.is_global_zero:
-                from scripts.training.failed_runs import end_failed
-
-                end_failed(self.trainer.logger)
+            importlib.import_module("scripts.training.failed_runs").end_failed(self.trainer)
             raise ConfigError(
                 "the fit trained no step (check trainer.max_epochs, max_steps, limit_train_batches and the training "
                 "data): its network is untrained, so it is not tested; give options that train at least one step"
@@ -209,9 +191,8 @@ class TemplateCLI(LightningCLI):
 
 
 def check_trainer(trainer: dict, writes: bool) -> None:
-    """The Trainer's options that cannot run here: a GPU this machine lacks, counts Lightning divides by (a
-    ZeroDivisionError), nodes no launcher starts (waited for forever), a process per CPU "device" however few the
-    cores; and the output folder of a run that `writes`."""
+    """The Trainer's options that cannot run here (a GPU this machine lacks, a count below 1 that Lightning divides by,
+    nodes no launcher starts, more CPU processes than its cores run) and the output folder of a run that `writes`."""
     if str(trainer.accelerator) in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ConfigError(
             f"--trainer.accelerator {trainer.accelerator}: torch sees no GPU on this machine; give "
@@ -266,11 +247,6 @@ def model_outputs(option: str):
     from scripts.training.extras import load
 
     return load("scripts.serving.model_outputs", "serving", option)
-
-
-@rank_zero_only
-def rank_zero_print(line: str) -> None:
-    print(line)
 
 
 def make_cli(args: list[str] | None, cli_class: type[TemplateCLI]) -> TemplateCLI:

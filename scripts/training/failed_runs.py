@@ -51,10 +51,11 @@ def delete_record(logger) -> None:
     logger.experiment.delete_run(logger.run_id)
 
 
-def end_failed(logger) -> None:
+def end_failed(trainer: L.Trainer) -> None:
     """Ends the run FAILED after Lightning ended it FINISHED (its fit loop skips the hooks a stop there would go
     through): a fit that trained no step did not succeed. A run held until that step (tracking.py) has none to end."""
-    if not logger.started:
+    logger = trainer.logger
+    if not trainer.is_global_zero or not getattr(logger, "started", False):  # a BufferedMLFlowLogger's run, started
         return
     logger.send(partial(logger.experiment.set_terminated, logger.run_id, "FAILED"), "the run's end (failed)")
     if logger.sender is not None:

@@ -8,12 +8,27 @@ from __future__ import annotations
 
 import sys
 import warnings
+import zipfile
 from pathlib import Path
 
 from lightning.pytorch.cli import LightningCLI
 
 from datamodules.errors import csv_line
-from scripts.training.checkpoints import CheckpointError, check_checkpoint_file, flatten
+from scripts.training.checkpoints import CheckpointError, flatten
+
+
+def check_checkpoint_file(path: str | Path) -> None:
+    """Raises CheckpointError for a file that is missing or not torch.save's zip (a --ckpt_path, a resume's last.ckpt,
+    and rank 0's read of a checkpoint for several processes: several_processes.py)."""
+    if not Path(path).is_file():
+        raise CheckpointError(
+            f"{path}: no such checkpoint; give --ckpt_path a .ckpt that fit wrote (outputs/<exp>/<run>/checkpoints/)"
+        )
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(
+            f"{path}: not a checkpoint this can read (not torch.save's zip format, or cut short); give a .ckpt "
+            "written by scripts.train fit"
+        )
 
 
 def check_ckpt_path(ckpt_path: str | None, launched: bool) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+SHOWN = 16  # the most confident mistakes shown
 NO_CONFIDENCE = -1.0  # a right answer's, or an empty place's, among the candidates
 
 # The candidates: (confidences, images, true classes, predicted classes), at most `size` of each.
@@ -17,7 +18,7 @@ Worst = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def keep_mistakes(worst: Worst | None, inputs: torch.Tensor, labels: torch.Tensor, logits: torch.Tensor,
-                  size: int) -> Worst:  # fmt: skip
+                  size: int = SHOWN) -> Worst:  # fmt: skip
     """The `size` most confident wrong answers of `worst` and this batch's."""
     confidence, predicted = F.softmax(logits.float(), dim=1).max(dim=1)
     confidence = torch.where(predicted == labels, NO_CONFIDENCE, confidence)
@@ -29,7 +30,7 @@ def keep_mistakes(worst: Worst | None, inputs: torch.Tensor, labels: torch.Tenso
     return tuple(values[keep] for values in candidates)
 
 
-def pooled(worst: Worst | None, size: int, shape: tuple[int, ...], trainer, pl_module) -> Worst | None:
+def pooled(worst: Worst | None, shape: tuple[int, ...], trainer, pl_module, size: int = SHOWN) -> Worst | None:
     """The candidates of every process (a collective: each calls it) for global rank 0 to show (`to_show`)."""
     if trainer.world_size > 1:
         worst = gathered(worst, size, shape, pl_module)

@@ -17,7 +17,8 @@ import torch
 import yaml
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from scripts.training.checkpoints import CONFIG_KEY, CheckpointError, check_checkpoint_file, flatten, write_whole
+from scripts.training.checkpoints import CONFIG_KEY, CheckpointError, flatten, write_whole
+from scripts.training.from_checkpoint import check_checkpoint_file
 
 RUN_ID_FILE = "mlflow_run_id"
 FIT_LOCK = "fit.lock"  # in DIR while a fit writes there
@@ -192,6 +193,15 @@ def hold(folder: Path) -> None:
             folder.rmdir()
 
     atexit.register(release)
+
+
+def take_over(cli, config, tracking_args) -> None:
+    """The CLI's part once the tracking is set up (`tracking_args`: the MLflow logger's, None for another logger): the
+    MLflow run this DIR's fits log into, unless one is given, and DIR held for this fit alone."""
+    if tracking_args is not None and tracking_args.run_id is None:
+        tracking_args.run_id = saved_run(tracking_args.tracking_uri, config.checkpoint_dir)
+        tracking_args.run_name = None if tracking_args.run_id else tracking_args.run_name
+    cli.check_on_rank_zero(hold, Path(config.checkpoint_dir))
 
 
 def saved_run(tracking_uri: str, folder: str) -> str | None:

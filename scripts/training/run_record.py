@@ -1,7 +1,7 @@
 """The run's record besides its metrics: the resolved config (config.yaml and the run's parameters), the data it saw
 (each split as an MLflow dataset input: `log_datasets`), the metrics not yet sent in each checkpoint; and after every
-test the evaluation report (`EvaluationReport`: per-class scores, the
-confusion matrix and, for images, the most confident mistakes: docs/tracking.md, "What a test adds").
+test the evaluation report (`EvaluationReport`: per-class scores, the confusion matrix and, for images, the most
+confident mistakes: docs/tracking.md, "What a test adds").
 
     python -m scripts.train test --config configs/penguins.yaml --ckpt_path outputs/<exp>/<run>/checkpoints/best.ckpt
 """
@@ -135,8 +135,7 @@ class TrackConfig(SaveConfigCallback):
 
 
 def log_datasets(trainer: L.Trainer, splits: tuple[str, ...]) -> None:
-    """Global rank 0 logs each of `splits` as a dataset input of the run (mlflow.data: the source, the split's digest,
-    rows and rule, the schema; context training, validation or test) from the datamodule's `identity`
+    """Global rank 0 logs each of `splits` as a dataset input of the run from the datamodule's `identity`
     (datamodules/base.py). A store that lacks the route gets one line on stderr; the run goes on."""
     from mlflow.data.code_dataset_source import CodeDatasetSource
     from mlflow.data.meta_dataset import MetaDataset
@@ -184,25 +183,19 @@ def launched() -> bool:
     return any(name in os.environ for name in LAUNCHER_VARIABLES)
 
 
-def first_process() -> bool:
-    if not launched():
-        return True
-    from strategies.launch_check import launched_first
-
-    return launched_first()
+def first_process() -> bool:  # global rank 0 as its launcher set it up (strategies/launch_check.py), or no launcher
+    return not launched() or importlib.import_module("strategies.launch_check").launched_first()
 
 
 FOLDER = "evaluation"  # in the run's folder and in its MLflow artifacts
-MISTAKES = 16  # the most confident mistakes shown
 MOST_DRAWN = 30  # classes whose every count the confusion matrix's picture shows
 
 
 class EvaluationReport(L.Callback):
     """The matrix and the candidate mistakes stay on the device (no step waits for them); global rank 0 writes and
-    logs the report, pooled over the processes. `mistakes`: how many the image grid shows (0: none)."""
+    logs the report, pooled over the processes."""
 
-    def __init__(self, mistakes: int = MISTAKES) -> None:
-        self.mistakes = mistakes
+    def __init__(self) -> None:
         self.matrix: torch.Tensor | None = None  # counts, flattened: true class * classes + predicted class
         self.worst: tuple[torch.Tensor, ...] | None = None  # the candidate mistakes (mistakes.py)
         self.folder: Path | None = None  # where the last test's files went (rank 0)
@@ -220,20 +213,20 @@ class EvaluationReport(L.Callback):
         # index_put_ rather than bincount: on a GPU bincount waits for the device to size its result.
         cells = labels * len(pl_module.class_names) + outputs.argmax(dim=1)
         self.matrix.index_put_((cells,), torch.ones_like(cells), accumulate=True)
-        if self.mistakes and inputs.dim() == 4:
+        if inputs.dim() == 4:  # images
             from scripts.training.mistakes import keep_mistakes
 
-            self.worst = keep_mistakes(self.worst, inputs, labels, outputs, self.mistakes)
+            self.worst = keep_mistakes(self.worst, inputs, labels, outputs)
 
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         classes, matrix, worst = len(pl_module.class_names), self.matrix, None
         if trainer.world_size > 1:  # every process takes part, whatever its share held
             matrix = torch.stack(pl_module.gather_from_processes(matrix)).sum(dim=0)
         shape = getattr(pl_module, "input_shape", None)
-        if self.mistakes and shape is not None and len(shape) == 3:  # images
+        if shape is not None and len(shape) == 3:  # images
             from scripts.training.mistakes import pooled
 
-            worst = pooled(self.worst, self.mistakes, shape, trainer, pl_module)
+            worst = pooled(self.worst, shape, trainer, pl_module)
         matrix = matrix.view(classes, classes).cpu()
         if matrix.sum() == 0:
             return

@@ -22,11 +22,10 @@ from lightning.pytorch.strategies import Strategy
 
 from scripts.training.checkpoints import WholeCheckpointIO
 from scripts.training.early_stops import watch
+from scripts.training.from_checkpoint import check_checkpoint_file
 from scripts.training.same_start import SameStart
 from scripts.training.sigterm import StopTogether
 from strategies.launch_check import check_launch
-
-__all__ = ["SameStart", "install"]
 
 
 class RankZeroCheckpointIO(WholeCheckpointIO):
@@ -47,6 +46,7 @@ class RankZeroCheckpointIO(WholeCheckpointIO):
         loaded: tuple[dict | None, BaseException | None] = (None, None)
         if self.strategy.is_global_zero:
             try:  # on the CPU: the broadcast pickles it, and Lightning moves the state to each process's device
+                check_checkpoint_file(path)  # a missing --ckpt_path: check_ckpt_path leaves it to this read
                 loaded = (super().load_checkpoint(path, "cpu", weights_only), None)
             except Exception as error:
                 loaded = (None, error)
@@ -56,9 +56,21 @@ class RankZeroCheckpointIO(WholeCheckpointIO):
         return checkpoint
 
 
+def made_same_start(cli) -> SameStart:
+    """The TemplateCLI `cli`'s SameStart (scripts/training/cli.py), made the first time a command needs it."""
+    if cli.same_start is None:
+        cli.same_start = SameStart()
+    return cli.same_start
+
+
+def check_on_rank_zero(cli, check: Callable, *args) -> None:
+    """TemplateCLI.check_on_rank_zero under a launcher: `check(*args)` in global rank 0 alone (SameStart)."""
+    made_same_start(cli).check_on_rank_zero(check, *args)
+
+
 def install(trainer: L.Trainer, cli) -> None:
-    """Into `trainer`, of the TemplateCLI `cli` (scripts/training/cli.py), whose `same_start` is made."""
-    same_start, config = cli.same_start, cli.config[cli.subcommand]
+    """Into `trainer`, of the TemplateCLI `cli`."""
+    same_start, config = made_same_start(cli), cli.config[cli.subcommand]
     same_start.ckpt_path, same_start.checkpoint_dir = config.get("ckpt_path"), config.get("checkpoint_dir")
     same_start.resumes = cli.resumes
     check_launch(trainer.num_devices, trainer.num_nodes)

@@ -1,7 +1,6 @@
 """Which MLflow store and run a command logs to (`set_up_tracking`), and the logger the configs name: Lightning's
-MLFlowLogger sending metrics in batches (Lightning's makes a request per `log_metrics`, each milliseconds of SQLAlchemy
-or a network round trip), epoch metrics at step = epoch, the store kept to runs that measured something
-(docs/tracking.md).
+MLFlowLogger sending metrics in batches (Lightning's makes a request, of a store or a server, per `log_metrics`), epoch
+metrics at step = epoch, the store kept to runs that measured something (docs/tracking.md).
 
     python -m scripts.train fit --config configs/penguins.yaml --trainer.logger.init_args.flush_every_s 0
 """
