@@ -335,7 +335,7 @@ def main(args: list[str] | None = None) -> None:
     model; prints `input,class,probability` as predict does."""
     import argparse
 
-    from datamodules.errors import printable_name  # before the model's code_paths (its own datamodules) come first
+    from datamodules.printable import printable_name  # before the model's code_paths (its own datamodules) come first
     from scripts.serving.csv_output import csv_text, write_whole
 
     parser = argparse.ArgumentParser(prog="python -m scripts.score", description=main.__doc__)

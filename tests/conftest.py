@@ -64,7 +64,7 @@ def run_module(
 
 def original_name(cell: str) -> str:
     """The file name a CSV cell of predict or scripts.score stands for: each `\\xNN` is the byte NN
-    (datamodules/errors.py printable_name)."""
+    (datamodules/printable.py printable_name)."""
     import re
 
     return os.fsdecode(re.sub(rb"\\x([0-9a-f]{2})", lambda m: bytes.fromhex(m[1].decode()), cell.encode()))

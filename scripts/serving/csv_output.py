@@ -1,6 +1,6 @@
 """Predictions as CSV text that Python's csv module reads back cell for cell, and written to a file whole or not at all:
 the output of `python -m scripts.score` and `python -m scripts.serving.batch_score`. Standard library only. Each line
-is datamodules/errors.py's csv_line, as predict writes its own (which must not load this serving module).
+is datamodules/printable.py's csv_line, as predict writes its own (which must not load this serving module).
 
     python -m scripts.score MODEL_DIR photos/ --output predictions.csv
 """
@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from datamodules.errors import csv_line
+from datamodules.printable import csv_line
 
 
 def csv_text(rows: Iterable[Sequence[object]]) -> str:

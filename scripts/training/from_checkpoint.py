@@ -13,7 +13,7 @@ from pathlib import Path
 
 from lightning.pytorch.cli import LightningCLI
 
-from datamodules.errors import csv_line
+from datamodules.printable import csv_line
 from scripts.training.checkpoints import CheckpointError, flatten
 
 
