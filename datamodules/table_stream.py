@@ -11,8 +11,9 @@ a CSV is first copied once into Parquet under the system's temporary folder (its
 splits and is typed as the in-memory CSV is; said on stderr, reused while the CSV is unchanged). A test_path table
 streams beside it (datamodules/table_test_path.py). One pass over every row group (`scan`), in every process alike,
 then gives:
-- each row's split by the same rule as in memory (base.row_hashes of the same cells, base.split_rows), kept on disk as
-  one byte a row (a temporary folder, deleted at exit), so that the epochs read each row's split rather than hash it;
+- each row's split by the same rule as in memory (base.row_hashes' hashes of the same cells, from Arrow:
+  table_stream_hash.py; base.split_rows), kept on disk as one byte a row (a temporary folder, deleted at exit), so
+  that the epochs read each row's split rather than hash it;
 - the class names (the label column's distinct values, as class_labels names them);
 - the identity: the split's rule, the schema, each split's row count and a digest of the rows' hashes that is a sum
   (order-free, in constant memory), so not the in-memory one's: a streamed checkpoint is compared with a streamed

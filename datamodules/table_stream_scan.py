@@ -21,6 +21,7 @@ from datamodules import base
 from datamodules.errors import DataError
 from datamodules.preprocessing import table as preprocessing
 from datamodules.table_stream_batches import CODES
+from datamodules.table_stream_hash import pandas_integers, row_hashes
 
 SAMPLE_ROWS = 100_000  # training rows that decide column kinds and statistics: a few seconds, tens of MB
 MOST_LABELS = 100_000  # distinct label values past which the label is no class (an ID or a measurement)
@@ -115,9 +116,9 @@ def scan_table(dataset: ds.Dataset, units: list, columns: list[str], label: str,
                 f"{where}: label column {label!r} has more than {MOST_LABELS} values; a classifier needs "
                 "several rows of each class: give the column of each row's class as data.init_args.label"
             )
-        frame = table.to_pandas()
-        hashes = base.row_hashes(frame[rule["columns"]])
-        content = hashes if content_only else base.row_hashes(frame)
+        integers = pandas_integers(table.schema)
+        hashes = row_hashes(table.select(rule["columns"]), integers)
+        content = hashes if content_only else row_hashes(table, integers)
         parts = base.split_rows(rule, hashes, torch.zeros(len(hashes), dtype=torch.long))
         split = np.zeros(len(hashes), dtype=np.uint8)
         for name, rows in zip(CODES, parts):
@@ -127,7 +128,7 @@ def scan_table(dataset: ds.Dataset, units: list, columns: list[str], label: str,
         np.save(codes / f"{index}.npy", split)
         counts.append({name: int((split == code).sum()) for name, code in CODES.items()})
         training = split == CODES["train"]
-        sample.add(frame[training].reset_index(drop=True), content[training])
+        sample.add(table.to_pandas()[training].reset_index(drop=True), content[training])
     names, classes = class_names_of({text for text in texts.values()}, where, label)
     values = list(texts)
     return {"classes": classes, "label_values": pa.array(values, dataset.schema.field(label).type),

@@ -1,6 +1,6 @@
 """A table bigger than its memory budget, streamed: peak memory and speed of one epoch against the rows' count.
 
-    python -m scripts.bench.table [--rows 1000000,4000000] [--repeats 3] [--budget-mb 64]
+    python -m scripts.bench.table [--rows 1000000,4000000] [--repeats 3] [--budget-mb 64] [--threads 1]
 
 For each size, a Parquet folder of that many generated rows x 30 columns (26 numbers, 3 text columns of a few
 categories, a label of 4 classes; row groups of 65,536 rows, as Spark writes them) made in a temporary folder. Then
@@ -8,9 +8,11 @@ in rounds, the sizes in turn: `python -m scripts.train fit` of configs/table.yam
 forces streaming (`--budget-mb`), batch BATCH, no test: its peak RSS (the process's own VmHWM) and its training
 rows a second (the fit's train_samples_per_sec); and a plain PyTorch loop (the same TableNet and AdamW, the same
 batch size, a seeded permutation an epoch) over the same training rows already in memory as tensors (the streamed
-datamodule's own, read once before the rounds), in this process. Printed: each run as measured, then the medians of
-the rounds: each size's peak RSS (the goal: the largest within 300 MB of the smallest), the whole fit's seconds (the
-one pass that splits and describes the table included) and the epoch's rows/s against the plain loop's (goal 0.8x).
+datamodule's own, read once before the rounds), in this process; `--threads` sets torch's threads in both. Printed:
+each run as measured and each round's epoch against its plain loop (speed follows the machine's load), then the
+medians of the rounds: each size's peak RSS (the goal: the largest within 300 MB of the smallest), the whole fit's
+seconds (the one pass that splits and describes the table included) and the epoch's rows/s against the plain loop's
+(goal 0.8x).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -33,7 +36,7 @@ from scripts.bench.report import BenchError, Report, error_line
 from scripts.bench.throughput import BenchParser, count
 
 BATCH = 1024
-NUMBERS, TEXTS, CHUNK = 26, 3, 262_144  # 26 + 3 + the label: 30 columns; rows generated a chunk at a time
+NUMBERS, TEXTS, CHUNK = 26, 3, 250_000  # 26 + 3 + the label: 30 columns; rows generated a chunk at a time (4 a file)
 ROW_GROUP = 65_536
 REPO = Path(__file__).resolve().parents[2]
 
@@ -68,8 +71,9 @@ def write_table(folder: Path, rows: int, seed: int = 0) -> Path:
     return folder
 
 
-def streamed_fit(folder: Path, outputs: Path, budget_mb: float) -> dict:
-    """One epoch of the template's fit of `folder`, streamed: peak RSS (MB), the epoch's rows/s, the whole seconds."""
+def streamed_fit(folder: Path, outputs: Path, budget_mb: float, threads: int | None = None) -> dict:
+    """One epoch of the template's fit of `folder`, streamed: peak RSS (MB), the epoch's rows/s, the whole seconds;
+    `threads`: torch's (OMP_NUM_THREADS), else its default."""
     metrics = outputs / "metrics.json"
     command = [sys.executable, "-m", "scripts.train", "fit", "--config", "configs/table.yaml",
                "--data.init_args.csv_path", str(folder), "--data.init_args.label", "label",
@@ -78,7 +82,8 @@ def streamed_fit(folder: Path, outputs: Path, budget_mb: float) -> dict:
                "--metrics_file", str(metrics)]  # fmt: skip
     started, peak_kb = time.perf_counter(), 0
     with tempfile.TemporaryFile("w+") as log:
-        process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        environment = os.environ | ({"OMP_NUM_THREADS": str(threads)} if threads else {})
+        process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=environment)
         while process.poll() is None:
             peak_kb = max(peak_kb, own_peak_kb(process.pid))
             time.sleep(0.05)
@@ -136,6 +141,9 @@ def parse_options(argv: list[str] | None = None):
     parser.add_argument("--rows", default="1000000,4000000", help="the sizes, comma-separated (from 2,000)")
     parser.add_argument("--repeats", type=count(1), default=3, help="rounds of every size")
     parser.add_argument("--budget-mb", type=float, default=64, help="the budget the fits stream past")
+    parser.add_argument("--threads", type=count(1), default=None,
+                        help="torch's threads in the fits and the plain loop alike (default: torch's own); on a "
+                        "machine loaded past its cores, 1 keeps idle threads from spinning")  # fmt: skip
     args = parser.parse_args(argv)
     text = args.rows
     try:
@@ -150,6 +158,8 @@ def parse_options(argv: list[str] | None = None):
 def main(argv: list[str] | None = None) -> None:
     args = parse_options(argv)
     warnings.filterwarnings("ignore")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     report = Report("table")
     with tempfile.TemporaryDirectory(prefix="table-bench-") as temporary:
         folders = {rows: report.step(f"writing {rows} rows", write_table, Path(temporary) / f"rows-{rows}", rows)
@@ -163,12 +173,14 @@ def main(argv: list[str] | None = None) -> None:
                 outputs = Path(temporary) / f"fit-{rows}-{round_}"
                 fit = report.measured(f"round {round_}, streamed fit of {rows} rows",
                                       lambda fit: f"{fit['rss_mb']:.0f} MB peak", streamed_fit, folder, outputs,
-                                      args.budget_mb)  # fmt: skip
+                                      args.budget_mb, args.threads)  # fmt: skip
                 print(f"round {round_}, streamed epoch of {rows} rows: {fit['rows_per_s']:.0f} rows/s", flush=True)
                 fits[rows].append(fit)
                 plain[rows].append(report.measured(f"round {round_}, plain loop of {rows} rows",
                                                    lambda speed: f"{speed:.0f} rows/s", plain_loop, *tensors[rows],
                                                    round_))  # fmt: skip
+                print(f"round {round_}, streamed epoch against the plain loop of {rows} rows: "
+                      f"{fit['rows_per_s'] / plain[rows][-1]:.3f} times", flush=True)  # fmt: skip
     print(f"table: {', '.join(map(str, args.rows))} rows x 30 columns, batch {BATCH}, budget {args.budget_mb:g} MB, "
           f"{torch.get_num_threads()} threads, medians of {args.repeats} rounds")  # fmt: skip
     rss = {rows: statistics.median(fit["rss_mb"] for fit in runs) for rows, runs in fits.items()}

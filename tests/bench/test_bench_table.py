@@ -17,16 +17,17 @@ from tests.conftest import run_module
 
 @pytest.mark.slow  # two short fits through scripts.train
 def test_prints_each_size_s_peak_memory_and_speed_against_a_plain_loop():
-    result = run_module("scripts.bench.table", "--rows", "2000,4000", "--repeats", "1")
+    result = run_module("scripts.bench.table", "--rows", "2000,4000", "--repeats", "1", "--threads", "1")
     assert result.returncode == 0, result.stderr[-3000:]
     printed = result.stdout
     for rows in (2000, 4000):
         assert_every_round(printed, [f"streamed fit of {rows} rows"], "MB peak", rounds=1)
         assert_every_round(printed, [f"streamed epoch of {rows} rows", f"plain loop of {rows} rows"], "rows/s", 1)
+        assert_every_round(printed, [f"streamed epoch against the plain loop of {rows} rows"], "times", 1)
         ratio = summary_figure(printed, rf"^  {rows} rows: peak RSS \d+ MB, fit \S+ s; epoch \d+ rows/s, plain loop "
                                         r"\d+ rows/s: (\S+)x$")  # fmt: skip
         assert ratio > 0
-    assert "table: 2000, 4000 rows x 30 columns, batch 1024, budget 64 MB" in printed
+    assert "table: 2000, 4000 rows x 30 columns, batch 1024, budget 64 MB, 1 threads" in printed
     summary_figure(printed, r"^  peak RSS, 4000 rows against 2000: ([+-]\d+) MB \(goal: within 300\)$")
 
 
