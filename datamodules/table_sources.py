@@ -43,16 +43,17 @@ class TableFiles:
     fields: dict[str, str] | None = None
 
 
-def table_files(path: str) -> TableFiles:
+def table_files(path: str, option: str = "csv_path") -> TableFiles:
     """The files of the table at `path` (a file, folder, glob, MLTable or Delta table), none read; a DataError (one
-    line) where there are none or they are not of one format."""
+    line, naming data.init_args.`option`) where there are none or they are not of one format."""
     source = Path(path)
     if source.is_file():
         return TableFiles([source], None, kind_of([source], path)[1])
     if not source.exists():
         files = [Path(name) for name in sorted(glob.glob(path, recursive=True)) if Path(name).is_file()]
         if not files:
-            raise DataError(f"{path}: no file matches it; give a file, folder or glob that names the table's files")
+            raise DataError(f"{path}: no file matches it; give data.init_args.{option} a file, folder or glob that "
+                            "names the table's files")  # fmt: skip
         return TableFiles(files, None, kind_of(files, path)[1])
     if (source / "MLTable").is_file():
         return mltable_files(source)
@@ -103,21 +104,12 @@ def read_source(path: str, option: str, read_file):
     """A folder, glob or MLTable of many files as one DataFrame and a function naming its rows ("part-1.parquet row
     3"). `read_file(path, delimiter)` reads one file as datamodules/table.py does (delimiter None: Parquet)."""
     source = Path(path)
-    if not source.exists():  # a glob, the only kind of path that names what is not there
-        files = [Path(name) for name in sorted(glob.glob(path, recursive=True)) if Path(name).is_file()]
-        if not files:
-            raise DataError(f"{path}: no file matches it; give data.init_args.{option} a file, folder or glob that "
-                            "names the table's files")  # fmt: skip
-        return read_files(files, path, read_file, None)
     if (source / "MLTable").is_file():
         return read_mltable(source, read_file)
     if (source / "_delta_log").is_dir():
         return read_delta(source, path)
-    files = data_files(source)
-    if not files:
-        raise DataError(f"{path}: a folder without data files (CSV or Parquet, an MLTable file or a Delta table's "
-                        "_delta_log); give the folder that holds the table")  # fmt: skip
-    return read_files(files, path, read_file, source)
+    found = table_files(path, option)
+    return read_files(found.files, path, read_file, found.root)
 
 
 def read_files(files: list[Path], where: str, read_file, root: Path | None):
