@@ -6,6 +6,8 @@ Synapse notebook or job, spark-submit, the pyspark shell), or one it starts itse
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import re
 import shutil
@@ -24,19 +26,16 @@ class LocalSpark:
     """A Spark session this process starts itself (not on Databricks, Synapse or under spark-submit), on loopback.
 
     local-cluster masters (separate executor processes, as on a real cluster) need a Spark home: the executors' work
-    folders go there, so it is a temporary folder of links to pyspark's own, not pyspark's package folder.
+    folders go there, so it is a temporary folder of links to pyspark's own, not pyspark's package folder. It is one
+    for the process and lives until it exits (`spark_home`): pyspark keeps its JVM, started with that home, for the
+    next session, whose executors would not start from a home deleted with the first session.
     """
 
     def __init__(self, master: str) -> None:
         import pyspark
 
-        self.home: str | None = None
         if master.startswith("local-cluster") and "SPARK_HOME" not in os.environ:
-            package = Path(pyspark.__file__).parent
-            self.home = tempfile.mkdtemp(prefix="spark-home-")
-            for name in ("bin", "jars", "python", "sbin"):
-                os.symlink(package / name, Path(self.home) / name)
-            os.environ["SPARK_HOME"] = self.home
+            os.environ["SPARK_HOME"] = spark_home(Path(pyspark.__file__).parent)
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors run this environment's Python
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # master, workers and executors on loopback
         from pyspark.sql import SparkSession
@@ -107,9 +106,17 @@ class LocalSpark:
     def stop(self) -> None:
         if getattr(self, "session", None) is not None:
             self.session.stop()
-        if self.home:
-            shutil.rmtree(self.home, ignore_errors=True)
-            os.environ.pop("SPARK_HOME", None)
+
+
+@functools.cache
+def spark_home(package: Path) -> str:
+    """The process's Spark home for local-cluster masters (LocalSpark says why one): links to pyspark's `package`
+    folders in a temporary folder, removed at exit."""
+    home = tempfile.mkdtemp(prefix="spark-home-")
+    for name in ("bin", "jars", "python", "sbin"):
+        os.symlink(package / name, Path(home) / name)
+    atexit.register(shutil.rmtree, home, True)
+    return home
 
 
 def session(spark, master: str | None, default_master: str, processes: int | None = None):

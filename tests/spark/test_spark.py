@@ -350,8 +350,31 @@ def test_a_cluster_s_slots_are_its_registered_executors_cores(spark):
     (through Scala's SparkContext.getExecutorMemoryStatus: this is its canary) and their cores."""
     from scripts.spark.cluster import Slots, cluster_slots, session_slots
 
+    assert spark.range(2).count() == 2  # a job starts once every executor has registered (LocalSpark's config)
     assert cluster_slots(spark) == Slots("this cluster", executors=2, cores=1, task_cpus=1)
     assert session_slots(spark) == Slots(f"the master {MASTER}", executors=2, cores=1, task_cpus=1)
+
+
+# Two sessions of one process, one after the other, as two calls of fit_on_spark or score_on_spark without a session.
+TWO_SESSIONS = """
+from scripts.spark.session import LocalSpark
+for _ in range(2):
+    local = LocalSpark("local-cluster[2,1,1024]")
+    print(local.session.range(4).count(), flush=True)
+    local.stop()
+"""
+
+
+@pytest.mark.slow
+@needs_java
+def test_a_second_local_cluster_session_of_the_process_gets_executors(tmp_path):
+    """pyspark keeps its JVM for the next session: the Spark home it started with must outlive the first session."""
+    env = own_tmpdir(tmp_path) | {"PYTHONPATH": str(REPO)}
+    env.pop("SPARK_HOME", None)
+    result = subprocess.run([sys.executable, "-c", TWO_SESSIONS], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["4", "4"], result.stdout
 
 
 @pytest.mark.slow
