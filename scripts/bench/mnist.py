@@ -25,8 +25,9 @@ take turns `--repeats` times, every other round in reverse order, each run in a 
 (which imports the libraries and trains nothing) after a 5-batch warm-up run of its own, its rate printed as it
 comes (`round 1, plain tensor loop: 24225 samples/s`); then each prints its median rate with the spread over the
 rounds (min..max), and the ratios are of the medians, so that one lucky round cannot decide
-them. Template / plain is also given round by round (median and spread of the rounds' ratios): within a round the
-two run seconds apart, so the machine's slow drift in speed mostly cancels out of their ratio.
+them. Template / plain and template / bare Lightning are also given round by round (median and spread of the rounds'
+ratios): within a round the two run seconds apart (bare and template side by side), so the machine's slow drift
+in speed mostly cancels out of their ratio.
 
 `--accelerator gpu` runs every variant on the first GPU with configs/trainer/gpu.yaml's precision (bf16-mixed:
 the plain loops autocast to bfloat16 as Lightning does): the training set lives on the GPU (as MNISTDataModule
@@ -309,6 +310,9 @@ def main(argv: list[str] | None = None) -> None:
         f"  bare Lightning / plain {medians['bare Lightning'] / medians['plain tensor loop']:.2f}x, "
         f"template / bare Lightning {rate / medians['bare Lightning']:.2f}x (medians)"
     )
+    paired = [t / b for t, b in zip(results["template (Lightning)"], results["bare Lightning"], strict=True)]
+    spread = f"{min(paired):.2f}..{max(paired):.2f}"
+    print(f"  template / bare Lightning {statistics.median(paired):.2f}x (round by round: {spread})")
     same_data = medians["plain, datamodule's batches"]
     print(f"  template / plain with the datamodule's data path {rate / same_data:.2f}x: Lightning's loop (medians)")
 
