@@ -1,5 +1,6 @@
 """Shared test fixtures: the repository root, a runner for the real CLI in a subprocess, a loopback HTTP server, one
-real MLflow server per session and, in front of it, one that answers as Azure ML's tracking does."""
+real MLflow server per session and, in front of it, one that answers as Azure ML's tracking does; what several modules
+read made once a test run (once_per_run: the fits they compare with or serve)."""
 
 from __future__ import annotations
 
