@@ -1,5 +1,6 @@
 """Shared test fixtures: the repository root, a runner for the real CLI in a subprocess, a loopback HTTP server, one
-real MLflow server per session and, in front of it, one that answers as Azure ML's tracking does."""
+real MLflow server per session and, in front of it, one that answers as Azure ML's tracking does; what several modules
+read made once a test run (once_per_run: the fits they compare with or serve)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import threading
 import time
 import urllib.request
 import zlib
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -270,13 +272,32 @@ def last_checkpoint(outputs: Path) -> dict:
     return torch.load(last, weights_only=False)
 
 
+def once_per_run(name: str, make: Callable[[Path], None]) -> Path:
+    """The folder `make(folder)` fills, made once in the test run: by the first process that asks (an xdist worker),
+    while any other that asks meanwhile waits on its lock; a later one finds it made. The folder is the run's shared
+    one's (TESTS_SHARED_DIR), removed at the run's end; what reads it must not write into it."""
+    shared = Path(os.environ["TESTS_SHARED_DIR"])
+    folder = shared / name
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (shared / f"{name}.made").is_file():
+            shutil.rmtree(folder, ignore_errors=True)  # what a failed `make` left
+            folder.mkdir()
+            make(folder)
+            (shared / f"{name}.made").touch()
+    return folder
+
+
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory) -> dict:
-    """last.ckpt of the recipe in one process, batch 20."""
-    outputs = tmp_path_factory.mktemp("one")
-    result = run_module("scripts.train", *penguin_fit(outputs, "--test_after_fit", "false"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return last_checkpoint(outputs)
+def one_process() -> dict:
+    """last.ckpt of the recipe in one process, batch 20: test_distributed, test_horovod and test_spark compare their
+    launchers' weights with the same fit, made once in the test run."""
+
+    def fit(outputs: Path) -> None:
+        result = run_module("scripts.train", *penguin_fit(outputs, "--test_after_fit", "false"))
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    return last_checkpoint(once_per_run("one-process", fit))
 
 
 def assert_same_training(one: dict, two: dict) -> None:

@@ -23,8 +23,8 @@ import torch
 from PIL import Image
 
 from scripts.serve import from_checkpoint
-from tests.conftest import MNIST, REPO, bird_folders, free_port, needs_mnist
-from tests.serving.test_serve import TINY, fit, huge_png, predictions
+from tests.conftest import MNIST, REPO, free_port, needs_mnist
+from tests.serving.test_serve import birds_tiny, digits_tiny, huge_png, penguins_registered, predictions, shared_outputs
 
 SERVE = REPO / ".venv-serve" / "bin"
 pytestmark = [
@@ -130,8 +130,7 @@ def penguins(tmp_path_factory):
     from palmerpenguins import load_penguins
 
     folder = tmp_path_factory.mktemp("pyfunc-penguins")
-    best, stdout = fit(folder / "outputs", "--config", "configs/penguins.yaml", "--trainer.max_epochs", "8",
-                       "--register_model", "penguins-classifier")  # fmt: skip
+    best = shared_outputs(penguins_registered, folder)
     mlflow.set_tracking_uri(f"sqlite:///{folder / 'outputs' / 'mlflow.db'}")
     try:
         model = Path(mlflow.artifacts.download_artifacts("models:/penguins-classifier/1", dst_path=str(folder / "m")))
@@ -247,10 +246,7 @@ def photo_folder(folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def birds(tmp_path_factory):
     folder = tmp_path_factory.mktemp("pyfunc-birds")
-    data = bird_folders(folder / "birds")
-    best, _ = fit(folder / "outputs", "--config", "configs/birds.yaml", "--data.init_args.data_dir", str(data),
-                  "--data.init_args.archive", "null", "--data.init_args.image_size", "64",
-                  "--data.init_args.batch_size", "4", "--data.init_args.num_workers", "0", *TINY)  # fmt: skip
+    best = shared_outputs(birds_tiny, folder)
     model = from_checkpoint(best, folder / "model")
     photos = photo_folder(folder / "photos")
     expected = predictions("--config", "configs/birds.yaml", "--ckpt_path", str(best), "--data.predict_path",
@@ -329,8 +325,7 @@ def test_digits_answer_as_predict_without_torch(tmp_path):
 
     from datamodules.mnist import read_idx
 
-    best, _ = fit(tmp_path / "outputs", "--config", "configs/mnist.yaml", "--data.init_args.data_dir", str(MNIST),
-                  *TINY)  # fmt: skip
+    best = shared_outputs(digits_tiny, tmp_path)
     digits = tmp_path / "digits"
     digits.mkdir()
     images = read_idx(next(MNIST.glob("t10k-images-idx3-ubyte*")), 2051)[:8]

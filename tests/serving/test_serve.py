@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 import uuid
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ from torchvision.io import write_jpeg, write_png
 
 from scripts.serve import main as serve_main
 from scripts.train import cli_main
-from tests.conftest import MNIST, REPO, bird_folders, free_port, needs_mnist, run_module
+from tests.conftest import MNIST, REPO, bird_folders, free_port, needs_mnist, once_per_run, run_module
 
 SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
 pytestmark = [
@@ -115,6 +116,34 @@ def fit(outputs: Path, *args: str) -> tuple[Path, str]:
     return Path(re.search(r"best checkpoint: (\S+)", result.stdout).group(1)), result.stdout
 
 
+# The fits test_serve and test_pyfunc both serve, each made once in the test run into the run's shared folder
+# (tests/conftest.py once_per_run): a module links `outputs` of its own folder to one, and only reads it.
+
+
+def penguins_registered(folder: Path) -> None:
+    _, stdout = fit(folder / "outputs", "--config", "configs/penguins.yaml", "--trainer.max_epochs", "8",
+                    "--register_model", "penguins-classifier")  # fmt: skip
+    assert "registered model: penguins-classifier version 1" in stdout
+
+
+def birds_tiny(folder: Path) -> None:
+    data = bird_folders(folder / "birds")
+    fit(folder / "outputs", "--config", "configs/birds.yaml", "--data.init_args.data_dir", str(data),
+        "--data.init_args.archive", "null", "--data.init_args.image_size", "64", "--data.init_args.batch_size", "4",
+        "--data.init_args.num_workers", "0", *TINY)  # fmt: skip
+
+
+def digits_tiny(folder: Path) -> None:
+    fit(folder / "outputs", "--config", "configs/mnist.yaml", "--data.init_args.data_dir", str(MNIST), *TINY)
+
+
+def shared_outputs(make: Callable[[Path], None], folder: Path) -> Path:
+    """`folder`/outputs, a link to the outputs of `make`'s fit; returns its best checkpoint."""
+    (folder / "outputs").symlink_to(once_per_run(make.__name__, make) / "outputs", target_is_directory=True)
+    (best,) = (folder / "outputs").glob("*/*/checkpoints/best.ckpt")
+    return best
+
+
 def assert_same_answers(answers: list[dict], expected: dict[str, tuple[str, float]], tolerance: float, key=None):
     assert [key(a["input"]) if key else a["input"] for a in answers] == list(expected)
     for answer, (label, probability) in zip(answers, expected.values()):
@@ -130,11 +159,8 @@ def assert_same_answers(answers: list[dict], expected: dict[str, tuple[str, floa
 @pytest.fixture(scope="module")
 def penguins(tmp_path_factory):
     folder = tmp_path_factory.mktemp("serve-penguins")
-    outputs = folder / "outputs"
-    best, stdout = fit(outputs, "--config", "configs/penguins.yaml", "--trainer.max_epochs", "8",
-                       "--register_model", "penguins-classifier")  # fmt: skip
-    assert "registered model: penguins-classifier version 1" in stdout
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{outputs / 'mlflow.db'}"}
+    best = shared_outputs(penguins_registered, folder)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'outputs' / 'mlflow.db'}"}
     server = Server("models:/penguins-classifier/1", folder, env=env)
     yield folder, best, server
     server.stop()
@@ -261,10 +287,7 @@ def test_a_model_registered_before_the_shared_csv_checks_answers_csv_requests(pe
 @pytest.fixture(scope="module")
 def birds(tmp_path_factory):
     folder = tmp_path_factory.mktemp("serve-birds")
-    data = bird_folders(folder / "birds")
-    best, _ = fit(folder / "outputs", "--config", "configs/birds.yaml", "--data.init_args.data_dir", str(data),
-                  "--data.init_args.archive", "null", "--data.init_args.image_size", "64",
-                  "--data.init_args.batch_size", "4", "--data.init_args.num_workers", "0", *TINY)  # fmt: skip
+    best = shared_outputs(birds_tiny, folder)
     photos = folder / "photos"
     photos.mkdir()
     generator = torch.Generator().manual_seed(7)
@@ -344,8 +367,7 @@ def test_a_bad_image_request_is_a_4xx_with_one_message_and_the_next_request_is_s
 def test_digit_answers_are_predicts(tmp_path):
     from datamodules.mnist import read_idx
 
-    best, _ = fit(tmp_path / "outputs", "--config", "configs/mnist.yaml", "--data.init_args.data_dir", str(MNIST),
-                  *TINY)  # fmt: skip
+    best = shared_outputs(digits_tiny, tmp_path)
     digits = tmp_path / "digits"
     digits.mkdir()
     images = read_idx(next(MNIST.glob("t10k-images-idx3-ubyte*")), 2051)[:6]
