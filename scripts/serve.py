@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import socket
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -245,16 +244,9 @@ def check_address(host: str, port: int) -> None:
 
 
 def main(args: list[str] | None = None) -> None:
-    from jsonargparse import ArgumentError, auto_cli
+    from scripts.training.cli_errors import run_cli
 
-    try:
-        auto_cli(serve, args=args, as_positional=True, exit_on_error=False)
-    except ArgumentError as error:
-        from scripts.training.cli_errors import argument_error_line
-
-        sys.exit(f"error: {argument_error_line(str(error))} (python -m scripts.serve --help lists the options)")
-    except ServeError as error:
-        sys.exit(f"error: {error}")
+    run_cli(serve, "scripts.serve", (ServeError,), args)
 
 
 if __name__ == "__main__":

@@ -158,17 +158,9 @@ def finish(runner: Runner) -> int:
 
 def main(args: list[str] | None = None) -> None:
     """A mistake in the sweep file or the command is one line on stderr and exit status 1."""
-    from jsonargparse import ArgumentError, auto_cli
+    from scripts.training.cli_errors import run_cli
 
-    from scripts.training.cli_errors import argument_error_line
-
-    try:
-        status = auto_cli(sweep, args=args, as_positional=True, exit_on_error=False)
-    except ArgumentError as error:
-        sys.exit(f"error: {argument_error_line(str(error))} (python -m scripts.sweep --help lists the options)")
-    except SweepError as error:
-        sys.exit(f"error: {error}")
-    sys.exit(status)
+    sys.exit(run_cli(sweep, "scripts.sweep", (SweepError,), args))
 
 
 if __name__ == "__main__":
