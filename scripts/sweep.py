@@ -18,10 +18,11 @@ import warnings
 from pathlib import Path
 
 from scripts.sweeps.preflight import check_metric, check_options
-from scripts.sweeps.records import experiment_id, parent_run, tag_best, tracking_store
+from scripts.sweeps.records import parent_run, tag_best, tracking_store
 from scripts.sweeps.runner import RUN_ID, Runner, TrialFailed, format_value, short_names, trials_counted
 from scripts.sweeps.space import Sweep, SweepError, load_sweep
 from scripts.sweeps.study import PARENT_RUN_ID, connect, open_study, still_running, write_best
+from scripts.training.tracking_server import experiment_id
 
 SWEEPS = "sweeps"  # outputs/sweeps: the study database and a folder per study
 
