@@ -25,6 +25,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from scripts.training.machine import usable_cores
+
 SERVE_VENV = Path(".venv-serve")
 SERVING = Path("outputs/serving")  # the model folders the server is given
 REPO = Path(__file__).resolve().parents[1]
@@ -207,15 +209,10 @@ def serve(
     os.execve(python, server_command(folder, port, workers, host, python), environment)  # Ctrl-C reaches the server
 
 
-def cores() -> int:
-    """The cores this process may run on (a container's or `taskset`'s share, not the host's count)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def check_numbers(port: int, workers: int, threads: int) -> None:
     """Refuses a port that is none, and workers or threads past what this machine runs: each worker is a process
     with its own copy of the model (gunicorn advises 2 x cores + 1), each thread one core's share of a request."""
-    n = cores()
+    n = usable_cores()
     most_workers = 2 * n + 1
     for option, value, lowest, highest, what in (
         ("--port", port, 1, 65535, "a port 1-65535"),
