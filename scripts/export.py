@@ -14,7 +14,6 @@ The file lands next to the checkpoint (`best.ckpt` -> `best.onnx`) unless `--out
 from __future__ import annotations
 
 import importlib
-import sys
 from pathlib import Path
 
 import lightning as L
@@ -98,13 +97,10 @@ def export(checkpoint: str, output: str | None = None, batches: int = 1, opset: 
 
 
 def main(args: list[str] | None = None) -> None:
-    """A bad checkpoint, path or data ends in one line on stderr and exit status 1."""
-    from jsonargparse import auto_cli
+    """A bad option, checkpoint, path or data ends in one line on stderr and exit status 1."""
+    from scripts.training.cli_errors import run_cli
 
-    try:
-        auto_cli(export, args=args, as_positional=True)
-    except (ExportError, DataError) as error:
-        sys.exit(f"error: {error}")
+    run_cli(export, "scripts.export", (ExportError, DataError), args)
 
 
 if __name__ == "__main__":

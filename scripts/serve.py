@@ -21,10 +21,11 @@ import os
 import re
 import shutil
 import socket
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from scripts.training.machine import usable_cores
 
 SERVE_VENV = Path(".venv-serve")
 SERVING = Path("outputs/serving")  # the model folders the server is given
@@ -208,15 +209,10 @@ def serve(
     os.execve(python, server_command(folder, port, workers, host, python), environment)  # Ctrl-C reaches the server
 
 
-def cores() -> int:
-    """The cores this process may run on (a container's or `taskset`'s share, not the host's count)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def check_numbers(port: int, workers: int, threads: int) -> None:
     """Refuses a port that is none, and workers or threads past what this machine runs: each worker is a process
     with its own copy of the model (gunicorn advises 2 x cores + 1), each thread one core's share of a request."""
-    n = cores()
+    n = usable_cores()
     most_workers = 2 * n + 1
     for option, value, lowest, highest, what in (
         ("--port", port, 1, 65535, "a port 1-65535"),
@@ -245,16 +241,9 @@ def check_address(host: str, port: int) -> None:
 
 
 def main(args: list[str] | None = None) -> None:
-    from jsonargparse import ArgumentError, auto_cli
+    from scripts.training.cli_errors import run_cli
 
-    try:
-        auto_cli(serve, args=args, as_positional=True, exit_on_error=False)
-    except ArgumentError as error:
-        from scripts.training.cli_errors import argument_error_line
-
-        sys.exit(f"error: {argument_error_line(str(error))} (python -m scripts.serve --help lists the options)")
-    except ServeError as error:
-        sys.exit(f"error: {error}")
+    run_cli(serve, "scripts.serve", (ServeError,), args)
 
 
 if __name__ == "__main__":

@@ -11,17 +11,18 @@ line and exit 1 before any trial starts.
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import warnings
 from pathlib import Path
 
 from scripts.sweeps.preflight import check_metric, check_options
-from scripts.sweeps.records import experiment_id, parent_run, tag_best, tracking_store
+from scripts.sweeps.records import parent_run, tag_best, tracking_store
 from scripts.sweeps.runner import RUN_ID, Runner, TrialFailed, format_value, short_names, trials_counted
 from scripts.sweeps.space import Sweep, SweepError, load_sweep
 from scripts.sweeps.study import PARENT_RUN_ID, connect, open_study, still_running, write_best
+from scripts.training.machine import usable_cores
+from scripts.training.tracking_server import experiment_id
 
 SWEEPS = "sweeps"  # outputs/sweeps: the study database and a folder per study
 
@@ -45,7 +46,7 @@ def sweep(
         outputs: the outputs folder (trials' runs and checkpoints, the study, best.yaml).
     """
     spec = load_sweep(sweep_file)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     if not 1 <= n_jobs <= cores:  # each trial is a fit in a process of its own
         raise SweepError(f"--n_jobs {n_jobs}: give 1 to {cores} trials at once (this machine's cores)")
     if study_name is not None and (Path(study_name).name != study_name or study_name in (".", "..")):
@@ -158,17 +159,9 @@ def finish(runner: Runner) -> int:
 
 def main(args: list[str] | None = None) -> None:
     """A mistake in the sweep file or the command is one line on stderr and exit status 1."""
-    from jsonargparse import ArgumentError, auto_cli
+    from scripts.training.cli_errors import run_cli
 
-    from scripts.training.cli_errors import argument_error_line
-
-    try:
-        status = auto_cli(sweep, args=args, as_positional=True, exit_on_error=False)
-    except ArgumentError as error:
-        sys.exit(f"error: {argument_error_line(str(error))} (python -m scripts.sweep --help lists the options)")
-    except SweepError as error:
-        sys.exit(f"error: {error}")
-    sys.exit(status)
+    sys.exit(run_cli(sweep, "scripts.sweep", (SweepError,), args))
 
 
 if __name__ == "__main__":

@@ -367,6 +367,9 @@ CASES = [
     Case("export-missing", ["{user}/nope.ckpt"],
          "error: {user}/nope.ckpt: no such checkpoint file; give the path of a .ckpt (outputs/.../best.ckpt)",
          module="scripts.export"),
+    Case("export-opset-not-a-number", ["{user}/nope.ckpt", "--opset", "many"],
+         "error: --opset: 'many' is not a valid value; give int (python -m scripts.export --help lists the options)",
+         module="scripts.export"),
     Case("export-not-a-checkpoint", ["{user}/notes.txt"],
          "error: {user}/notes.txt: not a checkpoint this can read (UnpicklingError); give a .ckpt written by "
          "scripts.train fit", module="scripts.export"),

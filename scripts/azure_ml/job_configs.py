@@ -7,11 +7,8 @@ scripts.submit, scripts.pipeline and scripts.sweep ask them before anything is b
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 import shlex
-import warnings
 from pathlib import Path
 
 import yaml
@@ -110,20 +107,7 @@ def cpu_image_note(
 def resolved_config(configs: list[str], train_args: str = "") -> dict:
     """The config scripts.train fit runs with (its --print_config), or SubmitError with its one line. Imports
     Lightning (a few seconds)."""
-    from jsonargparse import ArgumentError
-
-    from scripts.train import cli_main
-    from scripts.training.cli_errors import config_error_line
+    from scripts.training.printed_config import printed_config
 
     args = ["fit", *(item for config in configs for item in ("--config", config)), *shlex.split(train_args)]
-    printed = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(printed), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # LightningCLI's note that this process has arguments of its own
-            cli_main([*args, "--print_config"])
-    except SystemExit as done:
-        if done.code not in (0, None):
-            raise SubmitError(f"{' '.join(args[1:])}: the training CLI refused it ({done.code})") from None
-    except ArgumentError as error:
-        raise SubmitError(config_error_line(error, args)) from None
-    return yaml.safe_load(printed.getvalue()) or {}
+    return printed_config(args, SubmitError)

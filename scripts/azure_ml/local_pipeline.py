@@ -72,13 +72,12 @@ def tracking_environment(local_dir: Path, experiment: str) -> dict[str, str]:
     from mlflow import MlflowClient
 
     from scripts.training.tracking import open_sqlite_store
+    from scripts.training.tracking_server import experiment_id
 
     uri = f"sqlite:///{(local_dir / 'mlflow.db').resolve()}"
     local_dir.mkdir(parents=True, exist_ok=True)
     open_sqlite_store(uri)
-    client = MlflowClient(uri)
-    if client.get_experiment_by_name(experiment) is None:
-        client.create_experiment(experiment, artifact_location=(local_dir / "mlartifacts").resolve().as_uri())
+    experiment_id(MlflowClient(uri), experiment, (local_dir / "mlartifacts").resolve().as_uri())
     return {**environment, "MLFLOW_TRACKING_URI": uri}
 
 

@@ -120,16 +120,8 @@ def run_command(components, command: str, errors: tuple[type[Exception], ...], a
     option or any of `errors` ends in one line on stderr and exit status 1. Returns the function's answer."""
     import logging
 
-    from jsonargparse import ArgumentError, auto_cli
-
-    from scripts.training.cli_errors import argument_error_line
+    from scripts.training.cli_errors import run_cli
 
     # azure-ai-ml warns of its own experimental schema classes when it writes a job: nothing a user can act on.
     logging.getLogger("azure.ai.ml._utils._experimental").setLevel(logging.ERROR)
-    given = option_values_kept(list(sys.argv[1:] if args is None else args))
-    try:
-        return auto_cli(components, args=given, as_positional=True, exit_on_error=False)
-    except ArgumentError as error:
-        sys.exit(f"error: {argument_error_line(str(error))} (python -m {command} --help lists the options)")
-    except errors as error:
-        sys.exit(f"error: {error}")
+    return run_cli(components, command, errors, option_values_kept(list(sys.argv[1:] if args is None else args)))

@@ -38,19 +38,14 @@ def step_run(tracking_uri: str) -> str:
     """The run the model's files are logged to: Azure ML's step run (MLFLOW_RUN_ID), or a new one."""
     from mlflow import MlflowClient
 
+    from scripts.training.tracking_server import experiment_id
+
     if os.environ.get("MLFLOW_RUN_ID"):
         return os.environ["MLFLOW_RUN_ID"]
     client = MlflowClient(tracking_uri)
     name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "lightning-template")
-    experiment = client.get_experiment_by_name(name)
-    if experiment is None:
-        location = (
-            (LOCAL_STORE.parent / "mlartifacts").resolve().as_uri() if tracking_uri.startswith("sqlite") else None
-        )
-        experiment_id = client.create_experiment(name, artifact_location=location)
-    else:
-        experiment_id = experiment.experiment_id
-    run = client.create_run(experiment_id, run_name="register")
+    location = (LOCAL_STORE.parent / "mlartifacts").resolve().as_uri() if tracking_uri.startswith("sqlite") else None
+    run = client.create_run(experiment_id(client, name, location), run_name="register")
     client.set_terminated(run.info.run_id)  # the files and the registration need no open run
     return run.info.run_id
 

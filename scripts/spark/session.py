@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 from scripts.spark.cluster import SparkFitError, check_slots, local_slots
+from scripts.training.machine import usable_cores
 
 # A Java exception and its stack, as the JVM prints them: `java.util...Exception: ...`, `\tat ...`, `Caused by: ...`.
 JAVA_TRACE = re.compile(r"([\w$]+\.)+[\w$]*(Exception|Error)\b|\s+at |Caused by: |\s+\.\.\. \d+ more|\s+Suppressed: ")
@@ -150,7 +151,7 @@ def check_this_machine(master: str | None, default_master: str) -> None:
     slots = local_slots(master or default_master)
     if slots is None:
         return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     most = TASKS_PER_CORE * cores
     if slots.count > most:
         given = f"--master {master}" if master else f"--num_processes {slots.count}"

@@ -14,8 +14,6 @@ import json
 import warnings
 from pathlib import Path
 
-import yaml
-
 from scripts.sweeps.space import Sweep, SweepError, cli_value, is_int, is_number, option_args
 
 
@@ -24,30 +22,16 @@ def check_options(sweep: Sweep, configs: list[str] | None = None) -> dict:
     of `fixed` exists in `configs` (default: the sweep's) and takes every value the sweep may give it; raises
     SweepError naming the first that does not. Imports Lightning (a few seconds, once). Returns the first trial's
     config, flattened, which check_metric's short fit follows where it must."""
-    from jsonargparse import ArgumentError
-
-    from scripts.train import cli_main
     from scripts.training.checkpoints import flatten
-    from scripts.training.cli_errors import config_error_line
+    from scripts.training.printed_config import printed_config
 
     configs = list(configs or sweep.configs)
     base = ["fit", *(item for config in configs for item in ("--config", config))]
     first = {param.option: param.representatives()[0] for param in sweep.params}
 
     def parse(values: dict, culprit: str) -> dict:
-        args = [*base, *option_args(values), "--print_config"]
-        printed = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(printed), warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # LightningCLI's note that this process has arguments of its own
-                cli_main(args)
-        except SystemExit as done:
-            if done.code not in (0, None):
-                raise SweepError(f"{sweep.path}: {culprit}: the CLI refused {' '.join(args[1:-1])}") from None
-        except ArgumentError as error:
-            line = config_error_line(error, args)
-            raise SweepError(f"{sweep.path}: {culprit}: {line}") from None
-        return flatten(yaml.safe_load(printed.getvalue()) or {})
+        args = [*base, *option_args(values)]
+        return flatten(printed_config(args, lambda line: SweepError(f"{sweep.path}: {culprit}: {line}")))
 
     known = parse(dict(sweep.fixed), "fixed")
     for where, options in (("fixed", sweep.fixed), ("search_space", [p.option for p in sweep.params])):

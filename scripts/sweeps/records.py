@@ -39,19 +39,6 @@ def tracking_store(outputs: Path) -> tuple[str, str | None]:
     return uri, (outputs / "mlartifacts").resolve().as_uri()
 
 
-def experiment_id(client, name: str, artifact_location: str | None) -> str:
-    """The experiment `name` (the task config's), created if missing."""
-    from mlflow.exceptions import MlflowException
-
-    found = client.get_experiment_by_name(name)
-    if found is not None:
-        return found.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=artifact_location)
-    except MlflowException:  # created meanwhile by another process
-        return client.get_experiment_by_name(name).experiment_id
-
-
 def active(client, run_id: str | None) -> bool:
     """Whether `run_id` is a run of this store that is not deleted (a resumed sweep goes on in its runs)."""
     from mlflow.exceptions import MlflowException

@@ -1,7 +1,7 @@
 """How scripts.train ends after an error (`exit_for`), which errors are a user's (`user_errors`: printed as one
 line), and one line for a command-line mistake that jsonargparse explains over many: the option, the value given and
 what fits; a --config file that is not valid YAML with its line and column. Every command prints these; loaded only
-when something went wrong.
+when something went wrong, or by the other commands' `run_cli`.
 
     python -m scripts.train fit --config configs/penguins.yaml --trainer.max_epochs many   # one line, exit 1
 """
@@ -13,8 +13,9 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from jsonargparse import ArgumentError
 
@@ -110,6 +111,25 @@ def argument_error_line(text: str) -> str:
             wanted = f"; give {expected.group(1).replace(chr(39), '') if expected.group(1) else expected.group(2)}"
         return f"--{key.group(1)}: {given.group(1).strip()!r} is not a valid value{wanted}"
     return text.strip().splitlines()[0]
+
+
+def run_cli(
+    components: Callable | dict[str, Callable],
+    command: str,
+    errors: tuple[type[Exception], ...],
+    args: list[str] | None = None,
+) -> Any:
+    """Runs `components` (a function, or subcommands by name) as jsonargparse's auto_cli does, on `args` (else
+    sys.argv's), for `python -m command`; a bad option or any of `errors` ends in one line on stderr and exit status 1.
+    Returns the function's answer."""
+    from jsonargparse import auto_cli
+
+    try:
+        return auto_cli(components, args=args, as_positional=True, exit_on_error=False)
+    except ArgumentError as error:
+        sys.exit(f"error: {argument_error_line(str(error))} (python -m {command} --help lists the options)")
+    except errors as error:
+        sys.exit(f"error: {error}")
 
 
 def full_disk_line(error: BaseException) -> str | None:

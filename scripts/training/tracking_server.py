@@ -1,7 +1,8 @@
 """What a run tracked to a server needs and a run tracked to the local sqlite store does not: the URI's checks before
 the run starts (a plain-file store, a server that does not answer, Databricks without credentials, credentials inside
-the URI), the HTTP limits MLflow gets, and the thread that sends the logger's calls to the server (`Sender`); and the
-line for any store on a full disk (`full_store`).
+the URI), the HTTP limits MLflow gets, and the thread that sends the logger's calls to the server (`Sender`); and, for
+any store, the line for a full disk (`full_store`) and the experiment that runs made outside a fit go to
+(`experiment_id`).
 scripts.train loads it when a tracking URI is given (MLFLOW_TRACKING_URI, Azure ML's jobs, or
 `--trainer.logger.init_args.tracking_uri`):
 
@@ -48,6 +49,20 @@ def full_store(error: BaseException, store: str | None) -> TrackingError | None:
         f"{path}: the MLflow store's disk is full; free space there, or give "
         "--trainer.default_root_dir (or MLFLOW_TRACKING_URI) a store on another disk"
     )
+
+
+def experiment_id(client, name: str, artifact_location: str | None) -> str:
+    """The id of the experiment `name` in `client`'s store (an MlflowClient), created if missing, with
+    `artifact_location` (None: the store's default)."""
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location)
+    except MlflowException:  # created meanwhile by another process
+        return client.get_experiment_by_name(name).experiment_id
 
 
 def use_given_store(args, source: str) -> None:
