@@ -124,20 +124,27 @@ def missing_cells(dataset: ds.Dataset, unit, name: str) -> int:
     return unit.to_table(schema=dataset.schema, columns=[name]).column(0).null_count
 
 
-class TableStream:
-    """What reads a TableDataModule's table past its memory budget (datamodules/table.py makes one, and hands its
-    split and batches here): the module docstring says how. `data` is the datamodule, whose options, state and
-    identity these are."""
+class OpenedOnce:
+    """A streamed table of a TableDataModule (`data`) at its option `option` (csv_path, test_path), opened once, and a
+    temporary folder (deleted with this) of its rows' split codes, one .npy file a row group."""
+
+    option, prefix = "csv_path", "table-splits-"
 
     def __init__(self, data) -> None:
         self.data, self.opened, self.scanned = data, None, None
-        self.codes = Path(tempfile.mkdtemp(prefix="table-splits-"))
+        self.codes = Path(tempfile.mkdtemp(prefix=self.prefix))
         weakref.finalize(self, shutil.rmtree, self.codes, True)
 
     def dataset(self) -> tuple[ds.Dataset, list]:
         if self.opened is None:
-            self.opened = open_dataset(self.data.hparams.csv_path)
+            self.opened = open_dataset(self.data.hparams[self.option])
         return self.opened
+
+
+class TableStream(OpenedOnce):
+    """What reads a TableDataModule's table past its memory budget (datamodules/table.py makes one, and hands its
+    split and batches here): the module docstring says how. `data` is the datamodule, whose options, state and
+    identity these are."""
 
     def class_names(self) -> list[str]:
         return self.scan(None)["classes"]
