@@ -51,12 +51,14 @@ def frame_categorical(column: pd.Series) -> pd.Categorical:
     return categorical(codes, np.asarray(distinct).astype(object))
 
 
-def text_categorical(numbers: pa.Array | pa.ChunkedArray) -> pd.Categorical:
+def text_categorical(numbers: pa.Array | pa.ChunkedArray, whole: bool = False) -> pd.Categorical:
     """A column of numbers read from a CSV's text as the categorical of that text (missing cells -1): each distinct
     number's Python text, which for these numbers is the text they were read from (numpy's str of a float64 is
-    Python's)."""
+    Python's). `whole`: read as whole numbers (their text `3`, though given as floats)."""
     if isinstance(numbers, pa.ChunkedArray):
         numbers = numbers.combine_chunks() if numbers.num_chunks != 1 else numbers.chunk(0)
+    if whole and pa.types.is_floating(numbers.type):  # whole numbers made floats (missing cells, as pandas does)
+        numbers = numbers.cast(pa.int64())
     encoded = pc.dictionary_encode(numbers)  # 0.0 and -0.0 two values, as their texts are
     codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
     texts = encoded.dictionary.to_numpy(zero_copy_only=False).astype(str).astype(object)

@@ -19,7 +19,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datamodules.row_hash import categorical
+from datamodules.row_hash import categorical, hashes, text_categorical
+from datamodules.table_csv_copy import text_kinds
 
 
 def pandas_integers(schema: pa.Schema) -> set[str]:
@@ -62,14 +63,12 @@ def merged_zeros(codes: np.ndarray, distinct: pa.Array) -> tuple[np.ndarray, pa.
 
 
 def row_hashes(table: pa.Table, integers: set[str]) -> np.ndarray:
-    """One 64-bit hash per row of `table`, equal to `base.row_hashes(table.to_pandas())`; `integers`: its columns
-    `to_pandas` makes numpy integers (`pandas_integers`)."""
+    """One 64-bit hash per row of `table`, equal to `base.row_hashes(table.to_pandas())` (a CSV's copy: to its rows
+    read as text); `integers`: its columns `to_pandas` makes numpy integers (`pandas_integers`)."""
     if table.num_columns == 0:
         return np.array([], dtype=np.uint64)
-    frame = pd.DataFrame(
-        {
-            index: column_codes(column, name in integers)
-            for index, (name, column) in enumerate(zip(table.column_names, table.columns))
-        }
-    )
-    return pd.util.hash_pandas_object(frame, index=False).to_numpy(dtype=np.uint64)
+    texts = text_kinds(table.schema)  # a CSV's copy: its numbers hashed as the text they were read from
+    return hashes([
+        text_categorical(column, texts[name] != "float64") if name in texts else column_codes(column, name in integers)
+        for name, column in zip(table.column_names, table.columns)
+    ])  # fmt: skip

@@ -69,7 +69,7 @@ class StreamedTestPath(OpenedOnce):
         """The DataLoader of the test rows this process reads: its share of row groups, its workers' parts of it."""
         if self.scanned is None:
             raise DataError("test_path: the datamodule was not set up; call setup('test') first")
-        data, (dataset, units) = self.data, self.dataset()
+        data, (dataset, units) = self.data, self.dataset(self.data.state)
         rank, world_size = data.rank_and_world_size
         counts, workers = self.scanned["counts"], data.hparams.num_workers
         planned = plan(counts, world_size, max(1, workers), data.batch_size, pad=False)
