@@ -132,14 +132,29 @@ def csv_as_parquet(path: Path, delimiter: str, as_text: frozenset[str] = frozens
         fields = [pa.field(name, ARROW_TYPES[kinds[name]] if name in kinds else pa.string()) for name in names]
         schema = pa.schema(fields, metadata={KINDS_KEY: json.dumps(kinds).encode()})
         with pq.ParquetWriter(partial, schema) as writer:
+            held, rows = [], 0  # the reader's blocks (~1 MB each), written ROW_GROUP_ROWS rows a row group
             for batch in text_batches(path, names, delimiter):
                 columns = [pc.cast(column, field.type) for column, field in zip(batch.columns, fields)]
-                writer.write_batch(pa.record_batch(columns, schema=schema), row_group_size=ROW_GROUP_ROWS)
+                held.append(pa.record_batch(columns, schema=schema))
+                rows += batch.num_rows
+                if rows >= ROW_GROUP_ROWS:
+                    rows = write_groups(writer, held)
+            write_groups(writer, held, last=True)
     except pa.ArrowInvalid as error:
         partial.unlink(missing_ok=True)
         raise DataError(f"{path}: not a readable CSV ({str(error).strip().splitlines()[0]})") from None
     os.replace(partial, copy)  # whole or not at all, whichever process finishes first
     return copy
+
+
+def write_groups(writer, held: list[pa.RecordBatch], last: bool = False) -> int:
+    """Writes the whole row groups of `held` (all, if `last`), keeps the rest there; returns the rows kept."""
+    table = pa.Table.from_batches(held, schema=writer.schema)
+    whole = table.num_rows if last else table.num_rows - table.num_rows % ROW_GROUP_ROWS
+    if whole:
+        writer.write_table(table.slice(0, whole), row_group_size=ROW_GROUP_ROWS)
+    held[:] = table.slice(whole).to_batches()
+    return table.num_rows - whole
 
 
 def csv_copies(files: list[Path], delimiter: str, as_text: frozenset[str] = frozenset()) -> list[Path]:
