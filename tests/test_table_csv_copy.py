@@ -12,6 +12,7 @@ import tempfile
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from datamodules import base
@@ -69,6 +70,9 @@ def test_a_streamed_csv_is_typed_as_read_whole_and_hashes_as_its_text(tmp_path, 
     if make == "late":  # a last cell that is no number's own text makes its column text, as in memory
         assert [str(dtype) for dtype in whole.dtypes] == ["int64", "object", "float64", "object", "object", "Int64",
                                                           "object"]  # fmt: skip
+        (copy,) = tmp_path.glob("table-cache/*/t.parquet")
+        metadata = pq.read_metadata(copy)  # row groups of ROW_GROUP_ROWS, not one a block the reader read
+        assert [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)] == [65_536, ROWS - 65_536]
     assert hashes.tolist() == base.row_hashes(text_cells(source)).tolist()
 
 
