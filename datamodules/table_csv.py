@@ -23,12 +23,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datamodules import base
 from datamodules.errors import DataError
 from datamodules.preprocessing import table as preprocessing
 from datamodules.preprocessing.csv_files import check_csv_layout, drop_blank_rows, not_utf8
-
-HASHED_ROWS = 65_536  # rows hashed at a time: their numbers' texts, not the table's, in memory
+from datamodules.row_hash import frame_hashes
 
 
 def read_csv_file(path: str, data: bytes, delimiter: str):
@@ -106,16 +104,8 @@ def same_kinds(frames: list[pd.DataFrame]) -> list[pd.DataFrame]:
 
 
 def row_hashes(frame: pd.DataFrame, from_text: bool) -> np.ndarray:
-    """base.row_hashes of `frame`, its numbers (typed from a CSV's text: `from_text`) hashed as that text, a block of
-    rows at a time: as the frame of text cells hashed. A number's text is its own (the module docstring), but `0.0`
-    and `-0.0` are one value to pandas' hashing of numbers."""
-    numbers = [name for name, kind in frame.dtypes.items() if from_text and kind.kind in "fiu"]
-    if not numbers:
-        return base.row_hashes(frame)
-    parts = []
-    for start in range(0, len(frame), HASHED_ROWS):
-        block = frame.iloc[start : start + HASHED_ROWS].astype(dict.fromkeys(numbers, object))
-        for name in numbers:
-            block[name] = [None if pd.isna(value) else str(value) for value in block[name].tolist()]
-        parts.append(base.row_hashes(block))
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
+    """base.row_hashes of `frame`, its numbers (typed from a CSV's text: `from_text`) hashed as that text, each
+    distinct number's text made once (datamodules/row_hash.py): as the frame of text cells hashed. A number's text is
+    its own (the module docstring), but `0.0` and `-0.0` are one value to pandas' hashing of numbers."""
+    numbers = {name for name, kind in frame.dtypes.items() if from_text and kind.kind in "fiu"}
+    return frame_hashes(frame, numbers)

@@ -7,10 +7,10 @@ bounded by the row groups being read.
 
 pyarrow.dataset reads the Parquet files (the folders, globs, hive partitions, MLTables and Delta tables of
 datamodules/table_sources.py: a Delta table's files now, their partition values as columns) one row group at a time;
-a CSV is first copied once into Parquet under the system's temporary folder (its cells kept as text, so that it
-splits and is typed as the in-memory CSV is; said on stderr, reused while the CSV is unchanged). A test_path table
-streams beside it (datamodules/table_test_path.py). One pass over every row group (`scan`), in every process alike,
-then gives:
+a CSV is first copied once into Parquet under the system's temporary folder (typed as the in-memory CSV is, its rows
+hashed from their text: datamodules/table_csv_copy.py; said on stderr, reused while the CSV is unchanged). A
+test_path table streams beside it (datamodules/table_test_path.py). One pass over every row group (`scan`), in
+every process alike, then gives:
 - each row's split by the same rule as in memory (base.row_hashes' hashes of the same cells, from Arrow:
   table_stream_hash.py; base.split_rows), kept on disk as one byte a row (a temporary folder, deleted at exit), so
   that the epochs read each row's split rather than hash it;
@@ -26,8 +26,6 @@ The epochs then read each process's and each DataLoader worker's share of row gr
 
 from __future__ import annotations
 
-import hashlib
-import os
 import shutil
 import sys
 import tempfile
@@ -43,53 +41,17 @@ from datamodules.errors import DataError
 from datamodules.preprocessing import table as preprocessing
 from datamodules.table_stream_batches import CODES, EpochLoader, StreamedRows, check_every_process_has_rows, plan
 
-ROW_GROUP_ROWS = 65_536  # a CSV's Parquet copy: the unit of work each process and worker reads
 
-
-def csv_as_parquet(path: Path, delimiter: str) -> Path:
-    """A Parquet copy of the CSV at `path`, made once (read in blocks, every cell as text, MISSING's spellings
-    missing) under the temporary folder and reused while the CSV's size and time are the same."""
-    import pyarrow.csv as pv
-    import pyarrow.parquet as pq
-
-    stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{delimiter}".encode()).hexdigest()[:16]
-    copy = Path(tempfile.gettempdir()) / "table-cache" / key / f"{path.stem}.parquet"
-    if copy.is_file():
-        return copy
-    print(f"{path}: copied once into Parquet, {copy}, to be streamed", file=sys.stderr)
-    with path.open(encoding="utf-8-sig", newline="") as file:
-        import csv
-
-        names = [name.strip() for name in next(csv.reader(file, delimiter=delimiter), [])]
-    if twice := next((name for name in names if names.count(name) > 1), None):
-        raise DataError(f"{path}: column {twice!r} is named {names.count(twice)} times; give each column one name")
-    convert = pv.ConvertOptions(column_types=dict.fromkeys(names, pa.string()), null_values=preprocessing.MISSING,
-                                strings_can_be_null=True, quoted_strings_can_be_null=True)  # fmt: skip
-    copy.parent.mkdir(parents=True, exist_ok=True)
-    partial = copy.with_suffix(f".{os.getpid()}.partial")
-    try:
-        reader = pv.open_csv(path, read_options=pv.ReadOptions(column_names=names, skip_rows=1),
-                             parse_options=pv.ParseOptions(delimiter=delimiter), convert_options=convert)  # fmt: skip
-        with pq.ParquetWriter(partial, reader.schema) as writer:
-            for batch in reader:
-                writer.write_batch(batch, row_group_size=ROW_GROUP_ROWS)
-    except pa.ArrowInvalid as error:
-        partial.unlink(missing_ok=True)
-        raise DataError(f"{path}: not a readable CSV ({str(error).strip().splitlines()[0]})") from None
-    os.replace(partial, copy)  # whole or not at all, whichever process finishes first
-    return copy
-
-
-def open_dataset(path: str) -> tuple[ds.Dataset, list]:
-    """The table at `path` as a pyarrow dataset (a CSV's through its Parquet copy, a Delta table's of its files now
-    and their partition values) and its row groups."""
+def open_dataset(path: str, as_text: frozenset[str] = frozenset()) -> tuple[ds.Dataset, list]:
+    """The table at `path` as a pyarrow dataset (a CSV's through its Parquet copy, its columns of `as_text` kept text;
+    a Delta table's of its files now and their partition values) and its row groups."""
+    from datamodules.table_csv_copy import csv_copies
     from datamodules.table_sources import delta_dataset, table_files
 
     found = table_files(path)
     files, root = found.files, found.root
     if found.delimiter is not None:
-        files, root = [csv_as_parquet(file, found.delimiter) for file in files], None
+        files, root = csv_copies(files, found.delimiter, as_text), None
     try:
         if found.fields is not None:
             dataset = delta_dataset(found, path)
@@ -124,20 +86,33 @@ def missing_cells(dataset: ds.Dataset, unit, name: str) -> int:
     return unit.to_table(schema=dataset.schema, columns=[name]).column(0).null_count
 
 
-class TableStream:
-    """What reads a TableDataModule's table past its memory budget (datamodules/table.py makes one, and hands its
-    split and batches here): the module docstring says how. `data` is the datamodule, whose options, state and
-    identity these are."""
+class OpenedOnce:
+    """A streamed table of a TableDataModule (`data`) at its option `option` (csv_path, test_path), opened once, and a
+    temporary folder (deleted with this) of its rows' split codes, one .npy file a row group."""
+
+    option, prefix = "csv_path", "table-splits-"
 
     def __init__(self, data) -> None:
         self.data, self.opened, self.scanned = data, None, None
-        self.codes = Path(tempfile.mkdtemp(prefix="table-splits-"))
+        self.codes = Path(tempfile.mkdtemp(prefix=self.prefix))
         weakref.finalize(self, shutil.rmtree, self.codes, True)
 
-    def dataset(self) -> tuple[ds.Dataset, list]:
+    def dataset(self, state: dict | None = None) -> tuple[ds.Dataset, list]:
+        """The table, opened once; read by `state`, a CSV's copy of its numbers in a column `state` reads as
+        categories (a checkpoint's, test_path's training table's) keeps them text (table_csv_copy.py)."""
+        from datamodules.table_csv_copy import categories_typed
+
         if self.opened is None:
-            self.opened = open_dataset(self.data.hparams.csv_path)
+            self.opened = open_dataset(self.data.hparams[self.option])
+        if texts := categories_typed(state, self.opened[0].schema):
+            return open_dataset(self.data.hparams[self.option], texts)  # its row groups those of the copy scanned
         return self.opened
+
+
+class TableStream(OpenedOnce):
+    """What reads a TableDataModule's table past its memory budget (datamodules/table.py makes one, and hands its
+    split and batches here): the module docstring says how. `data` is the datamodule, whose options, state and
+    identity these are."""
 
     def class_names(self) -> list[str]:
         return self.scan(None)["classes"]
@@ -223,7 +198,8 @@ class TableStream:
 
     def loader(self, split: str) -> EpochLoader:
         """The DataLoader of `split`'s rows this process reads: its share of row groups, its workers' parts of it."""
-        data, scanned, (dataset, units) = self.data, self.scan(self.data.identity["split"]), self.dataset()
+        data, scanned = self.data, self.scan(self.data.identity["split"])
+        dataset, units = self.dataset(data.state)
         rank, world_size = data.rank_and_world_size
         workers = data.hparams.num_workers
         counts = [unit[split] for unit in scanned["counts"]]

@@ -7,9 +7,9 @@ pandas hashes an object column (`hash_pandas_object`) by factorising it and hash
 categorical: its text (numpy's str of a number) through SipHash, a missing cell as 2**64 - 1. Here Arrow's dictionary
 encoding finds the distinct values; only those become Python objects (of the types `to_pandas` gives, cast to object
 as `row_hashes` casts them), and pandas hashes them as the same categorical, so the cells' hashes and their
-combination across columns are pandas' own. Numbers are given to it as their text, as pandas itself falls back to:
-its first try, as text, leaks 16 bytes a distinct value (pandas 2.3), 850 MB over a pass of 2 million rows of 26
-numeric columns (docs/measured.md).
+combination across columns are pandas' own. Numbers are given to it as their text, as pandas itself falls back to
+(datamodules/row_hash.py's `categorical`, shared with the rows hashed in memory): its first try, as text, leaks 16
+bytes a distinct value (pandas 2.3), 850 MB over a pass of 2 million rows of 26 numeric columns (docs/measured.md).
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from datamodules.row_hash import categorical, hashes, text_categorical
+from datamodules.table_csv_copy import text_kinds
 
 
 def pandas_integers(schema: pa.Schema) -> set[str]:
@@ -43,19 +46,7 @@ def column_codes(values: pa.ChunkedArray, to_float: bool) -> pd.Categorical:
     distinct = encoded.dictionary
     if floating:  # pandas' factorising holds 0.0 and -0.0 as one value (they are ==), the first seen
         codes, distinct = merged_zeros(codes, distinct)
-    # pandas' own categories: an Index of the objects, which reads naive times as datetime64 (hashed as numbers)
-    categories = pd.Index(distinct.to_pandas().astype(object).to_numpy())
-    if categories.dtype == object and not text_or_bytes(distinct.type):
-        # pandas hashes these as their numpy text (`astype(str)`), once its hashing of them as text has failed;
-        # failing leaks 16 bytes a value (pandas 2.3's hash_object_array raises without freeing), so given as text
-        categories = pd.Index(categories.to_numpy().astype(str).astype(object), dtype=object)
-    return pd.Categorical.from_codes(codes, dtype=pd.CategoricalDtype(categories, ordered=False))
-
-
-def text_or_bytes(kind: pa.DataType) -> bool:
-    """Arrow types whose cells pandas holds as str or bytes, which it hashes as they are."""
-    return any(test(kind) for test in (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
-                                       pa.types.is_large_binary, pa.types.is_fixed_size_binary))  # fmt: skip
+    return categorical(codes, distinct.to_pandas().astype(object).to_numpy())  # numbers given as their text
 
 
 def merged_zeros(codes: np.ndarray, distinct: pa.Array) -> tuple[np.ndarray, pa.Array]:
@@ -72,14 +63,12 @@ def merged_zeros(codes: np.ndarray, distinct: pa.Array) -> tuple[np.ndarray, pa.
 
 
 def row_hashes(table: pa.Table, integers: set[str]) -> np.ndarray:
-    """One 64-bit hash per row of `table`, equal to `base.row_hashes(table.to_pandas())`; `integers`: its columns
-    `to_pandas` makes numpy integers (`pandas_integers`)."""
+    """One 64-bit hash per row of `table`, equal to `base.row_hashes(table.to_pandas())` (a CSV's copy: to its rows
+    read as text); `integers`: its columns `to_pandas` makes numpy integers (`pandas_integers`)."""
     if table.num_columns == 0:
         return np.array([], dtype=np.uint64)
-    frame = pd.DataFrame(
-        {
-            index: column_codes(column, name in integers)
-            for index, (name, column) in enumerate(zip(table.column_names, table.columns))
-        }
-    )
-    return pd.util.hash_pandas_object(frame, index=False).to_numpy(dtype=np.uint64)
+    texts = text_kinds(table.schema)  # a CSV's copy: its numbers hashed as the text they were read from
+    return hashes([
+        text_categorical(column, texts[name] != "float64") if name in texts else column_codes(column, name in integers)
+        for name, column in zip(table.column_names, table.columns)
+    ])  # fmt: skip

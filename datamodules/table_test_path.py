@@ -14,34 +14,21 @@ group's rows are marked test on disk (a byte a row, deleted at exit) for the bat
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-import weakref
-from pathlib import Path
-
 import numpy as np
 import pyarrow as pa
 
 from datamodules.errors import DataError
-from datamodules.table_stream import integers_with_nulls, open_dataset
+from datamodules.table_stream import OpenedOnce, integers_with_nulls
 from datamodules.table_stream_batches import CODES, EpochLoader, StreamedRows, check_every_process_has_rows, plan
 from datamodules.table_stream_hash import pandas_integers, row_hashes
 from datamodules.table_stream_scan import Digests, class_names_of, label_texts
 
 
-class StreamedTestPath:
+class StreamedTestPath(OpenedOnce):
     """What reads a TableDataModule's `test_path` streamed; `data` is the datamodule, whose options, classes and
     column state these are."""
 
-    def __init__(self, data) -> None:
-        self.data, self.opened, self.scanned = data, None, None
-        self.codes = Path(tempfile.mkdtemp(prefix="table-test-rows-"))
-        weakref.finalize(self, shutil.rmtree, self.codes, True)
-
-    def dataset(self) -> tuple:
-        if self.opened is None:
-            self.opened = open_dataset(self.data.hparams.test_path)
-        return self.opened
+    option, prefix = "test_path", "table-test-rows-"
 
     def scan(self, columns: list[str]) -> dict:
         """The one pass (module docstring) over the training table's `columns`, once."""
@@ -82,7 +69,7 @@ class StreamedTestPath:
         """The DataLoader of the test rows this process reads: its share of row groups, its workers' parts of it."""
         if self.scanned is None:
             raise DataError("test_path: the datamodule was not set up; call setup('test') first")
-        data, (dataset, units) = self.data, self.dataset()
+        data, (dataset, units) = self.data, self.dataset(self.data.state)
         rank, world_size = data.rank_and_world_size
         counts, workers = self.scanned["counts"], data.hparams.num_workers
         planned = plan(counts, world_size, max(1, workers), data.batch_size, pad=False)
