@@ -1,15 +1,11 @@
-"""Rows' 64-bit hashes, the one implementation every table's split and digests come from (datamodules/base.py's
-`row_hashes` of a frame in memory, datamodules/table_stream_hash.py's of a streamed row group's Arrow columns).
+"""Rows' 64-bit hashes, the one implementation every table's split and digests come from: pandas' `hash_pandas_object`
+of the cells as Python objects (missing ones None), as it has always been, without its leak.
 
     .venv/bin/python -m pytest -q tests/test_row_hash.py tests/test_table_stream_hash.py
 
-A row's hash is pandas' `hash_pandas_object` of its cells as Python objects (missing ones None), as it has always
-been: pandas factorises each object column into its distinct values and hashes those once, as a categorical. Its
-first try hashes them as text and, on a number, raises TypeError without freeing two arrays (pandas 2.3: 16 bytes a
-distinct value, docs/measured.md), then hashes their `astype(str)`. Here each column becomes that categorical first
-(`categorical`), its distinct values already as the text pandas falls back to, so pandas' own hashing of it succeeds
-at once: the same hashes, nothing leaked. A CSV's numbers (datamodules/table_csv.py types them) hash as the text they
-were read from (`text_categorical`): a number's text is its own there, and `0.0` and `-0.0` stay two values.
+pandas hashes an object column as a categorical of its distinct values. Its first try hashes them as text and, on a
+number, raises TypeError without freeing two arrays (pandas 2.3: 16 bytes a distinct value, docs/measured.md), then
+hashes their `astype(str)`. Here each column is given as that categorical, numbers already as that text.
 """
 
 from __future__ import annotations
@@ -18,8 +14,6 @@ import math
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 
 
 def hashable_as_text(value) -> bool:
@@ -51,33 +45,12 @@ def frame_categorical(column: pd.Series) -> pd.Categorical:
     return categorical(codes, np.asarray(distinct).astype(object))
 
 
-def text_categorical(numbers: pa.Array | pa.ChunkedArray, whole: bool = False) -> pd.Categorical:
-    """A column of numbers read from a CSV's text as the categorical of that text (missing cells -1): each distinct
-    number's Python text, which for these numbers is the text they were read from (numpy's str of a float64 is
-    Python's). `whole`: read as whole numbers (their text `3`, though given as floats)."""
-    if isinstance(numbers, pa.ChunkedArray):
-        numbers = numbers.combine_chunks() if numbers.num_chunks != 1 else numbers.chunk(0)
-    if whole and pa.types.is_floating(numbers.type):  # whole numbers made floats (missing cells, as pandas does)
-        numbers = numbers.cast(pa.int64())
-    encoded = pc.dictionary_encode(numbers)  # 0.0 and -0.0 two values, as their texts are
-    codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
-    texts = encoded.dictionary.to_numpy(zero_copy_only=False).astype(str).astype(object)
-    return pd.Categorical.from_codes(codes, dtype=pd.CategoricalDtype(pd.Index(texts, dtype=object), ordered=False))
-
-
 def hashes(columns: list[pd.Categorical]) -> np.ndarray:
     """One hash per row of its cells in `columns` (each a column's `categorical`), as pandas combines them."""
     frame = pd.DataFrame(dict(enumerate(columns)))
     return pd.util.hash_pandas_object(frame, index=False).to_numpy(dtype=np.uint64)
 
 
-def frame_hashes(frame: pd.DataFrame, texts: set | frozenset = frozenset()) -> np.ndarray:
-    """One hash per row of `frame`, of its cells in its column order; `texts`: its columns of numbers read from a
-    CSV's text, hashed as that text."""
-    columns = [
-        text_categorical(pa.array(frame.iloc[:, index], from_pandas=True))
-        if name in texts
-        else frame_categorical(frame.iloc[:, index])
-        for index, name in enumerate(frame.columns)
-    ]
-    return hashes(columns)
+def frame_hashes(frame: pd.DataFrame) -> np.ndarray:
+    """One hash per row of `frame`, of its cells in its column order (base.row_hashes)."""
+    return hashes([frame_categorical(frame.iloc[:, index]) for index in range(frame.shape[1])])

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from datamodules.errors import DataError
 from datamodules.preprocessing import table as preprocessing
 from datamodules.preprocessing.csv_files import check_csv_layout, drop_blank_rows, not_utf8
-from datamodules.row_hash import frame_hashes
+from datamodules.row_hash import frame_categorical, hashes
 
 
 def read_csv_file(path: str, data: bytes, delimiter: str):
@@ -103,9 +103,26 @@ def same_kinds(frames: list[pd.DataFrame]) -> list[pd.DataFrame]:
     return [frame.assign(**{name: as_text(frame[name]) for name in mixed}) for frame in frames]
 
 
+def text_categorical(numbers: pa.Array | pa.ChunkedArray, whole: bool = False) -> pd.Categorical:
+    """A column of numbers read from a CSV's text as the categorical of that text (missing cells -1): each distinct
+    number's Python text, which for these numbers is the text they were read from (numpy's str of a float64 is
+    Python's). `whole`: read as whole numbers (their text `3`, though given as floats)."""
+    if isinstance(numbers, pa.ChunkedArray):
+        numbers = numbers.combine_chunks() if numbers.num_chunks != 1 else numbers.chunk(0)
+    if whole and pa.types.is_floating(numbers.type):  # whole numbers made floats (missing cells, as pandas does)
+        numbers = numbers.cast(pa.int64())
+    encoded = pc.dictionary_encode(numbers)  # 0.0 and -0.0 two values, as their texts are
+    codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    texts = encoded.dictionary.to_numpy(zero_copy_only=False).astype(str).astype(object)
+    return pd.Categorical.from_codes(codes, dtype=pd.CategoricalDtype(pd.Index(texts, dtype=object), ordered=False))
+
+
 def row_hashes(frame: pd.DataFrame, from_text: bool) -> np.ndarray:
     """base.row_hashes of `frame`, its numbers (typed from a CSV's text: `from_text`) hashed as that text, each
-    distinct number's text made once (datamodules/row_hash.py): as the frame of text cells hashed. A number's text is
-    its own (the module docstring), but `0.0` and `-0.0` are one value to pandas' hashing of numbers."""
+    distinct number's text made once (`text_categorical`): as the frame of text cells hashed. A number's text is its
+    own (the module docstring), but `0.0` and `-0.0` are one value to pandas' hashing of numbers."""
     numbers = {name for name, kind in frame.dtypes.items() if from_text and kind.kind in "fiu"}
-    return frame_hashes(frame, numbers)
+    return hashes([
+        text_categorical(pa.array(frame[name], from_pandas=True)) if name in numbers else frame_categorical(frame[name])
+        for name in frame.columns
+    ])  # fmt: skip

@@ -19,7 +19,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datamodules.row_hash import categorical, hashes, text_categorical
+from datamodules.row_hash import categorical, hashes
+from datamodules.table_csv import text_categorical
 from datamodules.table_csv_copy import text_kinds
 
 
