@@ -1,7 +1,8 @@
 """The batches of a streamed table (datamodules/table_stream.py): which row groups each process and DataLoader worker
 reads (`plan`), each row group's rows of one split as the network's inputs (`unit_rows`, the same numbers
 datamodules/preprocessing/table.py's serving_batch gives, in Arrow's vectorised kernels where a column's type allows)
-and the IterableDataset that yields them (`StreamedRows`), in batches.
+and the IterableDataset that yields them (`StreamedRows`), in batches: views of each row group's arrays, the next row
+group read and featurised in a thread (`read_ahead`) while the loop trains on the one before.
 
     python -m scripts.train fit --config configs/table.yaml --data.init_args.csv_path lake/big/ \\
         --data.init_args.label outcome --data.init_args.memory_budget_mb 256 --data.init_args.num_workers 2
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,7 @@ from datamodules.errors import DataError
 from datamodules.preprocessing import table as preprocessing
 
 CODES = {"train": 0, "val": 1, "test": 2}  # each row's split, as the scan writes it (a uint8 a row, on disk)
+READ_AHEAD = "table-read-ahead"  # the name of the thread that reads the next row group
 
 
 def shares(counts: list[int], parts: int) -> list[list[int]]:
@@ -137,32 +140,55 @@ class StreamedRows(IterableDataset):
         permuted = order.permutation(len(targets))  # the numbers, not the table's cells (its text): a fifth the time
         return inputs[permuted], targets[permuted]
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        info = get_worker_info()
-        worker = info.id if info is not None else 0
+    def unit_arrays(self, worker: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Worker `worker`'s rows of an epoch, a row group's at a time (inputs, class indices): as many as `planned`
+        says, its row groups (and each one's rows) in the epoch's seeded order when shuffled."""
         units, rows, batches = self.planned[worker]
         order = np.random.default_rng([self.seed, self.epoch, self.rank, worker]) if self.shuffle else None
         wanted = rows + max(0, batches - math.ceil(rows / self.batch_size)) * self.batch_size  # padded: whole batches
         # A process of no row group of its own (fewer units than processes) pads with the others'.
         cycle = units or list(range(len(self.units)))
-        inputs, targets = [], []
         while wanted > 0:
             for unit in order.permutation(cycle) if order is not None else cycle:
-                x, y = self.unit_rows(int(unit), order)
-                inputs.append(x[:wanted])
-                targets.append(y[:wanted])
-                wanted -= len(inputs[-1])
-                x, y = np.concatenate(inputs), np.concatenate(targets)
-                start = 0
-                while len(x) - start >= self.batch_size or (wanted == 0 and start < len(x)):
-                    yield (
-                        torch.from_numpy(x[start : start + self.batch_size]),
-                        torch.from_numpy(y[start : start + self.batch_size]),
-                    )
-                    start += self.batch_size
-                inputs, targets = [x[start:]], [y[start:]]
+                inputs, targets = self.unit_rows(int(unit), order)
+                yield inputs[:wanted], targets[:wanted]
+                wanted -= min(wanted, len(targets))
                 if wanted == 0:
                     return
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Batches as views of each row group's arrays; one across two row groups is the one copied."""
+        info = get_worker_info()
+        size, held = self.batch_size, None  # held: rows short of a batch, finished by the next row group's
+        for inputs, targets in read_ahead(self.unit_arrays(info.id if info is not None else 0)):
+            start = 0
+            if held is not None:
+                start = size - len(held[1])
+                held = np.concatenate([held[0], inputs[:start]]), np.concatenate([held[1], targets[:start]])
+                if len(held[1]) < size:  # a row group of fewer rows than the batch lacks
+                    continue
+                yield torch.from_numpy(held[0]), torch.from_numpy(held[1])
+            while len(targets) - start >= size:
+                yield torch.from_numpy(inputs[start : start + size]), torch.from_numpy(targets[start : start + size])
+                start += size
+            held = (inputs[start:], targets[start:]) if start < len(targets) else None
+        if held is not None:
+            yield torch.from_numpy(held[0]), torch.from_numpy(held[1])
+
+
+def read_ahead(items: Iterator) -> Iterator:
+    """`items`, each next one made in a thread while the caller works on the one before (Arrow's reading and numpy's
+    arithmetic release the GIL): one ahead at most. Stopped early (an exception, a loop that breaks, the iterator
+    dropped), nothing more is asked of `items`; the one in the making is finished by the thread, which then ends. Not
+    waited for: the iterator may be dropped, and this closed, in the thread itself (the garbage collector)."""
+    done, pool = object(), ThreadPoolExecutor(1, thread_name_prefix=READ_AHEAD)
+    try:
+        coming = pool.submit(next, items, done)
+        while (item := coming.result()) is not done:
+            coming = pool.submit(next, items, done)
+            yield item
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 class EpochLoader(DataLoader):

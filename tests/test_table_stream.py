@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import tempfile
+import threading
 from pathlib import Path
 
 import pandas as pd
@@ -22,6 +23,7 @@ import torch
 
 from datamodules.errors import DataError
 from datamodules.table import TableDataModule
+from datamodules.table_stream_batches import READ_AHEAD, StreamedRows
 from tests.conftest import run_module
 from tests.test_table import make_table
 
@@ -176,6 +178,68 @@ def test_two_dataloader_workers_read_every_training_row_once_an_epoch(tmp_path):
         epochs.append(torch.cat(inputs).tolist())
         assert same_rows(rows_of(torch.cat(inputs), torch.cat(labels)), rows_of(*whole.splits["train"]))
     assert epochs[0] != epochs[1]  # each epoch its own order
+
+
+def reads_recorded(monkeypatch) -> list[str]:
+    """The name of the thread that reads each row group, as StreamedRows reads them from now on."""
+    read_by, unit_rows = [], StreamedRows.unit_rows
+
+    def recorded(self, unit, order):
+        read_by.append(threading.current_thread().name)
+        return unit_rows(self, unit, order)
+
+    monkeypatch.setattr(StreamedRows, "unit_rows", recorded)
+    return read_by
+
+
+def read_ahead_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name.startswith(READ_AHEAD)]
+
+
+def test_the_next_row_group_is_read_in_a_thread_while_the_loop_trains_and_the_batches_stay_the_same(
+    tmp_path, monkeypatch
+):
+    streamed = TableDataModule(str(lake(tmp_path / "lake")), "species", memory_budget_mb=0, batch_size=16)
+    streamed.setup("fit")
+    read_by = reads_recorded(monkeypatch)
+    batches = iter(streamed.train_dataloader())
+    first = next(batches)
+    assert 1 <= len(read_by) <= 2  # the first row group, and the next one at most
+    inputs, labels = zip(first, *batches)
+    assert len(read_by) > 2 and all(name.startswith(READ_AHEAD) for name in read_by)  # not the loop's own thread
+    # The same rows, in the same order, as each row group's made here, in turn, without a thread.
+    rows = streamed.train_dataloader().dataset
+    rows.epoch = 0
+    made_here = list(rows.unit_arrays(0))
+    assert torch.equal(torch.cat(inputs), torch.cat([torch.from_numpy(part) for part, _ in made_here]))
+    assert torch.equal(torch.cat(labels), torch.cat([torch.from_numpy(part) for _, part in made_here]))
+    assert {len(batch) for batch in labels[:-1]} == {16}
+
+
+def test_a_loop_that_stops_early_or_fails_leaves_no_read_ahead_thread(tmp_path, monkeypatch):
+    streamed = TableDataModule(str(lake(tmp_path / "lake")), "species", memory_budget_mb=0, batch_size=16)
+    streamed.setup("fit")
+    batches = iter(streamed.train_dataloader())
+    next(batches)
+    assert read_ahead_threads()
+    del batches  # a loop stopped early (limit_train_batches, Lightning's sanity check)
+    for thread in read_ahead_threads():
+        thread.join(timeout=60)
+    assert not read_ahead_threads()
+    read_by, unit_rows = [], StreamedRows.unit_rows
+
+    def failing(self, unit, order):  # a row group unreadable past the first
+        read_by.append(unit)
+        if len(read_by) > 1:
+            raise DataError(f"row group {unit} unreadable")
+        return unit_rows(self, unit, order)
+
+    monkeypatch.setattr(StreamedRows, "unit_rows", failing)
+    with pytest.raises(DataError, match=r"row group \d+ unreadable"):
+        list(streamed.train_dataloader())
+    for thread in read_ahead_threads():
+        thread.join(timeout=60)
+    assert not read_ahead_threads()
 
 
 def test_processes_each_train_as_many_batches_and_test_rows_once():
