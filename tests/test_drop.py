@@ -129,13 +129,15 @@ def check_dropped(folder: Path, names: tuple[str, ...]) -> None:
         assert ruff.returncode == 0, ruff.stdout[-3000:]
 
 
-@pytest.mark.parametrize("name", sorted(EXTRAS))
-def test_dropping_an_extra_leaves_nothing_of_it_and_nothing_broken(tmp_path, name):
-    folder = checkout_copy(tmp_path / "repo")
-    done = dropped(folder, name)
-    assert done.returncode == 0, done.stderr
-    assert f"removed {name}'s paths" in done.stdout
-    check_dropped(folder, (name,))
+if EXTRAS:  # a project with every extra dropped has none to drop (pytest would report an empty parameter set skipped)
+
+    @pytest.mark.parametrize("name", sorted(EXTRAS))
+    def test_dropping_an_extra_leaves_nothing_of_it_and_nothing_broken(tmp_path, name):
+        folder = checkout_copy(tmp_path / "repo")
+        done = dropped(folder, name)
+        assert done.returncode == 0, done.stderr
+        assert f"removed {name}'s paths" in done.stdout
+        check_dropped(folder, (name,))
 
 
 @pytest.mark.slow
