@@ -8,11 +8,13 @@ in rounds, the sizes in turn: `python -m scripts.train fit` of configs/table.yam
 forces streaming (`--budget-mb`), batch BATCH, no test: its peak RSS (the process's own VmHWM) and its training
 rows a second (the fit's train_samples_per_sec); and a plain PyTorch loop (the same TableNet and AdamW, the same
 batch size, a seeded permutation an epoch) over the same training rows already in memory as tensors (the streamed
-datamodule's own, read once before the rounds), in this process; `--threads` sets torch's threads in both. Printed:
-each run as measured and each round's epoch against its plain loop (speed follows the machine's load), then the
-medians of the rounds: each size's peak RSS (the goal: the largest within 300 MB of the smallest), the whole fit's
-seconds (the one pass that splits and describes the table included) and the epoch's rows/s against the plain loop's
-(goal 0.8x).
+datamodule's own, read once before the rounds), in this process; and bare Lightning: the same net, optimizer and
+batches in Lightning's loop with nothing of the template's (no metric, logger, checkpoint or validation), the floor
+under the template's step. `--threads` sets torch's threads in all three. Printed: each run as measured and each
+round's epoch against its plain loop (speed follows the machine's load), then the medians of the rounds: each size's
+peak RSS (the goal: the largest within 300 MB of the smallest), the whole fit's seconds (the one pass that splits and
+describes the table included), the epoch's rows/s against the plain loop's (goal 0.8x), and bare Lightning's against
+both.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -29,11 +32,13 @@ import time
 import warnings
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from scripts.bench.report import BenchError, Report, error_line
-from scripts.bench.throughput import BenchParser, count
+from scripts.bench.throughput import BenchParser, EpochThroughput, count
 
 BATCH = 1024
 NUMBERS, TEXTS, CHUNK = 26, 3, 250_000  # 26 + 3 + the label: 30 columns; rows generated a chunk at a time (4 a file)
@@ -117,23 +122,74 @@ def training_tensors(folder: Path, budget_mb: float) -> tuple[torch.Tensor, torc
     return torch.cat(inputs), torch.cat(labels)
 
 
-def plain_loop(inputs: torch.Tensor, labels: torch.Tensor, seed: int) -> float:
-    """Rows a second of one epoch of a hand-written loop: TableNet as configs/table.yaml makes it, AdamW, BATCH."""
+class Batches:
+    """One epoch's batches of BATCH rows in a seeded permutation (drawn as the iteration starts), made with
+    `index_select`: what the plain loop and bare Lightning both train on."""
+
+    def __init__(self, inputs: torch.Tensor, labels: torch.Tensor) -> None:
+        self.inputs, self.labels = inputs, labels
+
+    def __len__(self) -> int:
+        return -(-len(self.labels) // BATCH)
+
+    def __iter__(self):
+        order = torch.randperm(len(self.labels))
+        for start in range(0, len(self.labels), BATCH):
+            rows = order[start : start + BATCH]
+            yield self.inputs.index_select(0, rows), self.labels.index_select(0, rows)
+
+
+def table_net(labels: torch.Tensor, inputs: torch.Tensor) -> torch.nn.Module:
+    """TableNet as configs/table.yaml makes it, its lazy first layer given the inputs' width."""
     from lightning_modules.table_net import TableNet
 
-    torch.manual_seed(seed)
     net = TableNet(int(labels.max()) + 1, hidden=64, layers=2, dropout=0.1)
-    net(inputs[:2])  # the lazy first layer takes its width
-    optimizer = torch.optim.AdamW(net.parameters(), lr=0.003, weight_decay=0.0001)
+    net(inputs[:2])
+    return net
+
+
+def adamw(parameters) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(parameters, lr=0.003, weight_decay=0.0001)  # configs/table.yaml's
+
+
+def plain_loop(inputs: torch.Tensor, labels: torch.Tensor, seed: int) -> float:
+    """Rows a second of one epoch of a hand-written loop: TableNet, AdamW, BATCH."""
+    torch.manual_seed(seed)
+    net = table_net(labels, inputs)
+    optimizer = adamw(net.parameters())
     started = time.perf_counter()
-    order = torch.randperm(len(labels))
-    for start in range(0, len(labels), BATCH):
-        rows = order[start : start + BATCH]
-        loss = torch.nn.functional.cross_entropy(net(inputs.index_select(0, rows)), labels.index_select(0, rows))
+    for batch_inputs, batch_labels in Batches(inputs, labels):
+        loss = F.cross_entropy(net(batch_inputs), batch_labels)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
     return len(labels) / (time.perf_counter() - started)
+
+
+class BareLightning(L.LightningModule):
+    """The plain loop's net, loss and optimizer in Lightning's loop: nothing computed, collected or logged."""
+
+    def __init__(self, network: torch.nn.Module) -> None:
+        super().__init__()
+        self.network = network
+
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self.network(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return adamw(self.parameters())
+
+
+def bare_lightning(inputs: torch.Tensor, labels: torch.Tensor, seed: int) -> float:
+    """Rows a second of one epoch of BareLightning over the plain loop's batches, timed as the benches time Lightning
+    (scripts/bench/throughput.py): a Trainer without logger, checkpoints, validation or progress bar."""
+    torch.manual_seed(seed)
+    model = BareLightning(table_net(labels, inputs))
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, limit_val_batches=0, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[EpochThroughput()])  # fmt: skip
+    trainer.fit(model, train_dataloaders=Batches(inputs, labels))
+    return float(trainer.callback_metrics["bench_samples_per_sec"])
 
 
 def parse_options(argv: list[str] | None = None):
@@ -158,6 +214,7 @@ def parse_options(argv: list[str] | None = None):
 def main(argv: list[str] | None = None) -> None:
     args = parse_options(argv)
     warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # bare Lightning's Trainer's notes and tips
     if args.threads:
         torch.set_num_threads(args.threads)
     report = Report("table")
@@ -168,6 +225,7 @@ def main(argv: list[str] | None = None) -> None:
                    for rows, folder in folders.items()}  # fmt: skip
         fits: dict[int, list[dict]] = {rows: [] for rows in args.rows}
         plain: dict[int, list[float]] = {rows: [] for rows in args.rows}
+        bare: dict[int, list[float]] = {rows: [] for rows in args.rows}
         for round_ in range(1, args.repeats + 1):
             for rows, folder in folders.items():
                 outputs = Path(temporary) / f"fit-{rows}-{round_}"
@@ -181,6 +239,9 @@ def main(argv: list[str] | None = None) -> None:
                                                    round_))  # fmt: skip
                 print(f"round {round_}, streamed epoch against the plain loop of {rows} rows: "
                       f"{fit['rows_per_s'] / plain[rows][-1]:.3f} times", flush=True)  # fmt: skip
+                bare[rows].append(report.measured(f"round {round_}, bare Lightning of {rows} rows",
+                                                  lambda speed: f"{speed:.0f} rows/s", bare_lightning, *tensors[rows],
+                                                  round_))  # fmt: skip
     print(f"table: {', '.join(map(str, args.rows))} rows x 30 columns, batch {BATCH}, budget {args.budget_mb:g} MB, "
           f"{torch.get_num_threads()} threads, medians of {args.repeats} rounds")  # fmt: skip
     rss = {rows: statistics.median(fit["rss_mb"] for fit in runs) for rows, runs in fits.items()}
@@ -188,6 +249,9 @@ def main(argv: list[str] | None = None) -> None:
         speed, loop = statistics.median(fit["rows_per_s"] for fit in runs), statistics.median(plain[rows])
         print(f"  {rows} rows: peak RSS {rss[rows]:.0f} MB, fit {statistics.median(f['seconds'] for f in runs):.1f} s;"
               f" epoch {speed:.0f} rows/s, plain loop {loop:.0f} rows/s: {speed / loop:.2f}x")  # fmt: skip
+        lightning = statistics.median(bare[rows])
+        print(f"  {rows} rows: bare Lightning {lightning:.0f} rows/s: {lightning / loop:.2f}x of the plain loop; the "
+              f"epoch {speed / lightning:.2f}x of bare Lightning")  # fmt: skip
     smallest, largest = min(args.rows), max(args.rows)
     print(f"  peak RSS, {largest} rows against {smallest}: {rss[largest] - rss[smallest]:+.0f} MB (goal: within 300)")
 

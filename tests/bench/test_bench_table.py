@@ -1,7 +1,7 @@
 """scripts/bench/table.py runs end to end as `make bench` runs it, at a tiny size (2,000 and 4,000 rows, 1 round): each
-streamed fit's peak RSS and epoch speed and each plain loop's speed as measured, then each size's medians, its ratio
-to the plain loop and the largest size's peak RSS against the smallest's. Figures are not checked (the bench is where
-they are read); sizes too small are refused in one line.
+streamed fit's peak RSS and epoch speed, each plain loop's and bare Lightning's speed as measured, then each size's
+medians, its ratios to the plain loop and to bare Lightning, and the largest size's peak RSS against the smallest's.
+Figures are not checked (the bench is where they are read); sizes too small are refused in one line.
 
 .venv/bin/python -m pytest -q tests/bench/test_bench_table.py
 """
@@ -22,11 +22,14 @@ def test_prints_each_size_s_peak_memory_and_speed_against_a_plain_loop():
     printed = result.stdout
     for rows in (2000, 4000):
         assert_every_round(printed, [f"streamed fit of {rows} rows"], "MB peak", rounds=1)
-        assert_every_round(printed, [f"streamed epoch of {rows} rows", f"plain loop of {rows} rows"], "rows/s", 1)
+        speeds = [f"streamed epoch of {rows} rows", f"plain loop of {rows} rows", f"bare Lightning of {rows} rows"]
+        assert_every_round(printed, speeds, "rows/s", 1)
         assert_every_round(printed, [f"streamed epoch against the plain loop of {rows} rows"], "times", 1)
         ratio = summary_figure(printed, rf"^  {rows} rows: peak RSS \d+ MB, fit \S+ s; epoch \d+ rows/s, plain loop "
                                         r"\d+ rows/s: (\S+)x$")  # fmt: skip
         assert ratio > 0
+        line = rf"^  {rows} rows: bare Lightning \d+ rows/s: (\S+)x of the plain loop; the epoch \S+x of bare Lightning"
+        assert summary_figure(printed, line) > 0
     assert "table: 2000, 4000 rows x 30 columns, batch 1024, budget 64 MB, 1 threads" in printed
     summary_figure(printed, r"^  peak RSS, 4000 rows against 2000: ([+-]\d+) MB \(goal: within 300\)$")
 
