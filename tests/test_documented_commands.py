@@ -196,8 +196,11 @@ def make_lookups() -> list[tuple[str, list[str], list[list[str]]]]:
 def made(arguments: list[str], module: str) -> list[str]:
     """The arguments `make -n` (nothing run) gives `python -m <module>` in the recipe of `make <arguments>`."""
     venv = Path(sys.executable).parent.parent
-    # Not the variables of a `make test ARGS=...` that runs this test: they would reach the recipe as its own.
+    # Not the variables of a `make test ARGS=...` that runs this test: make exports those given on its command line,
+    # and from the environment ARGS (or any other the Makefile defaults with ?=) would reach the recipe as its own.
     env = {name: value for name, value in os.environ.items() if name not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    for name in re.findall(r"^([A-Z_]+) *\?=", (REPO / "Makefile").read_text(), re.MULTILINE):
+        env.pop(name, None)
     command = ["make", "-n", "--no-print-directory", f"--old-file={venv}/installed", f"VENV={venv}", *arguments]
     dry = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True, env=env).stdout
     (command,) = re.findall(rf"-m {re.escape(module)} ([^)\n]*)", dry)
