@@ -252,15 +252,17 @@ def test_sigterm_to_one_process_under_mpirun_ends_every_process_with_143_at_an_e
 
 def test_sigterm_to_mpirun_and_its_processes_ends_each_with_143_given_the_jobs_grace(tmp_path):
     """Azure ML's preemption signals the job's mpirun too: with the grace scripts.submit gives `mpi` jobs
-    (scripts/azure_ml/jobs.py MPI_STOP_GRACE), mpirun's own SIGTERM and SIGKILL come after the processes have stopped
-    at a batch, each with 143 (a shell around each process records its status: mpirun reports its own)."""
+    (scripts/azure_ml/jobs.py MPI_STOP_GRACE), mpirun's own SIGKILL comes after the processes have stopped at a batch,
+    each with 143 (a shell around each process records its status: mpirun reports its own). mpirun's SIGTERM, one
+    grace before its SIGKILL, finds them stopped or stopping (a second SIGTERM changes nothing); the shell outlives
+    it as the process it wraps would (`trap`: else a loaded machine's slower stop, ~9 s at load 6, lost the status)."""
     if shutil.which("mpirun") is None:
         pytest.skip("needs Open MPI's mpirun (apt-get install openmpi-bin; .ci/run installs it)")
     grace = {"OMPI_MCA_odls_base_sigkill_timeout": "10"}  # seconds between mpirun's SIGTERM and its SIGKILL
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", **grace}
     outputs, statuses = tmp_path / "o", tmp_path / "statuses"
     fit = shlex.join([sys.executable, "-m", "scripts.train", *preemptible_fit(outputs, *MPI, "--trainer.devices", "2")])
-    command = ["mpirun", "--oversubscribe", "-np", "2", "sh", "-c", f"{fit}; echo $? >> {statuses}"]
+    command = ["mpirun", "--oversubscribe", "-np", "2", "sh", "-c", f"trap : TERM; {fit}; echo $? >> {statuses}"]
     outputs.mkdir(parents=True)
     with open(tmp_path / "launcher.log", "w") as out:
         launcher = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -269,7 +271,8 @@ def test_sigterm_to_mpirun_and_its_processes_ends_each_with_143_given_the_jobs_g
     ranks = rank_processes(launcher, "OMPI_COMM_WORLD_RANK", 2)
     sent = signal_pids([launcher.pid, *ranks.values()])
     wait_all([launcher], sent)  # mpirun waits out its grace twice (10 s each), within the 30 s
-    assert statuses.read_text().split() == ["143", "143"], (tmp_path / "launcher.log").read_text()[-3000:]
+    recorded = statuses.read_text().split() if statuses.is_file() else []  # a shell killed records none
+    assert recorded == ["143", "143"], (tmp_path / "launcher.log").read_text()[-3000:]
     stopped = torch.load(last, weights_only=False)
     assert stopped["global_step"] == (stopped["epoch"] + 1) * 30  # an epoch's end
 
