@@ -23,6 +23,7 @@ import contextlib
 import io
 import json
 import logging
+import math
 import os
 import statistics
 import subprocess
@@ -130,7 +131,7 @@ class Batches:
         self.inputs, self.labels = inputs, labels
 
     def __len__(self) -> int:
-        return -(-len(self.labels) // BATCH)
+        return math.ceil(len(self.labels) / BATCH)
 
     def __iter__(self):
         order = torch.randperm(len(self.labels))
@@ -139,7 +140,7 @@ class Batches:
             yield self.inputs.index_select(0, rows), self.labels.index_select(0, rows)
 
 
-def table_net(labels: torch.Tensor, inputs: torch.Tensor) -> torch.nn.Module:
+def table_net(inputs: torch.Tensor, labels: torch.Tensor) -> torch.nn.Module:
     """TableNet as configs/table.yaml makes it, its lazy first layer given the inputs' width."""
     from lightning_modules.table_net import TableNet
 
@@ -155,7 +156,7 @@ def adamw(parameters) -> torch.optim.Optimizer:
 def plain_loop(inputs: torch.Tensor, labels: torch.Tensor, seed: int) -> float:
     """Rows a second of one epoch of a hand-written loop: TableNet, AdamW, BATCH."""
     torch.manual_seed(seed)
-    net = table_net(labels, inputs)
+    net = table_net(inputs, labels)
     optimizer = adamw(net.parameters())
     started = time.perf_counter()
     for batch_inputs, batch_labels in Batches(inputs, labels):
@@ -184,7 +185,7 @@ def bare_lightning(inputs: torch.Tensor, labels: torch.Tensor, seed: int) -> flo
     """Rows a second of one epoch of BareLightning over the plain loop's batches, timed as the benches time Lightning
     (scripts/bench/throughput.py): a Trainer without logger, checkpoints, validation or progress bar."""
     torch.manual_seed(seed)
-    model = BareLightning(table_net(labels, inputs))
+    model = BareLightning(table_net(inputs, labels))
     trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, limit_val_batches=0, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[EpochThroughput()])  # fmt: skip
