@@ -195,19 +195,6 @@ def width(state: dict) -> int:
     )
 
 
-def feature_names(state: dict) -> list[str]:
-    """One name per input of the network, for messages and docs: `col`, `col (missing)`, `col=category`,
-    `col=(other or missing)`."""
-    names = []
-    for column in state["columns"]:
-        if column["kind"] != "categorical":
-            names += [column["name"]] + ([f"{column['name']} (missing)"] if column["indicator"] else [])
-        else:
-            names += [f"{column['name']}={category}" for category in column["categories"]]
-            names.append(f"{column['name']}=(other or missing)")
-    return names
-
-
 def example_row(state: dict) -> pd.DataFrame:
     """One raw row (each numeric column's training median, each categorical column's commonest category): the
     registered model's input example."""

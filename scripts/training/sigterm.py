@@ -54,9 +54,3 @@ class StopTogether(L.Callback):
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.stop_if_signalled(trainer)
-
-
-def sigterm_received(trainer: L.Trainer) -> bool:
-    """Whether this process got SIGTERM during the trainer's run. Not `trainer.received_sigterm`: only the Lightning
-    handler that StopTogether replaces sets that."""
-    return any(isinstance(callback, StopTogether) and callback.signalled for callback in trainer.callbacks)
