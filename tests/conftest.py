@@ -44,6 +44,9 @@ CLASSES = ("chickens", "turkeys")  # the bird folders tests make
 AWKWARD_NAMES = [b"a\rb.png", b"line\nbreak.png", b'comma, "quoted".png', b"caf\xe9.png", b"back\\xe9slash.png"]
 # An environment whose stdout refuses what is not UTF-8.
 STRICT_UTF8 = {**os.environ, "PYTHONIOENCODING": "utf-8:strict", "LC_ALL": "C.UTF-8"}
+# Room the temporary files of a `make test` need at most at once on a tmpfs (a passed test's are deleted as it ends:
+# pyproject.toml's tmp_path_retention_policy); a smaller /dev/shm leaves them on the disk.
+MEMORY_TMP_GB = 4
 
 
 def run_module(
@@ -123,10 +126,26 @@ def serve():
 
 
 def pytest_configure(config) -> None:
-    # A folder every process of this test run sees: `make test` runs pytest-xdist workers (one file's tests in one
-    # worker, `--dist loadfile`), and what one session fixture makes for all of them (the MLflow server) is found here.
-    if "PYTEST_XDIST_WORKER" not in os.environ:
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # the controller: its workers and their processes inherit both
+        temporary_files_in_memory()
+        # A folder every process of this test run sees: `make test` runs pytest-xdist workers (one file's tests in
+        # one worker, `--dist loadfile`), and what one session fixture makes for all of them (the MLflow server) is
+        # found here.
         os.environ["TESTS_SHARED_DIR"] = tempfile.mkdtemp(prefix="tests-shared-")
+
+
+def temporary_files_in_memory() -> None:
+    """TMPDIR (pytest's tmp_path and every test process's temporary files) on the machine's tmpfs, /dev/shm, where it
+    has MEMORY_TMP_GB free and TMPDIR is not set already. Nearly every test fit makes a new sqlite MLflow store in an
+    outputs folder of its own, and each sqlite commit waits for the disk: 1-5 s of a ~9 s penguin fit on a VM's disk
+    (docs/measured.md). No test depends on the disk's syncs; the full-disk tests mount a tmpfs of their own."""
+    memory = Path("/dev/shm")
+    if "TMPDIR" in os.environ or not memory.is_dir() or not os.access(memory, os.W_OK):
+        return
+    free = os.statvfs(memory)
+    if free.f_bavail * free.f_frsize >= MEMORY_TMP_GB * 2**30:
+        os.environ["TMPDIR"] = str(memory)
+        tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
