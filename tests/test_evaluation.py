@@ -146,6 +146,7 @@ def test_a_test_split_with_no_mistakes_of_many_classes_says_so(tmp_path):
     assert any(text.get_text() == "no mistakes" for axes in figure.axes for text in axes.texts)
 
 
+@pytest.mark.slow
 def test_a_birds_fit_also_shows_its_most_confident_mistakes(birds):
     rows = per_class_rows(birds["folder"])
     assert [row["class"] for row in rows] == list(CLASSES)

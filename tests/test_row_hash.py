@@ -67,6 +67,7 @@ def test_row_hashes_are_pandas_own_over_many_random_rows(seed):
     assert base.row_hashes(frame).tolist() == pandas_own(frame)
 
 
+@pytest.mark.slow
 def test_hashing_numbers_in_memory_holds_no_memory_per_row():
     """pandas' hashing of numbers as objects leaks 16 bytes a distinct value (its try as text raises without freeing):
     a table of 65,536 distinct numbers hashed 100 times would keep 100 MB."""

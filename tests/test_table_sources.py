@@ -139,6 +139,7 @@ def test_folders_and_globs_a_table_cannot_be_read_from_are_one_line(tmp_path, ma
         read_table(path, "csv_path")
 
 
+@pytest.mark.slow
 def test_a_fit_on_a_spark_parquet_folder_tests_and_predicts(tmp_path):
     """The table task, by config alone, on a folder as Spark writes it; predict from another such folder."""
     table = spark_folder(tmp_path / "table", [rows(120, 1), rows(120, 2)])

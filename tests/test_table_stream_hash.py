@@ -81,6 +81,7 @@ def resident_mb() -> float:
         return next(int(line.split()[1]) for line in status if line.startswith("RssAnon:")) / 1024
 
 
+@pytest.mark.slow
 def test_hashing_numbers_from_arrow_holds_no_memory_per_row():
     """pandas' hashing of numbers as objects leaks 16 bytes a distinct value (its try as text raises without freeing):
     a column of 100 row groups of 65,536 distinct numbers, as the pass hashes them, would keep 100 MB."""

@@ -9,9 +9,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 
+@pytest.mark.slow
 def test_a_failed_rank_ends_torchrun_in_one_line():
     # `false` as the program torchrun starts (--no-python): a process that exits 1 at once, as a refused rank does.
     command = [sys.executable, "-m", "scripts.torchrun", "--nproc_per_node", "1", "--no-python", "false"]

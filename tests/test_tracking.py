@@ -81,6 +81,7 @@ def test_zero_interval_sends_every_call(store, tmp_path):
     assert history(store, logger, "note") == []
 
 
+@pytest.mark.slow
 def test_more_than_a_request_holds_goes_out_in_chunks(store, tmp_path):
     logger = logger_for(store, tmp_path, flush_every_s=3600)
     logger.log_metrics({f"m{i}": float(i) for i in range(2500)}, step=0)  # MLflow refuses > 1000 per request

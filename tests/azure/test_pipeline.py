@@ -122,6 +122,7 @@ def test_the_pipeline_yaml_reads_back_with_load_job_its_steps_wired_and_set(tmp_
     assert (job.compute, job.experiment_name) == ("gpu", "birds")
 
 
+@pytest.mark.slow
 def test_a_sweep_is_the_train_step(capsys, tmp_path, birds_folder):
     """A sweep node over the train step, its trials on the step's nodes, processes, shared memory and VM size (the
     SDK's sweep node takes the component alone), on the pipeline's serverless compute."""
@@ -145,6 +146,7 @@ def test_a_sweep_is_the_train_step(capsys, tmp_path, birds_folder):
     assert str(job.jobs["evaluate"].inputs["checkpoints"]._data.path) == "${{parent.jobs.train.outputs.checkpoints}}"
 
 
+@pytest.mark.slow
 def test_a_sweep_under_mpi_says_its_trials_lack_the_stop_grace(tmp_path, monkeypatch, capsys):
     """Azure ML's sweep node takes no environment variables, so OMPI_MCA_odls_base_sigkill_timeout, which the train
     step has, does not reach its trials: said, for DDP under mpi; Horovod's image carries it
@@ -215,6 +217,7 @@ def test_the_sdks_colour_codes_never_reach_a_refusals_line():
     assert refusal(coloured) == "1) One or more fields are invalid"
 
 
+@pytest.mark.slow
 def test_a_submission_puts_the_pipeline_with_its_four_steps(monkeypatch, capsys):
     azure = fake_workspace(monkeypatch)
     name = pipeline("configs/penguins.yaml", compute="azureml:cpu-cluster", data="azureml:penguins:3", threshold=0.95,
@@ -703,6 +706,7 @@ def test_a_table_pipeline_runs_here_end_to_end_on_an_mltable(tmp_path, penguin_m
     assert len(rows) == 91 and {row[1] for row in rows[1:]} <= {"Adelie", "Chinstrap", "Gentoo"}
 
 
+@pytest.mark.slow
 def test_a_table_pipeline_takes_a_folder_of_parquet_files_as_a_uri_folder(tmp_path):
     """A Spark-written Parquet folder (datamodules/table_sources.py) is the train and evaluate steps' uri_folder; the
     score step, which reads a CSV of rows, is given its own."""

@@ -214,6 +214,7 @@ def test_a_file_in_train_args_the_jobs_code_leaves_out_is_one_line_naming_the_in
     assert yaml.safe_load(text)["command"].endswith("--ckpt_path ${{inputs.ckpt_path}}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("task", "option", "path", "kind"),
     [("penguins", "data.init_args.csv_path", "data/penguins.csv", "file"),

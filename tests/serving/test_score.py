@@ -590,6 +590,7 @@ def test_images_are_run_through_the_network_32_at_a_time_whatever_the_batch_hand
         loaded.predict(pd.DataFrame({"image": images}))
 
 
+@pytest.mark.slow
 def test_file_names_survive_a_round_trip_through_the_csv_module_on_stdout_and_in_a_file(digits, tmp_path, capsys):
     """A carriage return in a name split its row (the csv module quotes it only where lines end in it); a name that
     is not UTF-8 crashed the output, leaving `--output` empty whatever it held, and stdout under a strict locale.

@@ -141,6 +141,7 @@ def test_mlflow_models_predict_with_env_manager_uv_builds_the_serving_environmen
     assert "onnxruntime" in installed and not TRAINING_ONLY & installed  # uv sync's own list of what it installed
 
 
+@pytest.mark.slow
 def test_the_serving_pages_models_snippet_loads_the_registered_model_from_the_projects_store(saved_model, tmp_path):
     """docs/serving.md's `mlflow.pyfunc.load_model("models:/penguins-classifier/1")`, run from the repository as
     written, looked in MLflow 3's default store, a new ./mlflow.db, and failed ('Registered Model ... not found'),

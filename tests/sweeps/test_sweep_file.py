@@ -207,6 +207,7 @@ def test_the_objective_check_validates_though_the_trials_validate_every_few_epoc
     check_metric(load_sweep(str(write(tmp_path, changed(fixed=fixed)))), tmp_path)
 
 
+@pytest.mark.slow
 def test_the_objective_check_takes_the_batches_an_integer_val_check_interval_needs(tmp_path):
     from scripts.sweeps.preflight import check_metric, check_options
 
@@ -281,6 +282,7 @@ def test_a_study_started_from_another_search_space_is_refused_not_mixed(tmp_path
     assert len(study.trials) == 0  # no trial ran
 
 
+@pytest.mark.slow
 def test_a_study_resumed_after_its_config_file_was_edited_is_refused_naming_the_file(tmp_path):
     import json
     import shutil
@@ -382,6 +384,7 @@ def test_a_study_started_before_configs_were_fingerprinted_by_contents_resumes(t
     assert "contents" in json.loads(stored)  # and from now on checked
 
 
+@pytest.mark.slow
 def test_sweep_processes_opening_one_new_sqlite_study_at_the_same_moment_all_open_it(tmp_path):
     """Two sweep processes started together on a new study (its README use): Optuna creates the tables unguarded, so
     all but one would fail with "table studies already exists" unless each opened it again until the tables are
