@@ -1,6 +1,7 @@
 """Several CPU processes: DDP (gloo) started by Lightning itself, by torchrun and by mpirun (Horovod:
 tests/horovod/), two torchrun "nodes" on loopback; each the same command as one process. Birds and MNIST: each rank
-reads its own share.
+reads its own share. torchrun itself is forked from the tests' warm launcher (tests/warm_launcher.py), as run_module
+forks it; the processes it starts, mpirun's and Lightning's are fresh interpreters.
 
 Two processes with batch 10 each take, step for step, the rows one process takes with batch 20 (rank r gets
 rows r, r+2, ... of the same seeded permutation) and average their gradients: the weights must match.
@@ -21,6 +22,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
+from tests import warm_launcher
 from tests.conftest import (
     DDP_EPOCHS,
     MNIST,
@@ -145,12 +147,7 @@ def test_two_nodes_under_torchrun_train_as_one_and_only_the_first_node_writes(tm
             *penguin_fit(tmp_path / f"node{node_rank}", *DDP, "--data.init_args.batch_size", "10"),
             "--trainer.devices", "1", "--trainer.num_nodes", "2",
         ]  # fmt: skip
-        command = [sys.executable, "-m", "torch.distributed.run", *args]
-        nodes.append(
-            subprocess.Popen(
-                command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=own_tmpdir(tmp_path)
-            )
-        )
+        nodes.append(warm_launcher.start("torch.distributed.run", args, REPO, own_tmpdir(tmp_path)))
     (out0, err0), (out1, err1) = (node.communicate(timeout=600) for node in nodes)
     assert nodes[0].returncode == nodes[1].returncode == 0, (err0 + err1)[-3000:]
     assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in err1
@@ -210,32 +207,29 @@ def preemptible_fit(outputs: Path, *args: str) -> list[str]:
     ]  # fmt: skip
 
 
-def preempt_rank_0(command: list[str], outputs: Path, rank_variable: str, env=None) -> str:
-    """Starts `command` (a launcher of 2 processes), sends SIGTERM to the process of rank 0 alone once a third epoch
-    is saved; the launcher, so every process, must end within GRACE_S, last.ckpt at an epoch's end. Returns
-    the launcher's output and status."""
-    log = outputs / "launcher.log"
-    outputs.mkdir(parents=True)
-    with open(log, "w") as out:  # a file, not a pipe nobody reads while it runs
-        launcher = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+def preempt_rank_0(launcher, outputs: Path, rank_variable: str) -> int:
+    """Sends SIGTERM to the process of rank 0 alone of `launcher` (a launcher of 2 processes, started) once a third
+    epoch is saved; the launcher, so every process, must end within GRACE_S, last.ckpt at an epoch's end. Returns
+    the launcher's status."""
     last = outputs / "checkpoints" / "last.ckpt"
     wait_for_epoch(last, 2, [launcher])
     ranks = rank_processes(launcher, rank_variable, 2)
     (status,) = wait_all([launcher], signal_pids([ranks[0]]))
     stopped = torch.load(last, weights_only=False)
     assert 2 <= stopped["epoch"] < 11 and stopped["global_step"] == (stopped["epoch"] + 1) * 30  # an epoch's end
-    return f"{log.read_text()}\nstatus: {status}"
+    return status
 
 
 def test_sigterm_to_one_process_under_torchrun_ends_every_process_with_143_at_an_epoch_end(tmp_path):
     """Rank 0 alone signalled: rank 1 must stop with it, at the same epoch's end, before torchrun's own SIGTERM to
     the survivors. (Every process signalled: tests/test_azure_world.py, where a job's processes have no launcher.)"""
     args = ["--standalone", "--nproc_per_node", "2", "-m", "scripts.train", *preemptible_fit(tmp_path / "o", *DDP)]
-    command = [sys.executable, "-m", "torch.distributed.run", *args]
-    output = preempt_rank_0(command, tmp_path / "o", "RANK", env=own_tmpdir(tmp_path))
+    torchrun = warm_launcher.start("torch.distributed.run", args, REPO, own_tmpdir(tmp_path))
+    status = preempt_rank_0(torchrun, tmp_path / "o", "RANK")
+    output = "\n".join(torchrun.communicate())
     # torchrun reports each process that failed: both, each with 143, none killed by torchrun's own SIGTERM (-15).
     assert re.findall(r"^\s+exitcode\s+: (-?\d+)", output, re.M) == ["143", "143"], output[-3000:]
-    assert output.endswith("status: 1")  # torchrun's, for failed processes
+    assert status == 1, output[-3000:]  # torchrun's, for failed processes
 
 
 def test_sigterm_to_one_process_under_mpirun_ends_every_process_with_143_at_an_epoch_end(tmp_path):
@@ -245,9 +239,12 @@ def test_sigterm_to_one_process_under_mpirun_ends_every_process_with_143_at_an_e
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     command = ["mpirun", "--oversubscribe", "-np", "2", sys.executable, "-m", "scripts.train"]
     command += preemptible_fit(tmp_path / "o", *MPI, "--trainer.devices", "2")
-    output = preempt_rank_0(command, tmp_path / "o", "OMPI_COMM_WORLD_RANK", env=env)
+    with open(tmp_path / "launcher.log", "w") as out:  # a file, not a pipe nobody reads while it runs
+        mpirun = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+    status = preempt_rank_0(mpirun, tmp_path / "o", "OMPI_COMM_WORLD_RANK")
+    output = (tmp_path / "launcher.log").read_text()
     # mpirun reports the first process that failed and exits with its status; it would have killed the others.
-    assert re.search(r"Exit code:\s+143\b", output) and output.endswith("status: 143"), output[-3000:]
+    assert re.search(r"Exit code:\s+143\b", output) and status == 143, output[-3000:]
 
 
 def test_sigterm_to_mpirun_and_its_processes_ends_each_with_143_given_the_jobs_grace(tmp_path):
@@ -332,10 +329,7 @@ def test_a_bad_row_on_one_node_s_disk_ends_every_process_with_that_node_s_line(t
         ]  # fmt: skip
         args[args.index("configs/penguins.yaml")] = str(REPO / "configs/penguins.yaml")
         env = {**own_tmpdir(tmp_path), "PYTHONPATH": str(REPO)}
-        command = [sys.executable, "-m", "torch.distributed.run", *args]
-        nodes.append(
-            subprocess.Popen(command, cwd=disk, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        )
+        nodes.append(warm_launcher.start("torch.distributed.run", args, disk, env))
     (_, err0), (_, err1) = (node.communicate(timeout=600) for node in nodes)
     assert nodes[0].returncode != 0 and nodes[1].returncode != 0
     [own] = [line for line in err1.splitlines() if line.startswith("error: ")]
