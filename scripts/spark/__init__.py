@@ -129,6 +129,7 @@ def score_on_spark(argv: list[str], spark=None) -> dict:
         scoring.check_arguments(model_uri, path, values.get("--output"))
         if model_uri.startswith(registry.REGISTRY_URIS):  # found where scripts.serve finds it, before Spark starts
             registry.use_store(model_uri)
+        scoring.check_local_header(model_uri, path)
         spark, local = session(spark, values.get("--master"), "local[*]")
         try:
             if local_slots(spark.conf.get("spark.master", "") or "") is None:  # executors elsewhere, not on this disk

@@ -89,10 +89,24 @@ def model_checks_columns(model_uri: str) -> bool:
 def check_header(spark, path: str, inputs: list[str]) -> None:
     """A CSV header naming a column the model reads twice: Spark renames the copies (`age0`, `age3`) and the model was
     told of no column `age`, where the other runtimes refuse the name given twice."""
+    first = spark.read.text(path).first()
+    check_header_line(first.value if first else "", path, inputs)
+
+
+def check_local_header(model_uri: str, path: str) -> None:
+    """check_header of a CSV on this disk, read here before Spark starts: the line comes at once, not after Spark's
+    start (~30 s on a local master). A URI's header is Spark's to read (check_header, in `predict`)."""
+    if URI.match(path) or not path.lower().endswith(".csv") or not Path(path).is_file():
+        return
+    with open(path, encoding="utf-8", errors="replace", newline="") as file:
+        line = file.readline().rstrip("\r\n")
+    check_header_line(line, path, model_columns(model_uri)[0])
+
+
+def check_header_line(line: str, path: str, inputs: list[str]) -> None:
     import csv
 
-    first = spark.read.text(path).first()
-    names = [name.lstrip("\ufeff").strip() for name in next(csv.reader([first.value]), [])] if first else []
+    names = [name.lstrip("\ufeff").strip() for name in next(csv.reader([line]), [])] if line else []
     if twice := next((name for name in names if name in inputs and names.count(name) > 1), None):
         raise SparkScoreError(
             f"{path}: column {twice} is named {names.count(twice)} times in its header; keep one, or rename the others"

@@ -276,8 +276,9 @@ def test_spark_udf_answers_the_users_rows_as_predict(three_classes, tmp_path):
     answers = pd.concat([pd.read_csv(part) for part in sorted((tmp_path / "out").glob("part-*.csv"))])
     check_answers(answers, three_classes["answers"])
     (tmp_path / "twice.csv").write_bytes(TWICE_CSV)  # Spark renamed the copies (colour1, colour3): "no column"
+    no_java = own_tmpdir(tmp_path) | {"JAVA_HOME": "/none"}  # a CSV of this disk is refused before the JVM starts
     twice = run_module("scripts.spark", "score", three_classes["folder"] / "model", tmp_path / "twice.csv", "--output",
-                       tmp_path / "out2", "--master", "local[1]", env=own_tmpdir(tmp_path))  # fmt: skip
+                       tmp_path / "out2", "--master", "local[1]", env=no_java)  # fmt: skip
     assert twice.returncode == 1 and twice.stderr.strip().splitlines()[-1] == (
         f"error: {tmp_path / 'twice.csv'}: column {COLOUR} is named 2 times in its header; keep one, or rename the "
         "others"
