@@ -8,10 +8,10 @@ same run, alternating with it round by round, so the machine's drift cancels out
 - template:        the fit as `make train` runs it;
 - metrics per call: MLflow metrics sent at every log call (`--trainer.logger.init_args.flush_every_s 0`, what
                    Lightning's MLFlowLogger does), not in batches at most every 5 s (scripts/training/tracking.py);
-- NVML lookups:    PYTORCH_NVML_BASED_CUDA_CHECK left set where no GPU is visible (scripts/train.py
-                   no_gpu_lookups_without_gpus);
 - eval in batches: the validation and test rows in batches of the training batch size, not in one slice
-                   (datamodules/base.py InMemoryDataModule.evaluate_in_one_batch).
+                   (datamodules/penguins.py evaluate_in_one_batch);
+- collections at exit: Python's last garbage collections when the process ends, not skipped (scripts/train.py
+                   run).
 A measure stays in the fit only where it saves 5% or more of this wait (docs/architecture.md lists them with their
 figures); each variant prints its median over the rounds and that median against the template's.
 """
@@ -30,22 +30,22 @@ from scripts.bench.report import Report, run_command
 from scripts.bench.throughput import BenchParser, count
 
 ROOT = Path(__file__).resolve().parents[2]
-# Each variant: the options added to `make train`'s command, and the Python run before scripts.train's main().
+# Each variant: the options added to `make train`'s command, and the Python run before scripts.train's run().
 VARIANTS = {
     "template": ([], ""),
     "metrics per call": (["--trainer.logger.init_args.flush_every_s", "0"], ""),
-    "NVML lookups": ([], "train.no_gpu_lookups_without_gpus = lambda: None"),
     "eval in batches": (
         [],
-        "from datamodules.base import InMemoryDataModule\nInMemoryDataModule.evaluate_in_one_batch = False",
+        "from datamodules.penguins import PenguinDataModule\nPenguinDataModule.evaluate_in_one_batch = False",
     ),
+    "collections at exit": ([], "import gc\ngc.freeze = lambda: None"),
 }
 PROGRAM = """
 import sys
 from scripts import train
 {patch}
 sys.argv = ["scripts/train.py", *sys.argv[1:]]
-train.main()
+train.run()
 """
 
 
@@ -87,10 +87,12 @@ def main(argv: list[str] | None = None) -> None:
     reference = statistics.median(seconds["template"])
     print(f"make train of {options.epochs} epochs, a fresh process each, median of {options.rounds} rounds "
           f"({os.cpu_count()} cores):")  # fmt: skip
+    width = max(map(len, seconds))
     for name, values in seconds.items():
         median = statistics.median(values)
         print(
-            f"  {name:17} {median:7.2f} s  ({min(values):.2f}..{max(values):.2f})  {median / reference:.2f}x template"
+            f"  {name:{width}} {median:7.2f} s  ({min(values):.2f}..{max(values):.2f})  {median / reference:.2f}x "
+            "template"
         )
 
 
