@@ -30,7 +30,7 @@ CORE_PYTHON = REPO / ".venv-core" / "bin" / "python"
 MOST_MODULES = 17
 # Of a plain penguin fit and the test of its best checkpoint: "a short read" (docs/architecture.md). What that fit does
 # not run (a resume, a test from a checkpoint, a mismatched network, a warm-up schedule, serving) loads elsewhere.
-# #53 asks for 2,000; the rows' leak-free hashing (datamodules/row_hash.py, 56 lines) took the fit to 2,041.
+# #53 asks for 2,000; the rows' leak-free hashing (datamodules/row_hash.py, 56 lines) took the fit to 2,041; 2,042 now.
 MOST_LINES = 2050
 # Packages of pyproject's optional dependencies that the core must not import.
 EXTRAS = ("azure.ai.ml", "onnx", "onnxruntime", "onnxscript", "optuna", "pyspark", "horovod", "pathspec")
