@@ -88,19 +88,28 @@ def model_checks_columns(model_uri: str) -> bool:
 
 def check_header(spark, path: str, inputs: list[str]) -> None:
     """A CSV header naming a column the model reads twice: Spark renames the copies (`age0`, `age3`) and the model was
-    told of no column `age`, where the other runtimes refuse the name given twice."""
-    first = spark.read.text(path).first()
-    check_header_line(first.value if first else "", path, inputs)
+    told of no column `age`, where the other runtimes refuse the name given twice. A CSV on this disk is read here,
+    a URI's first line through Spark."""
+    line = local_header(path)
+    if line is None:
+        first = spark.read.text(path).first()
+        line = first.value if first else ""
+    check_header_line(line, path, inputs)
 
 
 def check_local_header(model_uri: str, path: str) -> None:
-    """check_header of a CSV on this disk, read here before Spark starts: the line comes at once, not after Spark's
-    start (~30 s on a local master). A URI's header is Spark's to read (check_header, in `predict`)."""
+    """check_header of a CSV on this disk before Spark starts: the line comes at once, not after Spark's start (~30 s
+    on a local master)."""
+    if (line := local_header(path)) is not None:
+        check_header_line(line, path, model_columns(model_uri)[0])
+
+
+def local_header(path: str) -> str | None:
+    """The first line of a CSV on this disk; None for anything else (a URI, a folder, another file)."""
     if URI.match(path) or not path.lower().endswith(".csv") or not Path(path).is_file():
-        return
+        return None
     with open(path, encoding="utf-8", errors="replace", newline="") as file:
-        line = file.readline().rstrip("\r\n")
-    check_header_line(line, path, model_columns(model_uri)[0])
+        return file.readline().rstrip("\r\n")
 
 
 def check_header_line(line: str, path: str, inputs: list[str]) -> None:
